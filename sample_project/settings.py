@@ -1,0 +1,90 @@
+"""Settings of the sample order service.
+
+Runs on embedded defaults with no environment at all: SQLite for Django's own
+tables, the embedded MongoDB engine (mongomock://) for events and snapshots.
+Environment variables switch to real servers:
+
+- ``WOW_MONGO_URI``: e.g. ``mongodb://localhost:27017/order_service``
+- ``DATABASE_URL``-style PostgreSQL is set with ``SAMPLE_POSTGRES_DB`` (and
+  ``SAMPLE_POSTGRES_HOST``/``_USER``/``_PASSWORD``/``_PORT``).
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "sample-project-insecure-dev-key")
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "wow_django",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "sample_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "sample_project.wsgi.application"
+
+if os.environ.get("SAMPLE_POSTGRES_DB"):
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ["SAMPLE_POSTGRES_DB"],
+            "HOST": os.environ.get("SAMPLE_POSTGRES_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("SAMPLE_POSTGRES_PORT", "5432"),
+            "USER": os.environ.get("SAMPLE_POSTGRES_USER", "postgres"),
+            "PASSWORD": os.environ.get("SAMPLE_POSTGRES_PASSWORD", ""),
+        }
+    }
+else:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "sample.sqlite3"}}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+WOW = {
+    "CONTEXT_NAME": "order-service",
+    "SERVICE_NAME": "order-service",
+}
+if os.environ.get("WOW_MONGO_URI"):
+    WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]
+
+# The embedded engine lives in one process: its warning is expected here.
+SILENCED_SYSTEM_CHECKS = [] if os.environ.get("WOW_MONGO_URI") else ["wow_django.W001"]

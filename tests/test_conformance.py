@@ -1,0 +1,124 @@
+"""The conformance suite on every backend: in-memory, embedded Mongo, real Mongo."""
+
+from __future__ import annotations
+
+import unittest
+
+from wow_django.mongo.event_store import MongoEventStore
+from wow_django.mongo.prepare_key import MongoPrepareKey
+from wow_django.mongo.schema import SchemaGuard
+from wow_django.mongo.snapshot_store import MongoSnapshotStore
+from wow_django.store.batching import BatchingEventStore
+from wow_django.store.memory import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
+from wow_django.testing import (
+    EventStoreContract,
+    PrepareKeyContract,
+    SnapshotStoreContract,
+    requires_real_mongo,
+    temporary_database,
+)
+from wow_django.testing.mongo import embedded_connection, server_connection
+
+
+class MongoBackend:
+    """Each test gets its own database on a fresh connection."""
+
+    def connection(self):
+        return embedded_connection()
+
+    def mongo(self):
+        """``(connection, database name, schema guard)`` for this test."""
+        if not hasattr(self, "_mongo"):
+            connection = self.connection()
+            self.addCleanup(connection.close)
+            context = temporary_database(connection)
+            self._mongo = (connection, context.__enter__(), SchemaGuard("test-context"))
+            self.addCleanup(context.__exit__, None, None, None)
+        return self._mongo
+
+
+class RealMongoBackend(MongoBackend):
+    def connection(self):
+        return server_connection()
+
+
+# --- event store -----------------------------------------------------------------
+
+
+class TestInMemoryEventStore(EventStoreContract, unittest.TestCase):
+    def make_store(self):
+        return InMemoryEventStore()
+
+
+class TestInMemoryBatchingEventStore(EventStoreContract, unittest.TestCase):
+    def make_store(self):
+        return BatchingEventStore(InMemoryEventStore(), max_size=16, max_delay_ms=0.5, lane_count=3)
+
+
+class TestEmbeddedMongoEventStore(MongoBackend, EventStoreContract, unittest.TestCase):
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        return MongoEventStore(connection, name, schema=guard)
+
+
+class TestEmbeddedMongoBatchingEventStore(MongoBackend, EventStoreContract, unittest.TestCase):
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        inner = MongoEventStore(connection, name, schema=guard)
+        return BatchingEventStore(inner, max_size=32, max_delay_ms=1, lane_count=2)
+
+
+@requires_real_mongo
+class TestRealMongoEventStore(RealMongoBackend, EventStoreContract, unittest.TestCase):
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        return MongoEventStore(connection, name, schema=guard)
+
+
+@requires_real_mongo
+class TestRealMongoBatchingEventStore(RealMongoBackend, EventStoreContract, unittest.TestCase):
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        return BatchingEventStore(MongoEventStore(connection, name, schema=guard), lane_count=2)
+
+
+# --- snapshot store ---------------------------------------------------------------
+
+
+class TestInMemorySnapshotStore(SnapshotStoreContract, unittest.TestCase):
+    def make_store(self):
+        return InMemorySnapshotStore()
+
+
+class TestEmbeddedMongoSnapshotStore(MongoBackend, SnapshotStoreContract, unittest.TestCase):
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        return MongoSnapshotStore(connection, name, schema=guard)
+
+
+@requires_real_mongo
+class TestRealMongoSnapshotStore(RealMongoBackend, SnapshotStoreContract, unittest.TestCase):
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        return MongoSnapshotStore(connection, name, schema=guard)
+
+
+# --- prepare key --------------------------------------------------------------------
+
+
+class TestInMemoryPrepareKey(PrepareKeyContract, unittest.TestCase):
+    def make_prepare_key(self, name):
+        return InMemoryPrepareKey(name)
+
+
+class TestEmbeddedMongoPrepareKey(MongoBackend, PrepareKeyContract, unittest.TestCase):
+    def make_prepare_key(self, name):
+        connection, db, guard = self.mongo()
+        return MongoPrepareKey(name, connection, db, schema=guard)
+
+
+@requires_real_mongo
+class TestRealMongoPrepareKey(RealMongoBackend, PrepareKeyContract, unittest.TestCase):
+    def make_prepare_key(self, name):
+        connection, db, guard = self.mongo()
+        return MongoPrepareKey(name, connection, db, schema=guard)

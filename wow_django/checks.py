@@ -1,0 +1,50 @@
+"""System checks (``manage.py check``) for the ``WOW`` settings."""
+
+from __future__ import annotations
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from wow_django.conf import validate_user_settings, wow_settings
+
+
+@checks.register("wow_django")
+def check_settings(app_configs=None, **kwargs):
+    from django.conf import settings
+
+    user = getattr(settings, "WOW", None)
+    problems = validate_user_settings(user)
+    messages: list[checks.CheckMessage] = [
+        checks.Error(f"WOW[{key!r}] {problem}", hint=f"Fix WOW[{key!r}] in your settings.", id="wow_django.E001")
+        for key, problem in problems
+    ]
+    if messages:
+        return messages
+    uses_mongo = any(wow_settings.storage_for(p) == "mongo" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE"))
+    if uses_mongo:
+        from wow_django.mongo import PURPOSES, configured_uri, database_name
+        from wow_django.mongo.client import parse_uri
+
+        try:
+            embedded, _ = parse_uri(configured_uri())
+            for purpose in PURPOSES:
+                database_name(purpose)
+        except ImproperlyConfigured as exc:
+            return [checks.Error(str(exc), hint="Set WOW['MONGO_URI'] to a URI with a database.",
+                                 id="wow_django.E002")]
+        if embedded:
+            messages.append(checks.Warning(
+                "wow_django is using the embedded MongoDB engine (mongomock://): data is neither "
+                "persisted nor shared between processes.",
+                hint="Set WOW['MONGO_URI'] to a mongodb:// or mongodb+srv:// URI in production.",
+                id="wow_django.W001",
+            ))
+    in_memory = [p for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE") if wow_settings.storage_for(p) == "in_memory"]
+    if in_memory:
+        messages.append(checks.Warning(
+            f"{', '.join(in_memory)} use the in-memory backend: data is neither persisted nor shared "
+            "between processes.",
+            hint="Set WOW['STORAGE'] (or the per-store setting) to 'mongo' in production.",
+            id="wow_django.W002",
+        ))
+    return messages

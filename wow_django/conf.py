@@ -1,0 +1,318 @@
+"""The ``WOW`` settings dict, read lazily with defaults.
+
+Usage::
+
+    from wow_django.conf import wow_settings
+    wow_settings.CONTEXT_NAME
+
+Nothing is read at import time; the object reloads in place when Django's
+``setting_changed`` signal reports a change to ``WOW`` (``override_settings``
+works in tests).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
+
+DEFAULT_MONGO_URI = "mongomock://localhost/wow"
+
+STORAGE_CHOICES = ("mongo", "in_memory")
+REQUEST_ID_INDEX_MODES = ("aggregate", "global")
+SNAPSHOT_STRATEGIES = ("all", "version_offset", "time_offset", "none")
+SNAPSHOT_MODES = ("inline", "celery")
+
+DEFAULTS: dict[str, Any] = {
+    # --- identity -----------------------------------------------------
+    # The bounded context this project is. A MongoDB database belongs to one
+    # context (see wow_database_metadata).
+    "CONTEXT_NAME": "default",
+    # --- storage selection ----------------------------------------------
+    # Default backend for everything: "mongo" or "in_memory".
+    "STORAGE": "mongo",
+    # Per-purpose overrides (None means: use STORAGE).
+    "EVENT_STORE": None,
+    "SNAPSHOT_STORE": None,
+    "PREPARE_STORE": None,
+    # --- MongoDB ----------------------------------------------------------
+    # mongodb://, mongodb+srv:// or mongomock:// (the embedded engine).
+    # None means the embedded engine on database "wow".
+    "MONGO_URI": None,
+    # Per-purpose databases; None means the URI's database.
+    "EVENT_STREAM_DATABASE": None,
+    "SNAPSHOT_DATABASE": None,
+    "PREPARE_DATABASE": None,
+    "BUS_DATABASE": None,
+    # Create collections and indexes on first use of each collection.
+    "AUTO_INIT_SCHEMA": True,
+    # "aggregate": unique {aggregateId, requestId} (shard-safe, default);
+    # "global": unique {requestId} across the collection.
+    "REQUEST_ID_INDEX": "aggregate",
+    # Server-side time limit for every query (maxTimeMS).
+    "MONGO_MAX_TIME_MS": 10_000,
+    # --- batching of concurrent appends -----------------------------------
+    "EVENT_STORE_BATCH": {
+        "ENABLED": False,
+        "MAX_SIZE": 128,
+        "MAX_DELAY_MS": 1.0,
+        "MAX_PENDING": 4096,
+        "LANE_COUNT": 1,
+    },
+    # --- aggregates and the command gateway -------------------------------
+    "COMMAND_RETRY_LIMIT": 8,
+    "COMMAND_RETRY_BACKOFF_MS": 5.0,
+    "COMMAND_WAIT_TIMEOUT_S": 30.0,
+    # --- snapshots ----------------------------------------------------------
+    "SNAPSHOT_STRATEGY": "all",
+    "SNAPSHOT_VERSION_OFFSET": 5,
+    "SNAPSHOT_TIME_OFFSET_S": 60.0,
+    "SNAPSHOT_MODE": "inline",
+    # --- queries --------------------------------------------------------------
+    "QUERY_ALLOW_RAW": False,
+    "QUERY_MAX_PAGE_SIZE": 200,
+    "QUERY_MAX_LIMIT": 1000,
+    "QUERY_MAX_DEPTH": 16,
+    "TENANT_RESOLVER": "wow_django.api.tenancy.HeaderTenantResolver",
+    "API_AUTHENTICATION_CLASSES": None,
+    "API_PERMISSION_CLASSES": None,
+    # --- integration-event bus ---------------------------------------------
+    "SERVICE_NAME": None,
+    "BUS_TRANSPORT_URL": "memory://",
+    "BUS_EXCHANGE": "wow.bus",
+    "BUS_RELAY_AFTER_S": 30.0,
+    "BUS_REPUSH_TIMEOUT_S": 300.0,
+    "BUS_REPUSH_MAX_COUNT": 5,
+    "BUS_CONSUMER_MAX_ATTEMPTS": 3,
+    "BUS_CONSUMER_BACKOFF_S": 0.5,
+    "BUS_ROLLUP_QUEUE": "wow.bus.rollup",
+    "BUS_CALLBACK_TOKENS": {},
+}
+
+# Settings holding a dotted path that is imported on first use.
+IMPORT_STRINGS = ("TENANT_RESOLVER",)
+
+# Nested dicts whose keys are validated and merged over their defaults.
+NESTED = ("EVENT_STORE_BATCH",)
+
+
+def _validate_positive(value: Any, *, integer: bool) -> str | None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        return "must be an integer" if integer else "must be a number"
+    if value <= 0:
+        return "must be greater than 0"
+    return None
+
+
+def _choice(choices: tuple[str, ...], optional: bool = False):
+    def check(value: Any) -> str | None:
+        if optional and value is None:
+            return None
+        if value not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            return f"must be one of {allowed}" + (" or None" if optional else "")
+        return None
+
+    return check
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string or None"
+    return None
+
+
+def _str(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return "must be a non-empty string"
+    return None
+
+
+def _bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be True or False"
+
+
+def _pos_int(value: Any) -> str | None:
+    return _validate_positive(value, integer=True)
+
+
+def _pos_num(value: Any) -> str | None:
+    return _validate_positive(value, integer=False)
+
+
+def _non_negative_num(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return "must be a number ≥ 0"
+    return None
+
+
+def _optional_class_list(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        return "must be None or a list of dotted paths"
+    return None
+
+
+def _str_dict(value: Any) -> str | None:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in value.items()
+    ):
+        return "must be a dict of consumer id → non-empty token string"
+    return None
+
+
+VALIDATORS = {
+    "CONTEXT_NAME": _str,
+    "STORAGE": _choice(STORAGE_CHOICES),
+    "EVENT_STORE": _choice(STORAGE_CHOICES, optional=True),
+    "SNAPSHOT_STORE": _choice(STORAGE_CHOICES, optional=True),
+    "PREPARE_STORE": _choice(STORAGE_CHOICES, optional=True),
+    "MONGO_URI": _optional_str,
+    "EVENT_STREAM_DATABASE": _optional_str,
+    "SNAPSHOT_DATABASE": _optional_str,
+    "PREPARE_DATABASE": _optional_str,
+    "BUS_DATABASE": _optional_str,
+    "AUTO_INIT_SCHEMA": _bool,
+    "REQUEST_ID_INDEX": _choice(REQUEST_ID_INDEX_MODES),
+    "MONGO_MAX_TIME_MS": _pos_int,
+    "EVENT_STORE_BATCH.ENABLED": _bool,
+    "EVENT_STORE_BATCH.MAX_SIZE": _pos_int,
+    "EVENT_STORE_BATCH.MAX_DELAY_MS": _non_negative_num,
+    "EVENT_STORE_BATCH.MAX_PENDING": _pos_int,
+    "EVENT_STORE_BATCH.LANE_COUNT": _pos_int,
+    "COMMAND_RETRY_LIMIT": _pos_int,
+    "COMMAND_RETRY_BACKOFF_MS": _non_negative_num,
+    "COMMAND_WAIT_TIMEOUT_S": _pos_num,
+    "SNAPSHOT_STRATEGY": _choice(SNAPSHOT_STRATEGIES),
+    "SNAPSHOT_VERSION_OFFSET": _pos_int,
+    "SNAPSHOT_TIME_OFFSET_S": _pos_num,
+    "SNAPSHOT_MODE": _choice(SNAPSHOT_MODES),
+    "QUERY_ALLOW_RAW": _bool,
+    "QUERY_MAX_PAGE_SIZE": _pos_int,
+    "QUERY_MAX_LIMIT": _pos_int,
+    "QUERY_MAX_DEPTH": _pos_int,
+    "TENANT_RESOLVER": _str,
+    "API_AUTHENTICATION_CLASSES": _optional_class_list,
+    "API_PERMISSION_CLASSES": _optional_class_list,
+    "SERVICE_NAME": _optional_str,
+    "BUS_TRANSPORT_URL": _str,
+    "BUS_EXCHANGE": _str,
+    "BUS_RELAY_AFTER_S": _pos_num,
+    "BUS_REPUSH_TIMEOUT_S": _non_negative_num,
+    "BUS_REPUSH_MAX_COUNT": _pos_int,
+    "BUS_CONSUMER_MAX_ATTEMPTS": _pos_int,
+    "BUS_CONSUMER_BACKOFF_S": _non_negative_num,
+    "BUS_ROLLUP_QUEUE": _str,
+    "BUS_CALLBACK_TOKENS": _str_dict,
+}
+
+
+def _suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def validate_user_settings(user: Any) -> list[tuple[str, str]]:
+    """Return ``(key, problem)`` pairs for a user's ``WOW`` dict; empty when valid."""
+    if user is None:
+        return []
+    if not isinstance(user, dict):
+        return [("WOW", f"must be a dict, not {type(user).__name__}")]
+    problems: list[tuple[str, str]] = []
+    for key, value in user.items():
+        if key not in DEFAULTS:
+            problems.append((key, "is not a wow_django setting." + _suggest(str(key), DEFAULTS)))
+            continue
+        if key in NESTED:
+            if not isinstance(value, dict):
+                problems.append((key, "must be a dict"))
+                continue
+            for sub, sub_value in value.items():
+                full = f"{key}.{sub}"
+                if sub not in DEFAULTS[key]:
+                    problems.append((full, "is not a known option." + _suggest(str(sub), DEFAULTS[key])))
+                    continue
+                problem = VALIDATORS[full](sub_value)
+                if problem:
+                    problems.append((full, f"{problem} (got {sub_value!r})"))
+            continue
+        problem = VALIDATORS[key](value)
+        if problem:
+            problems.append((key, f"{problem} (got {value!r})"))
+    return problems
+
+
+class WowSettings:
+    """Lazy view of ``settings.WOW`` merged over :data:`DEFAULTS`."""
+
+    def __init__(self) -> None:
+        self._cached: dict[str, Any] = {}
+        self._user: dict[str, Any] | None = None
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        if self._user is None:
+            from django.conf import settings
+
+            self._user = getattr(settings, "WOW", None) or {}
+        return self._user
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(
+                f"{name!r} is not a wow_django setting." + _suggest(name, DEFAULTS)
+            )
+        if name in self._cached:
+            return self._cached[name]
+        user = self.user_settings
+        problems = [p for p in validate_user_settings(user) if p[0].split(".")[0] == name]
+        if problems:
+            key, problem = problems[0]
+            raise ImproperlyConfigured(f"WOW[{key!r}] {problem}")
+        if name in NESTED:
+            value = {**DEFAULTS[name], **user.get(name, {})}
+        else:
+            value = user.get(name, DEFAULTS[name])
+        if name in IMPORT_STRINGS and isinstance(value, str):
+            try:
+                value = import_string(value)
+            except ImportError as exc:
+                raise ImproperlyConfigured(f"WOW[{name!r}] cannot import {value!r}: {exc}") from exc
+        self._cached[name] = value
+        return value
+
+    def storage_for(self, purpose: str) -> str:
+        """The backend name for ``"EVENT_STORE"``, ``"SNAPSHOT_STORE"`` or ``"PREPARE_STORE"``."""
+        return getattr(self, purpose) or self.STORAGE
+
+    def reload(self) -> None:
+        self._cached.clear()
+        self._user = None
+
+
+wow_settings = WowSettings()
+
+_reload_hooks: list = []
+
+
+def on_reload(func):
+    """Register ``func()`` to run after ``WOW`` changes (clears process caches)."""
+    _reload_hooks.append(func)
+    return func
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "WOW":
+        wow_settings.reload()
+        for hook in list(_reload_hooks):
+            hook()
+
+
+setting_changed.connect(_reload, dispatch_uid="wow_django.conf.reload")

@@ -1,0 +1,114 @@
+"""Errors raised by wow_django. No Django or pymongo imports here.
+
+Every error carries an ``error_code`` (stable, used in HTTP bodies) and a
+message that says what happened and what to do.
+"""
+
+from __future__ import annotations
+
+
+class WowError(Exception):
+    """Base class of every wow_django error."""
+
+    error_code = "WOW_ERROR"
+
+
+# --- configuration and schema -------------------------------------------
+
+
+class SchemaConflictError(WowError):
+    """An existing index collides with one wow_django needs."""
+
+    error_code = "SCHEMA_CONFLICT"
+
+
+class DatabaseOwnershipError(WowError):
+    """The database is claimed by another bounded context."""
+
+    error_code = "DATABASE_OWNED_BY_OTHER_CONTEXT"
+
+
+# --- event store ---------------------------------------------------------
+
+
+class EventStoreError(WowError):
+    error_code = "EVENT_STORE_ERROR"
+
+
+class EventVersionConflict(EventStoreError):
+    """Another event stream already holds this aggregate version."""
+
+    error_code = "EVENT_VERSION_CONFLICT"
+
+    def __init__(self, aggregate_name: str, aggregate_id: str, version: int, message: str | None = None):
+        self.aggregate_name = aggregate_name
+        self.aggregate_id = aggregate_id
+        self.version = version
+        super().__init__(
+            message
+            or f"Version {version} of {aggregate_name} {aggregate_id!r} was written concurrently; "
+            "reload the aggregate and retry the command."
+        )
+
+
+class DuplicateAggregateId(EventVersionConflict):
+    """An aggregate with this id already exists (conflict at version 1)."""
+
+    error_code = "DUPLICATE_AGGREGATE_ID"
+
+    def __init__(self, aggregate_name: str, aggregate_id: str, version: int = 1):
+        super().__init__(
+            aggregate_name,
+            aggregate_id,
+            version,
+            f"{aggregate_name} {aggregate_id!r} already exists; use a new aggregate id to create one.",
+        )
+
+
+class DuplicateRequestId(EventStoreError):
+    """This request id was already appended: the command has been processed."""
+
+    error_code = "DUPLICATE_REQUEST_ID"
+
+    def __init__(self, aggregate_name: str, aggregate_id: str, request_id: str):
+        self.aggregate_name = aggregate_name
+        self.aggregate_id = aggregate_id
+        self.request_id = request_id
+        super().__init__(
+            f"Request {request_id!r} was already processed for {aggregate_name} {aggregate_id!r}; "
+            "treat it as done (idempotent retry) or send a new request id."
+        )
+
+
+class DuplicateEventStreamId(EventStoreError):
+    """An event stream with this id was already appended."""
+
+    error_code = "DUPLICATE_EVENT_STREAM_ID"
+
+
+class RecoverableStoreError(WowError):
+    """A transient failure (network, timeout, primary step-down). Retrying may succeed.
+
+    A write that fails this way may or may not have been applied; retry with
+    the same request id so a repeat is recognised as a duplicate.
+    """
+
+    error_code = "STORE_UNAVAILABLE"
+
+
+class UnacknowledgedWriteError(WowError):
+    """The server did not acknowledge a write (write concern w=0)."""
+
+    error_code = "UNACKNOWLEDGED_WRITE"
+
+
+# --- prepare keys --------------------------------------------------------
+
+
+class KeyAlreadyPrepared(WowError):
+    error_code = "KEY_ALREADY_PREPARED"
+
+    def __init__(self, name: str, key: str):
+        self.name = name
+        self.key = key
+        super().__init__(f"{key!r} is already taken in prepare key {name!r}.")

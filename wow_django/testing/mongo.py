@@ -1,0 +1,49 @@
+"""Helpers to run the suite on the embedded engine or a real MongoDB server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import unittest
+import uuid
+from collections.abc import Iterator
+
+from wow_django.mongo.client import MongoConnection
+
+REAL_MONGO_ENV = "WOW_TEST_MONGO_URI"
+REAL_MONGO_REASON = (
+    f"real MongoDB not configured: set {REAL_MONGO_ENV}=mongodb://host:27017 (a replica set or "
+    "standalone ≥ 5.0; each test uses and drops its own database)"
+)
+
+
+def real_mongo_uri() -> str | None:
+    return os.environ.get(REAL_MONGO_ENV) or None
+
+
+def requires_real_mongo(obj):
+    """Skip unless ``WOW_TEST_MONGO_URI`` is set, showing how to set it."""
+    return unittest.skipUnless(real_mongo_uri(), REAL_MONGO_REASON)(obj)
+
+
+def embedded_connection() -> MongoConnection:
+    """A fresh embedded engine of its own (not the process-wide one)."""
+    return MongoConnection("mongomock://localhost/wow_test")
+
+
+@contextlib.contextmanager
+def temporary_database(connection: MongoConnection) -> Iterator[str]:
+    """A uniquely named database, dropped afterwards."""
+    name = f"wow_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        connection.client.drop_database(name)
+
+
+def server_connection() -> MongoConnection:
+    """A connection to the real server of ``WOW_TEST_MONGO_URI``."""
+    uri = real_mongo_uri()
+    if not uri:
+        raise unittest.SkipTest(REAL_MONGO_REASON)
+    return MongoConnection(uri)

@@ -1,0 +1,151 @@
+"""The PrepareKey contract (DESIGN part D)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from wow_django.exceptions import KeyAlreadyPrepared
+from wow_django.store.base import PrepareKey
+
+
+class PrepareKeyContract:
+    """Mix into ``unittest.TestCase``; implement :meth:`make_prepare_key`."""
+
+    def make_prepare_key(self, name: str) -> PrepareKey:  # pragma: no cover - abstract
+        raise NotImplementedError("return the prepare key under test")
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.keys = self.make_prepare_key("username")
+
+    def key(self) -> str:
+        return f"user-{uuid.uuid4().hex[:10]}"
+
+    def test_prepare_then_get(self):
+        key = self.key()
+        self.assertTrue(self.keys.prepare(key, "customer-1"))
+        prepared = self.keys.get(key)
+        self.assertEqual(prepared.value, "customer-1")
+        self.assertFalse(prepared.expired())
+
+    def test_prepare_of_a_taken_key_fails_and_keeps_the_value(self):
+        key = self.key()
+        self.assertTrue(self.keys.prepare(key, "customer-1"))
+        self.assertFalse(self.keys.prepare(key, "customer-2"))
+        self.assertEqual(self.keys.get(key).value, "customer-1")
+
+    def test_get_of_unknown_key_is_none(self):
+        self.assertIsNone(self.keys.get(self.key()))
+
+    def test_structured_values_round_trip(self):
+        key = self.key()
+        self.assertTrue(self.keys.prepare(key, {"customerId": "c-1", "tags": ["a", "b"]}))
+        self.assertEqual(self.keys.get(key).value, {"customerId": "c-1", "tags": ["a", "b"]})
+
+    def test_expired_reservation_is_gone_and_can_be_prepared_again(self):
+        key = self.key()
+        self.assertTrue(self.keys.prepare(key, "first", timedelta(milliseconds=150)))
+        self.assertEqual(self.keys.get(key).value, "first")
+        time.sleep(0.3)
+        self.assertIsNone(self.keys.get(key))
+        self.assertFalse(self.keys.rollback(key))
+        self.assertFalse(self.keys.reprepare(key, "late"))
+        self.assertTrue(self.keys.prepare(key, "second"))
+        self.assertEqual(self.keys.get(key).value, "second")
+
+    def test_ttl_as_a_moment(self):
+        key = self.key()
+        until = datetime.now(timezone.utc) + timedelta(hours=1)
+        self.assertTrue(self.keys.prepare(key, "v", until))
+        self.assertLess(abs((self.keys.get(key).ttl_at - until).total_seconds()), 0.01)
+
+    def test_bad_ttl_and_key_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "ttl must be positive"):
+            self.keys.prepare(self.key(), "v", timedelta(seconds=-1))
+        with self.assertRaisesRegex(ValueError, "timezone-aware"):
+            self.keys.prepare(self.key(), "v", datetime(2030, 1, 1))
+        with self.assertRaisesRegex(ValueError, "prepare key"):
+            self.keys.prepare("", "v")
+
+    def test_rollback_without_value(self):
+        key = self.key()
+        self.keys.prepare(key, "v")
+        self.assertTrue(self.keys.rollback(key))
+        self.assertIsNone(self.keys.get(key))
+        self.assertFalse(self.keys.rollback(key))
+        self.assertTrue(self.keys.prepare(key, "again"))
+
+    def test_rollback_with_value_only_releases_a_matching_reservation(self):
+        key = self.key()
+        self.keys.prepare(key, "mine")
+        self.assertFalse(self.keys.rollback(key, "theirs"))
+        self.assertEqual(self.keys.get(key).value, "mine")
+        self.assertTrue(self.keys.rollback(key, "mine"))
+        self.assertIsNone(self.keys.get(key))
+
+    def test_reprepare_without_old_value(self):
+        key = self.key()
+        self.assertFalse(self.keys.reprepare(key, "nothing-there"))
+        self.keys.prepare(key, "v1")
+        self.assertTrue(self.keys.reprepare(key, "v2"))
+        self.assertEqual(self.keys.get(key).value, "v2")
+
+    def test_reprepare_with_old_value(self):
+        key = self.key()
+        self.keys.prepare(key, "v1")
+        self.assertFalse(self.keys.reprepare(key, "v3", old_value="wrong"))
+        self.assertEqual(self.keys.get(key).value, "v1")
+        self.assertTrue(self.keys.reprepare(key, "v2", old_value="v1", ttl=timedelta(hours=1)))
+        prepared = self.keys.get(key)
+        self.assertEqual(prepared.value, "v2")
+        self.assertLess(prepared.ttl_at, datetime.now(timezone.utc) + timedelta(hours=2))
+
+    def test_using_prepare_keeps_the_key_when_the_block_succeeds(self):
+        key = self.key()
+        with self.keys.using_prepare(key, "c-1") as prepared:
+            self.assertEqual(prepared.value, "c-1")
+        self.assertEqual(self.keys.get(key).value, "c-1")
+
+    def test_using_prepare_rolls_back_when_the_block_raises(self):
+        key = self.key()
+        with self.assertRaisesRegex(RuntimeError, "boom"):
+            with self.keys.using_prepare(key, "c-1"):
+                raise RuntimeError("boom")
+        self.assertIsNone(self.keys.get(key))
+
+    def test_using_prepare_on_a_taken_key_raises_and_keeps_the_holder(self):
+        key = self.key()
+        self.keys.prepare(key, "holder")
+        with self.assertRaises(KeyAlreadyPrepared):
+            with self.keys.using_prepare(key, "intruder"):
+                self.fail("the block must not run")
+        self.assertEqual(self.keys.get(key).value, "holder")
+
+    def test_keys_of_different_names_are_independent(self):
+        key = self.key()
+        emails = self.make_prepare_key("email")
+        self.assertTrue(self.keys.prepare(key, "a"))
+        self.assertTrue(emails.prepare(key, "b"))
+        self.assertEqual(emails.get(key).value, "b")
+
+    def test_concurrent_prepares_have_one_winner(self):
+        key = self.key()
+        barrier = threading.Barrier(8)
+        results: list[bool] = []
+        lock = threading.Lock()
+
+        def attempt(n: int) -> None:
+            barrier.wait()
+            won = self.keys.prepare(key, f"c-{n}")
+            with lock:
+                results.append(won)
+
+        threads = [threading.Thread(target=attempt, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(results.count(True), 1)

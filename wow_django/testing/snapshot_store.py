@@ -1,0 +1,102 @@
+"""The snapshot-store contract (DESIGN part B)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+
+from wow_django.records import AggregateId, Snapshot
+from wow_django.store.base import SnapshotStore
+
+
+def make_snapshot(aggregate_id: AggregateId, version: int, **state) -> Snapshot:
+    return Snapshot(
+        aggregate_id=aggregate_id,
+        version=version,
+        state={"version_seen": version, **state},
+        event_id=f"evt-{version}",
+        owner_id="owner-1",
+        first_operator="alice",
+        operator="bob",
+        first_event_time=1_000,
+        event_time=1_000 + version,
+        snapshot_time=2_000 + version,
+    )
+
+
+class SnapshotStoreContract:
+    """Mix into ``unittest.TestCase``; implement :meth:`make_store`."""
+
+    aggregate_name = "order"
+
+    def make_store(self) -> SnapshotStore:  # pragma: no cover - abstract
+        raise NotImplementedError("return the snapshot store under test")
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.store = self.make_store()
+        self.addCleanup(self.store.close)
+
+    def agg(self) -> AggregateId:
+        return AggregateId(self.aggregate_name, uuid.uuid4().hex, "test-context", "tenant-a")
+
+    def test_round_trip(self):
+        agg = self.agg()
+        snapshot = make_snapshot(agg, 3, status="PAID", lines=[{"sku": "a", "qty": 2}], nested={"x": {"y": 1}})
+        self.store.save(snapshot)
+        self.assertEqual(self.store.load(agg), snapshot)
+
+    def test_deleted_flag_round_trips(self):
+        agg = self.agg()
+        snapshot = Snapshot(aggregate_id=agg, version=4, state={}, deleted=True)
+        self.store.save(snapshot)
+        self.assertTrue(self.store.load(agg).deleted)
+
+    def test_unknown_aggregate_loads_none(self):
+        self.assertIsNone(self.store.load(self.agg()))
+
+    def test_older_save_is_ignored(self):
+        agg = self.agg()
+        newer = make_snapshot(agg, 5, status="new")
+        self.store.save(newer)
+        self.store.save(make_snapshot(agg, 4, status="old"))
+        self.assertEqual(self.store.load(agg), newer)
+
+    def test_same_version_save_replaces(self):
+        agg = self.agg()
+        self.store.save(make_snapshot(agg, 5, status="first"))
+        again = make_snapshot(agg, 5, status="second")
+        self.store.save(again)
+        self.assertEqual(self.store.load(agg), again)
+
+    def test_newer_save_replaces(self):
+        agg = self.agg()
+        self.store.save(make_snapshot(agg, 1))
+        newer = make_snapshot(agg, 2)
+        self.store.save(newer)
+        self.assertEqual(self.store.load(agg), newer)
+
+    def test_state_keys_that_look_like_operators_are_kept_verbatim(self):
+        agg = self.agg()
+        snapshot = make_snapshot(agg, 1, note="$version", odd={"$literal": 1, "a$b": 2})
+        self.store.save(snapshot)
+        self.assertEqual(self.store.load(agg), snapshot)
+
+    def test_concurrent_shuffled_saves_keep_the_highest_version(self):
+        for round_ in range(5):
+            agg = self.agg()
+            versions = list(range(1, 9))
+            random.Random(round_).shuffle(versions)
+            barrier = threading.Barrier(len(versions))
+
+            def save(version: int) -> None:
+                barrier.wait()
+                self.store.save(make_snapshot(agg, version))
+
+            threads = [threading.Thread(target=save, args=(v,)) for v in versions]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(self.store.load(agg).version, 8, f"round {round_}, order {versions}")
