@@ -52,14 +52,18 @@ def document_to_snapshot(doc: dict) -> Snapshot:
 def version_guarded_pipeline(document: dict) -> list[dict]:
     """An update pipeline that replaces the document unless it holds a higher version.
 
-    ``$literal`` keeps user state (keys starting with ``$`` included) from
-    being read as expressions. A missing or non-integer stored version is
-    replaced. Needs MongoDB ≥ 4.2 (update pipelines).
+    In MongoDB's cross-type comparison order every number lies between -inf
+    and +inf, null and missing values below, strings, objects and the rest
+    above. So "the stored version is below -inf or above +inf" means it is
+    missing or not a number, and such a document is replaced, as is one whose
+    version is ≤ the candidate's. ``$literal`` keeps user state (keys starting
+    with ``$`` included) from being read as expressions. Needs MongoDB ≥ 4.2.
     """
-    stored = "$version"
+    stored = {"$ifNull": ["$version", None]}  # missing → null, explicitly
     replace = {
         "$or": [
-            {"$not": [{"$in": [{"$type": stored}, ["int", "long"]]}]},
+            {"$lt": [stored, {"$literal": float("-inf")}]},
+            {"$gt": [stored, {"$literal": float("inf")}]},
             {"$gte": [{"$literal": document["version"]}, stored]},
         ]
     }
@@ -111,7 +115,7 @@ class MongoSnapshotStore(SnapshotStore):
         with self.connection.guard(collection):
             stored = collection.find_one({"_id": document["_id"]}, {"version": 1})
             version = stored.get("version") if stored else None
-            integer = isinstance(version, int) and not isinstance(version, bool)
-            if integer and document["version"] < version:
+            number = isinstance(version, (int, float)) and not isinstance(version, bool) and version == version
+            if number and document["version"] < version:
                 return None
             return collection.replace_one({"_id": document["_id"]}, document, upsert=True)

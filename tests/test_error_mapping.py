@@ -1,0 +1,232 @@
+"""Mongo error mapping: index names, recoverable errors, unacknowledged writes.
+
+Real MongoDB names the violated index (``keyPattern`` and the message); these
+tests feed the store errors shaped exactly like a server's, and check that no
+confirming read is needed then. The embedded engine names nothing: the
+conformance suite covers that path.
+"""
+
+from __future__ import annotations
+
+import mongomock
+import pytest
+from pymongo import errors as pymongo_errors
+
+from wow_django.exceptions import (
+    DuplicateAggregateId,
+    DuplicateEventStreamId,
+    DuplicateRequestId,
+    EventVersionConflict,
+    RecoverableStoreError,
+    UnacknowledgedWriteError,
+)
+from wow_django.mongo.errors import duplicate_key_kind, is_recoverable
+from wow_django.mongo.event_store import MongoEventStore
+from wow_django.mongo.schema import SchemaGuard
+from wow_django.mongo.snapshot_store import MongoSnapshotStore, version_guarded_pipeline
+from wow_django.records import AggregateId
+from wow_django.testing import make_snapshot, make_stream
+from wow_django.testing.mongo import embedded_connection
+
+
+def server_error(index: str, key_pattern: dict) -> dict:
+    return {
+        "index": 0,
+        "code": 11000,
+        "keyPattern": key_pattern,
+        "keyValue": {k: "x" for k in key_pattern},
+        "errmsg": f"E11000 duplicate key error collection: shop.order_event_stream index: {index} dup key: {{...}}",
+    }
+
+
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        (server_error("aggregateId_1_version_1", {"aggregateId": 1, "version": 1}), "version"),
+        (server_error("aggregateId_1_requestId_1", {"aggregateId": 1, "requestId": 1}), "request"),
+        (server_error("requestId_1", {"requestId": 1}), "request"),
+        (server_error("_id_", {"_id": 1}), "id"),
+        ({"code": 11000, "errmsg": "E11000 duplicate key error index: aggregateId_1_version_1 dup key"}, "version"),
+        ({"code": 11000, "errmsg": "E11000 duplicate key error index: requestId_1 dup key"}, "request"),
+        ({"code": 11000, "errmsg": "E11000 Duplicate Key Error"}, None),  # the embedded engine
+        (None, None),
+    ],
+)
+def test_duplicate_key_kind(error, kind):
+    assert duplicate_key_kind(error) == kind
+
+
+class Result:
+    def __init__(self, acknowledged=True):
+        self.acknowledged = acknowledged
+
+
+class FakeCollection:
+    """Raises what a server would; any read fails the test (none is needed)."""
+
+    name = "order_event_stream"
+
+    def __init__(self, raise_on_insert=None, acknowledged=True):
+        self.raise_on_insert = raise_on_insert
+        self.acknowledged = acknowledged
+        self.database = mongomock.MongoClient().db
+
+    def insert_one(self, document):
+        if self.raise_on_insert:
+            raise self.raise_on_insert
+        return Result(self.acknowledged)
+
+    def insert_many(self, documents, ordered=True):
+        if self.raise_on_insert:
+            raise self.raise_on_insert
+        return Result(self.acknowledged)
+
+    def find_one(self, *args, **kwargs):
+        raise AssertionError("the server named the index; no confirming read is needed")
+
+
+def store_with(collection):
+    store = MongoEventStore(embedded_connection(), "mapping", schema=SchemaGuard("t"))
+    store._collections["order"] = collection
+    return store
+
+
+def duplicate(index, pattern):
+    details = server_error(index, pattern)
+    return pymongo_errors.DuplicateKeyError(details["errmsg"], 11000, details)
+
+
+AGG = AggregateId("order", "o-1")
+
+
+def test_version_index_maps_to_version_conflict():
+    store = store_with(FakeCollection(duplicate("aggregateId_1_version_1", {"aggregateId": 1, "version": 1})))
+    with pytest.raises(EventVersionConflict) as caught:
+        store.append(make_stream(AGG, 4))
+    assert not isinstance(caught.value, DuplicateAggregateId)
+    with pytest.raises(DuplicateAggregateId):
+        store.append(make_stream(AGG, 1))
+
+
+def test_request_id_indexes_map_to_duplicate_request_id():
+    for index, pattern in (("aggregateId_1_requestId_1", {"aggregateId": 1, "requestId": 1}),
+                           ("requestId_1", {"requestId": 1})):
+        store = store_with(FakeCollection(duplicate(index, pattern)))
+        with pytest.raises(DuplicateRequestId):
+            store.append(make_stream(AGG, 2, request_id="r-9"))
+
+
+def test_id_index_maps_to_duplicate_stream_id():
+    store = store_with(FakeCollection(duplicate("_id_", {"_id": 1})))
+    with pytest.raises(DuplicateEventStreamId):
+        store.append(make_stream(AGG, 2))
+
+
+def test_bulk_errors_are_mapped_per_stream():
+    details = {
+        "writeErrors": [
+            {**server_error("aggregateId_1_version_1", {"aggregateId": 1, "version": 1}), "index": 1},
+            {**server_error("aggregateId_1_requestId_1", {"aggregateId": 1, "requestId": 1}), "index": 2},
+        ],
+        "nInserted": 1,
+    }
+    store = store_with(FakeCollection(pymongo_errors.BulkWriteError(details)))
+    results = store.append_many([make_stream(AGG, 3), make_stream(AGG, 1), make_stream(AGG, 5)])
+    assert results[0] is None
+    assert isinstance(results[1], DuplicateAggregateId)
+    assert isinstance(results[2], DuplicateRequestId)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        pymongo_errors.AutoReconnect("connection reset"),
+        pymongo_errors.NetworkTimeout("timed out"),
+        pymongo_errors.ServerSelectionTimeoutError("no primary"),
+        pymongo_errors.NotPrimaryError("not primary"),
+        pymongo_errors.OperationFailure("stepped down", code=189),
+        pymongo_errors.OperationFailure("interrupted", code=11602),
+        pymongo_errors.WTimeoutError("waiting for replication timed out", code=64),
+        pymongo_errors.ExecutionTimeout("operation exceeded time limit", code=50),
+    ],
+)
+def test_transient_failures_are_recoverable(exc):
+    assert is_recoverable(exc)
+    store = store_with(FakeCollection(exc))
+    with pytest.raises(RecoverableStoreError, match="retry") as caught:
+        store.append(make_stream(AGG, 2))
+    assert caught.value.__cause__ is exc
+    results = store.append_many([make_stream(AGG, 2), make_stream(AGG, 3)])
+    assert all(isinstance(r, RecoverableStoreError) for r in results)
+
+
+def test_other_server_errors_pass_through():
+    exc = pymongo_errors.OperationFailure("not authorized", code=13)
+    assert not is_recoverable(exc)
+    with pytest.raises(pymongo_errors.OperationFailure, match="not authorized"):
+        store_with(FakeCollection(exc)).append(make_stream(AGG, 2))
+
+
+def test_unacknowledged_append_is_an_error():
+    store = store_with(FakeCollection(acknowledged=False))
+    with pytest.raises(UnacknowledgedWriteError, match="w ≥ 1"):
+        store.append(make_stream(AGG, 2))
+    [result] = store.append_many([make_stream(AGG, 2)])
+    assert isinstance(result, UnacknowledgedWriteError)
+
+
+def test_unacknowledged_snapshot_save_is_an_error():
+    store = MongoSnapshotStore(embedded_connection(), "mapping", schema=SchemaGuard("t"))
+
+    class Unacknowledged:
+        name = "order_snapshot"
+        database = mongomock.MongoClient().db
+
+        def find_one(self, *args, **kwargs):
+            return None
+
+        def replace_one(self, *args, **kwargs):
+            return Result(False)
+
+    store._collections["order"] = Unacknowledged()
+    with pytest.raises(UnacknowledgedWriteError):
+        store.save(make_snapshot(AGG, 1))
+
+
+# --- the server-side snapshot guard --------------------------------------------
+
+
+def guarded(stored: dict, candidate_version: int) -> dict:
+    """Run the update pipeline's expression through the aggregation engine.
+
+    The embedded engine cannot run update pipelines, but it evaluates the same
+    ``$replaceRoot`` expression in ``aggregate``: the guard MongoDB applies.
+    """
+    collection = mongomock.MongoClient().db.snapshots
+    collection.insert_one(stored)
+    candidate = {"_id": stored["_id"], "version": candidate_version, "state": {"$set": "kept verbatim"}}
+    [stage] = version_guarded_pipeline(candidate)
+    [result] = collection.aggregate([{"$match": {"_id": stored["_id"]}}, stage])
+    return result
+
+
+@pytest.mark.parametrize(
+    "stored, candidate, wins",
+    [
+        ({"_id": "a", "version": 5}, 4, False),
+        ({"_id": "a", "version": 5}, 5, True),
+        ({"_id": "a", "version": 5}, 6, True),
+        ({"_id": "a"}, 1, True),  # missing version (also the fresh-upsert case)
+        ({"_id": "a", "version": "7"}, 1, True),  # not an integer
+        ({"_id": "a", "version": None}, 1, True),
+        ({"_id": "a", "version": {"n": 9}}, 1, True),
+        ({"_id": "a", "version": 5.0}, 4, False),
+        ({"_id": "a", "version": 2**40}, 7, False),  # a long
+    ],
+)
+def test_version_guarded_pipeline(stored, candidate, wins):
+    result = guarded(stored, candidate)
+    if wins:
+        assert result == {"_id": "a", "version": candidate, "state": {"$set": "kept verbatim"}}
+    else:
+        assert result == stored

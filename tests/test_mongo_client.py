@@ -1,0 +1,108 @@
+"""Mongo URIs, one connection per URI per process, fork safety, databases."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from wow_django.mongo import database_name
+from wow_django.mongo.client import connect, disconnect, parse_uri, redact
+
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("mongodb://localhost:27017/orders", (False, "orders")),
+        ("mongodb://u:p%40ss@h1:1,h2:2/orders?replicaSet=rs0&w=majority", (False, "orders")),
+        ("mongodb+srv://user:pw@cluster.example.net/orders?retryWrites=true", (False, "orders")),
+        ("mongodb://localhost:27017", (False, None)),
+        ("mongodb://localhost:27017/?w=1", (False, None)),
+        ("mongomock://localhost/wow", (True, "wow")),
+        ("mongomock://localhost", (True, None)),
+    ],
+)
+def test_parse_uri(uri, expected):
+    assert parse_uri(uri) == expected
+
+
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("postgres://localhost/db", "unsupported scheme 'postgres'"),
+        ("localhost:27017", "must look like mongodb://"),
+        ("mongodb://localhost/bad.name", "not a valid MongoDB database name"),
+        ("mongodb://localhost/has space", "not a valid MongoDB database name"),
+    ],
+)
+def test_bad_uris_are_configuration_errors(uri, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        parse_uri(uri)
+
+
+def test_redact_hides_the_password():
+    assert redact("mongodb://user:secret@h:1/db") == "mongodb://user:***@h:1/db"
+    assert redact("mongodb://h:1/db") == "mongodb://h:1/db"
+
+
+def test_one_connection_per_uri():
+    a = connect("mongomock://localhost/conn_a")
+    assert connect("mongomock://localhost/conn_a") is a
+    b = connect("mongomock://localhost/conn_b")
+    assert b is not a
+    disconnect("mongomock://localhost/conn_a")
+    assert connect("mongomock://localhost/conn_a") is not a
+    disconnect("mongomock://localhost/conn_a")
+    disconnect("mongomock://localhost/conn_b")
+
+
+def test_server_client_is_lazy_and_recreated_after_fork():
+    # connect=False: creating the client talks to nobody, so port 1 is fine.
+    uri = "mongodb://127.0.0.1:1/fork_test?serverSelectionTimeoutMS=100"
+    parent = connect(uri)
+    assert parent.embedded is False
+    embedded = connect("mongomock://localhost/fork_embedded")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report whether it got fresh objects, then leave at once
+        try:
+            fresh_server = connect(uri) is not parent
+            same_embedded = connect("mongomock://localhost/fork_embedded") is embedded
+            os.write(write, b"%d%d" % (fresh_server, same_embedded))
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 2)
+    os.waitpid(pid, 0)
+    assert answer == b"11"
+    assert connect(uri) is parent
+    disconnect(uri)
+    disconnect("mongomock://localhost/fork_embedded")
+
+
+def test_database_per_purpose_defaults_to_the_uri_database():
+    with override_settings(WOW={"MONGO_URI": "mongomock://localhost/shop", "SNAPSHOT_DATABASE": "shop_read"}):
+        assert database_name("EVENT_STREAM") == "shop"
+        assert database_name("SNAPSHOT") == "shop_read"
+        assert database_name("PREPARE") == "shop"
+
+
+def test_default_uri_is_the_embedded_engine():
+    with override_settings(WOW={}):
+        assert database_name("EVENT_STREAM") == "wow"
+
+
+def test_no_database_anywhere_is_a_clear_error():
+    with override_settings(WOW={"MONGO_URI": "mongodb://user:secret@localhost:27017"}):
+        with pytest.raises(ImproperlyConfigured) as caught:
+            database_name("EVENT_STREAM")
+    message = str(caught.value)
+    assert "WOW['EVENT_STREAM_DATABASE']" in message and "secret" not in message
+
+
+def test_bad_database_setting_is_a_clear_error():
+    with override_settings(WOW={"PREPARE_DATABASE": "a/b"}):
+        with pytest.raises(ImproperlyConfigured, match=r"WOW\['PREPARE_DATABASE'\].*not a valid"):
+            database_name("PREPARE")

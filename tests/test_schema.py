@@ -1,0 +1,224 @@
+"""Collections, pinned index names, reconciliation, ownership, wow_init_schema."""
+
+from __future__ import annotations
+
+import uuid
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from wow_django import registry, stores
+from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
+from wow_django.mongo import get_connection
+from wow_django.mongo.client import disconnect
+from wow_django.mongo.schema import (
+    SchemaGuard,
+    claim_database,
+    event_stream_spec,
+    reconcile_collection,
+    snapshot_spec,
+)
+from wow_django.testing import make_snapshot, make_stream
+from wow_django.records import AggregateId
+
+EVENT_INDEXES = {
+    "_id_": {"_id": 1},
+    "aggregateId_hashed": {"aggregateId": "hashed"},
+    "aggregateId_1_version_1": {"aggregateId": 1, "version": 1},
+    "aggregateId_1_requestId_1": {"aggregateId": 1, "requestId": 1},
+    "tenantId_hashed": {"tenantId": "hashed"},
+    "ownerId_hashed": {"ownerId": "hashed"},
+}
+SNAPSHOT_INDEXES = {
+    "_id_": {"_id": 1},
+    "tenantId_hashed": {"tenantId": "hashed"},
+    "ownerId_hashed": {"ownerId": "hashed"},
+    "_id_hashed": {"_id": "hashed"},
+    "deleted_hashed": {"deleted": "hashed"},
+}
+
+
+@pytest.fixture
+def wow():
+    """Fresh embedded engine and settings for one test; yields the settings dict."""
+    uri = f"mongomock://localhost/schema_{uuid.uuid4().hex[:8]}"
+    settings = {"MONGO_URI": uri, "CONTEXT_NAME": "order-service"}
+    with override_settings(WOW=settings):
+        yield settings
+    disconnect(uri)
+
+
+@pytest.fixture
+def order_registered():
+    registry.register_aggregate_name("order", "tests.test_schema")
+    registry.register_prepare_key("username")
+    yield
+    registry.unregister_aggregate_name("order")
+
+
+def indexes(collection):
+    return {ix["name"]: dict(ix["key"]) for ix in collection.list_indexes()}
+
+
+def unique_names(collection):
+    return {ix["name"] for ix in collection.list_indexes() if ix.get("unique")}
+
+
+def test_event_store_creates_the_pinned_indexes_on_first_use(wow):
+    store = stores.event_store()
+    store.append(make_stream(AggregateId("order", "o-1"), 1))
+    collection = get_connection().database("schema_" + wow["MONGO_URI"].rsplit("_", 1)[1])["order_event_stream"]
+    assert indexes(collection) == EVENT_INDEXES
+    assert unique_names(collection) == {"aggregateId_1_version_1", "aggregateId_1_requestId_1"}
+
+
+def test_snapshot_store_creates_the_pinned_indexes(wow):
+    stores.snapshot_store().save(make_snapshot(AggregateId("order", "o-1"), 1))
+    db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
+    assert indexes(db["order_snapshot"]) == SNAPSHOT_INDEXES
+
+
+def test_prepare_key_has_a_ttl_index(wow):
+    stores.prepare_key("username").prepare("alice", "c-1")
+    db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
+    [ttl] = [ix for ix in db["prepare_username"].list_indexes() if ix["name"] == "ttlAt_1"]
+    assert dict(ttl["key"]) == {"ttlAt": 1} and ttl["expireAfterSeconds"] == 0
+
+
+def test_global_request_id_mode(wow):
+    with override_settings(WOW={**wow, "REQUEST_ID_INDEX": "global"}):
+        store = stores.event_store()
+        store.append(make_stream(AggregateId("order", "o-1"), 1, request_id="r-1"))
+        collection = store.collection("order")
+        assert "requestId_1" in indexes(collection)
+        assert "aggregateId_1_requestId_1" not in indexes(collection)
+        from wow_django.exceptions import DuplicateRequestId
+
+        with pytest.raises(DuplicateRequestId):
+            store.append(make_stream(AggregateId("order", "o-2"), 1, request_id="r-1"))
+
+
+def test_the_other_request_id_mode_is_a_startup_error(wow):
+    stores.event_store().append(make_stream(AggregateId("order", "o-1"), 1))
+    with override_settings(WOW={**wow, "REQUEST_ID_INDEX": "global"}):
+        with pytest.raises(SchemaConflictError, match="'aggregateId_1_requestId_1' is not allowed"):
+            stores.event_store().load(AggregateId("order", "o-1"))
+
+
+def fresh_db():
+    from wow_django.testing.mongo import embedded_connection
+
+    return embedded_connection().database("reconcile")
+
+
+def test_reconcile_creates_then_verifies_and_keeps_user_indexes():
+    db = fresh_db()
+    spec = event_stream_spec("order")
+    first = reconcile_collection(db, spec)
+    assert {s for *_, s in first.lines} == {"created"}
+    db["order_event_stream"].create_index([("createTime", 1)], name="idx_create_time")
+    second = reconcile_collection(db, spec)
+    assert {s for *_, s in second.lines} == {"verified"} and second.matches
+    assert "idx_create_time" in indexes(db["order_event_stream"])
+
+
+def test_right_name_with_other_keys_is_refused_and_nothing_is_created():
+    db = fresh_db()
+    db["order_event_stream"].create_index([("version", 1), ("aggregateId", 1)], name="aggregateId_1_version_1",
+                                           unique=True)
+    report = reconcile_collection(db, event_stream_spec("order"))
+    assert not report.matches
+    [problem] = report.problems
+    assert "index 'aggregateId_1_version_1' has keys" in problem and "drop or rename" in problem
+    assert set(indexes(db["order_event_stream"])) == {"_id_", "aggregateId_1_version_1"}
+
+
+def test_right_name_without_unique_is_refused():
+    db = fresh_db()
+    db["order_event_stream"].create_index([("aggregateId", 1), ("version", 1)], name="aggregateId_1_version_1")
+    [problem] = reconcile_collection(db, event_stream_spec("order")).problems
+    assert "unique=False, expected unique=True" in problem
+
+
+def test_right_keys_under_another_name_are_refused():
+    db = fresh_db()
+    db["order_snapshot"].create_index([("deleted", "hashed")], name="my_deleted")
+    [problem] = reconcile_collection(db, snapshot_spec("order")).problems
+    assert "'my_deleted' has the keys wow_django needs for 'deleted_hashed'" in problem
+
+
+def test_conflict_through_the_store_raises_a_clear_error(wow):
+    db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
+    db["order_snapshot"].create_index([("tenantId", 1)], name="tenantId_hashed")
+    with pytest.raises(SchemaConflictError, match="tenantId_hashed"):
+        stores.snapshot_store().load(AggregateId("order", "x"))
+
+
+def test_a_database_belongs_to_one_context():
+    db = fresh_db()
+    assert claim_database(db, "order-service").matches
+    assert claim_database(db, "order-service").matches
+    report = claim_database(db, "billing")
+    assert "belongs to bounded context 'order-service', not 'billing'" in report.problems[0]
+    guard = SchemaGuard("billing")
+    with pytest.raises(DatabaseOwnershipError, match="WOW\\['CONTEXT_NAME'\\]"):
+        guard.ensure(db, snapshot_spec("order"))
+    assert "order_snapshot" not in db.list_collection_names()
+
+
+def test_store_of_another_context_fails_before_writing(wow):
+    stores.event_store().append(make_stream(AggregateId("order", "o-1"), 1))
+    with override_settings(WOW={**wow, "CONTEXT_NAME": "billing"}):
+        with pytest.raises(DatabaseOwnershipError):
+            stores.snapshot_store().save(make_snapshot(AggregateId("order", "o-1"), 1))
+    db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
+    assert "order_snapshot" not in db.list_collection_names()
+
+
+def test_auto_init_off_creates_no_indexes(wow):
+    with override_settings(WOW={**wow, "AUTO_INIT_SCHEMA": False}):
+        store = stores.event_store()
+        store.append(make_stream(AggregateId("order", "o-1"), 1))
+        assert set(indexes(store.collection("order"))) == {"_id_"}
+
+
+def run(*args):
+    out, err = StringIO(), StringIO()
+    call_command("wow_init_schema", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_wow_init_schema_creates_then_verifies(wow, order_registered):
+    out = StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command("wow_init_schema", "--check", stdout=out, stderr=StringIO())
+    assert caught.value.returncode == 1
+    assert "missing   " in out.getvalue() and "order_event_stream aggregateId_1_version_1" in out.getvalue()
+    out, _ = run()
+    assert "created   " in out and "order_event_stream aggregateId_1_version_1" in out
+    assert "prepare_username ttlAt_1" in out
+    out, _ = run("--check")
+    assert "Schema OK" in out and "created" not in out
+
+
+def test_wow_init_schema_check_reports_a_conflict(wow, order_registered):
+    run()
+    db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
+    db["order_snapshot"].drop_index("deleted_hashed")
+    db["order_snapshot"].create_index([("deleted", 1)], name="deleted_hashed")
+    with pytest.raises(CommandError) as caught:
+        run("--check")
+    assert caught.value.returncode == 1
+    assert "Schema does not match" in str(caught.value)
+
+
+def test_wow_init_schema_refuses_another_contexts_database(wow, order_registered):
+    run()
+    with override_settings(WOW={**wow, "CONTEXT_NAME": "billing"}):
+        err = StringIO()
+        with pytest.raises(CommandError):
+            call_command("wow_init_schema", stdout=StringIO(), stderr=err)
+        assert "belongs to bounded context 'order-service'" in err.getvalue()

@@ -1,0 +1,137 @@
+"""The WOW settings object and the system checks."""
+
+from __future__ import annotations
+
+import pytest
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from wow_django import stores
+from wow_django.checks import check_settings
+from wow_django.conf import DEFAULTS, validate_user_settings, wow_settings
+from wow_django.store.batching import BatchingEventStore
+from wow_django.store.memory import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
+
+
+def ids(messages):
+    return [m.id for m in messages]
+
+
+def test_defaults_apply_under_user_values():
+    assert wow_settings.CONTEXT_NAME == "order-service"  # from the sample project's WOW
+    assert wow_settings.STORAGE == "mongo"
+    assert wow_settings.EVENT_STORE_BATCH == DEFAULTS["EVENT_STORE_BATCH"]
+
+
+def test_override_settings_reloads_in_place():
+    with override_settings(WOW={"CONTEXT_NAME": "billing", "EVENT_STORE_BATCH": {"MAX_SIZE": 8}}):
+        assert wow_settings.CONTEXT_NAME == "billing"
+        assert wow_settings.EVENT_STORE_BATCH["MAX_SIZE"] == 8
+        assert wow_settings.EVENT_STORE_BATCH["MAX_DELAY_MS"] == 1.0
+    assert wow_settings.CONTEXT_NAME == "order-service"
+
+
+def test_unknown_attribute_names_the_setting_and_suggests():
+    with pytest.raises(AttributeError, match="'CONTEXT_NAM' is not a wow_django setting. Did you mean 'CONTEXT_NAME'"):
+        wow_settings.CONTEXT_NAM
+
+
+def test_malformed_value_is_an_error_naming_the_key():
+    with override_settings(WOW={"STORAGE": "redis"}):
+        with pytest.raises(ImproperlyConfigured, match=r"WOW\['STORAGE'\] must be one of 'mongo', 'in_memory'"):
+            wow_settings.STORAGE
+        messages = check_settings()
+        assert ids(messages) == ["wow_django.E001"]
+        assert "WOW['STORAGE']" in messages[0].msg and "'redis'" in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    "user, key",
+    [
+        ({"CONTEXT_NAME": ""}, "CONTEXT_NAME"),
+        ({"MONGO_MAX_TIME_MS": 0}, "MONGO_MAX_TIME_MS"),
+        ({"AUTO_INIT_SCHEMA": "yes"}, "AUTO_INIT_SCHEMA"),
+        ({"REQUEST_ID_INDEX": "tenant"}, "REQUEST_ID_INDEX"),
+        ({"EVENT_STORE_BATCH": {"MAX_SIZE": -1}}, "EVENT_STORE_BATCH.MAX_SIZE"),
+        ({"EVENT_STORE_BATCH": {"MAX_SZE": 3}}, "EVENT_STORE_BATCH.MAX_SZE"),
+        ({"EVENT_STORE_BATCH": 5}, "EVENT_STORE_BATCH"),
+        ({"STORAGEE": "mongo"}, "STORAGEE"),
+    ],
+)
+def test_each_malformed_setting_is_reported_by_key(user, key):
+    problems = validate_user_settings(user)
+    assert [k for k, _ in problems] == [key]
+    with override_settings(WOW=user):
+        assert any(f"WOW[{key!r}]" in m.msg for m in check_settings())
+
+
+def test_unknown_key_suggests_the_close_one():
+    [(key, problem)] = validate_user_settings({"STORAGEE": "mongo"})
+    assert key == "STORAGEE"
+    assert "Did you mean 'STORAGE'" in problem
+
+
+def test_wow_must_be_a_dict():
+    with override_settings(WOW=["nope"]):
+        assert "must be a dict" in check_settings()[0].msg
+
+
+def test_embedded_engine_is_a_warning():
+    with override_settings(WOW={"MONGO_URI": "mongomock://localhost/demo"}):
+        messages = check_settings()
+    assert ids(messages) == ["wow_django.W001"]
+    assert "neither persisted nor shared between processes" in messages[0].msg
+    assert isinstance(messages[0], checks.Warning)
+
+
+def test_real_server_uri_gives_no_warning():
+    with override_settings(WOW={"MONGO_URI": "mongodb://db.example:27017/orders"}):
+        assert check_settings() == []
+
+
+def test_uri_without_database_is_an_error():
+    with override_settings(WOW={"MONGO_URI": "mongodb://db.example:27017"}):
+        messages = check_settings()
+    assert ids(messages) == ["wow_django.E002"]
+    assert "names no database" in messages[0].msg
+
+
+def test_uri_without_database_is_fine_when_every_database_is_set():
+    wow = {"MONGO_URI": "mongodb://db.example:27017", "EVENT_STREAM_DATABASE": "ev", "SNAPSHOT_DATABASE": "sn",
+           "PREPARE_DATABASE": "pr", "BUS_DATABASE": "bus"}
+    with override_settings(WOW=wow):
+        assert check_settings() == []
+
+
+def test_in_memory_storage_is_a_warning():
+    with override_settings(WOW={"STORAGE": "in_memory"}):
+        messages = check_settings()
+    assert ids(messages) == ["wow_django.W002"]
+
+
+def test_manage_py_check_fails_on_a_malformed_setting():
+    with override_settings(WOW={"EVENT_STORE": "cassandra"}):
+        with pytest.raises(SystemCheckError, match=r"WOW\['EVENT_STORE'\]"):
+            call_command("check")
+
+
+def test_store_factory_follows_settings():
+    with override_settings(WOW={"STORAGE": "in_memory"}):
+        assert isinstance(stores.event_store(), InMemoryEventStore)
+        assert stores.event_store() is stores.event_store()
+        assert isinstance(stores.snapshot_store(), InMemorySnapshotStore)
+        assert isinstance(stores.prepare_key("username"), InMemoryPrepareKey)
+    with override_settings(WOW={"STORAGE": "in_memory", "EVENT_STORE_BATCH": {"ENABLED": True, "LANE_COUNT": 2}}):
+        store = stores.event_store()
+        assert isinstance(store, BatchingEventStore)
+        assert store.lane_count == 2
+        assert isinstance(store.inner, InMemoryEventStore)
+
+
+def test_store_factory_refuses_unknown_storage():
+    with override_settings(WOW={"SNAPSHOT_STORE": "sqlite"}):
+        with pytest.raises(ImproperlyConfigured, match=r"WOW\['SNAPSHOT_STORE'\]"):
+            stores.snapshot_store()
