@@ -36,13 +36,13 @@ def test_override_settings_reloads_in_place():
 
 def test_unknown_attribute_names_the_setting_and_suggests():
     with pytest.raises(AttributeError, match="'CONTEXT_NAM' is not a wow_django setting. Did you mean 'CONTEXT_NAME'"):
-        wow_settings.CONTEXT_NAM
+        _ = wow_settings.CONTEXT_NAM
 
 
 def test_malformed_value_is_an_error_naming_the_key():
     with override_settings(WOW={"STORAGE": "redis"}):
         with pytest.raises(ImproperlyConfigured, match=r"WOW\['STORAGE'\] must be one of 'mongo', 'in_memory'"):
-            wow_settings.STORAGE
+            _ = wow_settings.STORAGE
         messages = check_settings()
         assert ids(messages) == ["wow_django.E001"]
         assert "WOW['STORAGE']" in messages[0].msg and "'redis'" in messages[0].msg

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 DEFAULT_TENANT_ID = "(0)"
@@ -136,7 +136,7 @@ class PreparedValue:
     ttl_at: datetime
 
     def expired(self, at: datetime | None = None) -> bool:
-        return self.ttl_at <= (at or datetime.now(timezone.utc))
+        return self.ttl_at <= (at or datetime.now(UTC))
 
 
-FOREVER = datetime(9999, 12, 31, tzinfo=timezone.utc)
+FOREVER = datetime(9999, 12, 31, tzinfo=UTC)

@@ -8,7 +8,7 @@ monitor (which only cleans up, and which the embedded engine lacks).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo import errors as pymongo_errors
@@ -23,11 +23,11 @@ from wow_django.store.base import _MISSING, PrepareKey, check_key, resolve_ttl
 
 def _naive_utc(moment: datetime) -> datetime:
     """BSON dates are UTC; naive values compare the same on every engine."""
-    return moment.astimezone(timezone.utc).replace(tzinfo=None)
+    return moment.astimezone(UTC).replace(tzinfo=None)
 
 
 def _now() -> datetime:
-    return _naive_utc(datetime.now(timezone.utc))
+    return _naive_utc(datetime.now(UTC))
 
 
 class MongoPrepareKey(PrepareKey):
@@ -67,7 +67,7 @@ class MongoPrepareKey(PrepareKey):
             doc = self.collection.find_one({"_id": key, "ttlAt": {"$gt": _now()}}, max_time_ms=self.max_time_ms)
         if doc is None:
             return None
-        return PreparedValue(doc.get("value"), doc["ttlAt"].replace(tzinfo=timezone.utc))
+        return PreparedValue(doc.get("value"), doc["ttlAt"].replace(tzinfo=UTC))
 
     def rollback(self, key: str, value: Any = _MISSING) -> bool:
         check_key(key)

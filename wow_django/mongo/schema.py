@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pymongo import errors as pymongo_errors
 
@@ -245,7 +245,7 @@ def claim_database(database, context_name: str, *, check_only: bool = False) -> 
             claim = collection.find_one_and_update(
                 {"_id": OWNERSHIP_ID},
                 {"$setOnInsert": {"contextName": context_name,
-                                  "claimedAt": datetime.now(timezone.utc).replace(tzinfo=None)}},
+                                  "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
                 upsert=True,
                 return_document=True,
             )

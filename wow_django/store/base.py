@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from wow_django.exceptions import EventStoreError, KeyAlreadyPrepared
@@ -153,11 +153,11 @@ def resolve_ttl(ttl: timedelta | datetime | None) -> datetime:
     if isinstance(ttl, timedelta):
         if ttl <= timedelta(0):
             raise ValueError(f"ttl must be positive, got {ttl}")
-        return datetime.now(timezone.utc) + ttl
+        return datetime.now(UTC) + ttl
     if isinstance(ttl, datetime):
         if ttl.tzinfo is None:
             raise ValueError("ttl datetime must be timezone-aware")
-        return ttl.astimezone(timezone.utc)
+        return ttl.astimezone(UTC)
     raise ValueError(f"ttl must be a timedelta, an aware datetime or None, got {ttl!r}")
 
 

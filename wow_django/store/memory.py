@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from wow_django.exceptions import (
@@ -217,7 +217,7 @@ class InMemoryPrepareKey(PrepareKey):
         check_key(key)
         ttl_at = resolve_ttl(ttl)
         with self._lock:
-            if self._live(key, datetime.now(timezone.utc)) is not None:
+            if self._live(key, datetime.now(UTC)) is not None:
                 return False
             self._values[key] = PreparedValue(value, ttl_at)
             return True
@@ -225,12 +225,12 @@ class InMemoryPrepareKey(PrepareKey):
     def get(self, key: str) -> PreparedValue | None:
         check_key(key)
         with self._lock:
-            return self._live(key, datetime.now(timezone.utc))
+            return self._live(key, datetime.now(UTC))
 
     def rollback(self, key: str, value: Any = _MISSING) -> bool:
         check_key(key)
         with self._lock:
-            current = self._live(key, datetime.now(timezone.utc))
+            current = self._live(key, datetime.now(UTC))
             if current is None or (value is not _MISSING and current.value != value):
                 return False
             del self._values[key]
@@ -242,7 +242,7 @@ class InMemoryPrepareKey(PrepareKey):
         check_key(key)
         ttl_at = resolve_ttl(ttl)
         with self._lock:
-            current = self._live(key, datetime.now(timezone.utc))
+            current = self._live(key, datetime.now(UTC))
             if current is None or (old_value is not _MISSING and current.value != old_value):
                 return False
             self._values[key] = PreparedValue(new_value, ttl_at)

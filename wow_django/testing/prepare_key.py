@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from wow_django.exceptions import KeyAlreadyPrepared
 from wow_django.store.base import PrepareKey
@@ -58,7 +58,7 @@ class PrepareKeyContract:
 
     def test_ttl_as_a_moment(self):
         key = self.key()
-        until = datetime.now(timezone.utc) + timedelta(hours=1)
+        until = datetime.now(UTC) + timedelta(hours=1)
         self.assertTrue(self.keys.prepare(key, "v", until))
         self.assertLess(abs((self.keys.get(key).ttl_at - until).total_seconds()), 0.01)
 
@@ -101,7 +101,7 @@ class PrepareKeyContract:
         self.assertTrue(self.keys.reprepare(key, "v2", old_value="v1", ttl=timedelta(hours=1)))
         prepared = self.keys.get(key)
         self.assertEqual(prepared.value, "v2")
-        self.assertLess(prepared.ttl_at, datetime.now(timezone.utc) + timedelta(hours=2))
+        self.assertLess(prepared.ttl_at, datetime.now(UTC) + timedelta(hours=2))
 
     def test_using_prepare_keeps_the_key_when_the_block_succeeds(self):
         key = self.key()

@@ -90,7 +90,7 @@ class SnapshotStoreContract:
             random.Random(round_).shuffle(versions)
             barrier = threading.Barrier(len(versions))
 
-            def save(version: int) -> None:
+            def save(version: int, agg=agg, barrier=barrier) -> None:
                 barrier.wait()
                 self.store.save(make_snapshot(agg, version))
 
