@@ -21,8 +21,8 @@ from wow_django.mongo.schema import (
     reconcile_collection,
     snapshot_spec,
 )
-from wow_django.testing import make_snapshot, make_stream
 from wow_django.records import AggregateId
+from wow_django.testing import make_snapshot, make_stream
 
 EVENT_INDEXES = {
     "_id_": {"_id": 1},
