@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "wow_django",
+    "sample_project.orders",
 ]
 
 MIDDLEWARE = [
@@ -82,9 +83,21 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 WOW = {
     "CONTEXT_NAME": "order-service",
     "SERVICE_NAME": "order-service",
+    "SNAPSHOT_STRATEGY": "all",
 }
 if os.environ.get("WOW_MONGO_URI"):
     WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]
+
+# --- Celery ----------------------------------------------------------------------
+# Redis is the broker. On the embedded Mongo engine a worker process could not
+# see this process's data, so tasks run eagerly unless CELERY_EAGER=0.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", CELERY_BROKER_URL)
+CELERY_TASK_ALWAYS_EAGER = os.environ.get("CELERY_EAGER", "0" if os.environ.get("WOW_MONGO_URI") else "1") == "1"
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # The embedded engine lives in one process: its warning is expected here.
 SILENCED_SYSTEM_CHECKS = [] if os.environ.get("WOW_MONGO_URI") else ["wow_django.W001"]

@@ -53,10 +53,9 @@ def wow():
 
 @pytest.fixture
 def order_registered():
-    registry.register_aggregate_name("order", "tests.test_schema")
-    registry.register_prepare_key("username")
-    yield
-    registry.unregister_aggregate_name("order")
+    """The sample project declares the order and customer aggregates and the username key."""
+    assert {"order", "customer"} <= set(registry.aggregate_names())
+    assert "username" in registry.prepare_key_names()
 
 
 def indexes(collection):

@@ -7,5 +7,10 @@ class WowDjangoConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        # Only checks and signal handlers: nothing talks to a server here.
+        # Checks, and the declarations of installed apps (like admin's
+        # autodiscover). Importing talks to no server.
+        from django.utils.module_loading import autodiscover_modules
+
         from wow_django import checks  # noqa: F401
+
+        autodiscover_modules("aggregates", "projections")

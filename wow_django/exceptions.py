@@ -112,3 +112,69 @@ class KeyAlreadyPrepared(WowError):
         self.name = name
         self.key = key
         super().__init__(f"{key!r} is already taken in prepare key {name!r}.")
+
+
+# --- commands --------------------------------------------------------------------
+
+
+class CommandError(WowError):
+    """A command was refused; nothing was appended."""
+
+    error_code = "COMMAND_ERROR"
+
+
+class CommandValidationError(CommandError):
+    """The command's fields are invalid. ``binding_errors`` names each field and rule."""
+
+    error_code = "COMMAND_VALIDATION"
+
+    def __init__(self, message: str, binding_errors: list[dict] | None = None):
+        self.binding_errors = list(binding_errors or [])
+        super().__init__(message)
+
+    @classmethod
+    def from_pydantic(cls, command_name: str, exc) -> CommandValidationError:
+        errors = []
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error.get("loc", ())) or "(body)"
+            message = error.get("msg", "invalid")
+            if error.get("type") == "extra_forbidden":
+                message = "unknown field: not part of this command"
+            errors.append({"name": name, "msg": message})
+        summary = "; ".join(f"{e['name']}: {e['msg']}" for e in errors)
+        return cls(f"Invalid {command_name!r} command: {summary}", errors)
+
+
+class UnknownAggregate(CommandError):
+    error_code = "UNKNOWN_AGGREGATE"
+
+
+class UnknownCommand(CommandError):
+    error_code = "UNKNOWN_COMMAND"
+
+
+class AggregateNotFound(CommandError):
+    error_code = "NOT_FOUND"
+
+
+class AggregateIsDeleted(CommandError):
+    error_code = "AGGREGATE_DELETED"
+
+
+class DomainError(CommandError):
+    """Raised by a command handler when a business rule forbids the command.
+
+    ``code`` is a stable machine-readable name (``ORDER_CANCELLED``).
+    """
+
+    error_code = "DOMAIN_ERROR"
+
+    def __init__(self, code: str, message: str):
+        self.error_code = code
+        super().__init__(message)
+
+
+class CommandTimeout(CommandError):
+    """The command was appended but a later wait stage did not finish in time."""
+
+    error_code = "WAIT_TIMEOUT"

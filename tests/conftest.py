@@ -1,0 +1,40 @@
+"""Fixtures: a fresh wow_django environment per test, on each local backend."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.test import override_settings
+
+from wow_django.mongo.client import disconnect
+
+
+def fresh_wow(storage: str, **extra) -> dict:
+    uri = f"mongomock://localhost/t_{uuid.uuid4().hex[:10]}"
+    return {"CONTEXT_NAME": "order-service", "STORAGE": storage, "MONGO_URI": uri,
+            "COMMAND_RETRY_BACKOFF_MS": 0.5, **extra}
+
+
+@pytest.fixture(params=["in_memory", "mongo"])
+def wow(request):
+    """Settings with a fresh store on the in-memory backend and on mongomock://."""
+    settings = fresh_wow(request.param)
+    with override_settings(WOW=settings):
+        yield settings
+    disconnect(settings["MONGO_URI"])
+
+
+@pytest.fixture
+def wow_memory():
+    settings = fresh_wow("in_memory")
+    with override_settings(WOW=settings):
+        yield settings
+
+
+@pytest.fixture
+def wow_mongo():
+    settings = fresh_wow("mongo")
+    with override_settings(WOW=settings):
+        yield settings
+    disconnect(settings["MONGO_URI"])

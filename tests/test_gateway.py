@@ -1,0 +1,342 @@
+"""The command gateway on both local backends, through the sample order service."""
+
+from __future__ import annotations
+
+import threading
+import time
+from decimal import Decimal
+
+import pytest
+
+from sample_project.orders.aggregates import (
+    CancelOrder,
+    ChangeDisplayName,
+    OrderLine,
+    PayOrder,
+    PlaceOrder,
+    RegisterCustomer,
+    ShipOrder,
+)
+from wow_django import stores
+from wow_django.dispatch import projection, unregister
+from wow_django.domain import DeleteAggregate, RecoverAggregate
+from wow_django.exceptions import (
+    AggregateIsDeleted,
+    AggregateNotFound,
+    CommandValidationError,
+    DomainError,
+    DuplicateAggregateId,
+    EventVersionConflict,
+    RecoverableStoreError,
+    UnknownAggregate,
+    UnknownCommand,
+)
+from wow_django.gateway import CommandGateway, WaitStage, derived_aggregate_id, get_gateway
+from wow_django.records import AggregateId
+
+
+def place(gateway=None, amount="9.99", quantity=2, **kwargs):
+    gateway = gateway or get_gateway()
+    items = [OrderLine(sku="SKU-1", quantity=quantity, unit_price=Decimal(amount))]
+    return gateway.send(PlaceOrder(customer_id="c-1", items=items), **kwargs)
+
+
+def versions(aggregate_id, name="order"):
+    return [s.version for s in stores.event_store().load(AggregateId(name, aggregate_id))]
+
+
+def test_place_pay_ship(wow):
+    gateway = get_gateway()
+    placed = place()
+    assert placed.aggregate_version == 1 and placed.events == ("order_placed",)
+    assert placed.stage is WaitStage.PROCESSED and placed.succeeded
+    paid = gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=placed.aggregate_id)
+    shipped = gateway.send(ShipOrder(tracking_number="T-1"), aggregate_id=placed.aggregate_id,
+                           wait=WaitStage.SNAPSHOT)
+    assert (paid.aggregate_version, shipped.aggregate_version) == (2, 3)
+    snapshot = stores.snapshot_store().load(AggregateId("order", placed.aggregate_id))
+    assert snapshot.version == 3
+    assert snapshot.state["status"] == "SHIPPED" and snapshot.state["total_amount"] == "19.98"
+
+
+def test_json_commands_are_validated_with_field_errors_and_nothing_appended(wow):
+    placed = place()
+    with pytest.raises(CommandValidationError) as caught:
+        get_gateway().send_json("order", "pay_order", {"amount": "-1", "payment_idx": "p"},
+                                aggregate_id=placed.aggregate_id)
+    names = {e["name"] for e in caught.value.binding_errors}
+    assert names == {"amount", "payment_id", "payment_idx"}
+    assert versions(placed.aggregate_id) == [1]
+
+
+def test_unknown_command_and_aggregate(wow):
+    gateway = get_gateway()
+    with pytest.raises(UnknownCommand, match="no command named 'refund_order'"):
+        gateway.send_json("order", "refund_order", {}, aggregate_id="x")
+    with pytest.raises(UnknownAggregate, match="no aggregate named 'invoice'"):
+        gateway.send_json("invoice", "pay_order", {}, aggregate_id="x")
+    with pytest.raises(UnknownCommand, match="'register_customer' is not a command of aggregate 'order'"):
+        gateway.send_json("order", "register_customer", {"username": "abc", "display_name": "A"})
+
+
+def test_command_for_a_missing_aggregate(wow):
+    with pytest.raises(AggregateNotFound, match="order 'nope' does not exist"):
+        get_gateway().send(PayOrder(amount=Decimal("1"), payment_id="p"), aggregate_id="nope")
+    assert versions("nope") == []
+
+
+def test_aggregate_id_is_required_for_non_create_commands(wow):
+    with pytest.raises(CommandValidationError, match="aggregate id is required"):
+        get_gateway().send(PayOrder(amount=Decimal("1"), payment_id="p"))
+
+
+def test_domain_rules_refuse_and_append_nothing(wow):
+    gateway = get_gateway()
+    order = place().aggregate_id
+    with pytest.raises(DomainError) as caught:
+        gateway.send(PayOrder(amount=Decimal("1.00"), payment_id="p"), aggregate_id=order)
+    assert caught.value.error_code == "AMOUNT_MISMATCH"
+    with pytest.raises(DomainError, match="must be paid before it ships"):
+        gateway.send(ShipOrder(tracking_number="T"), aggregate_id=order)
+    gateway.send(CancelOrder(reason="changed my mind"), aggregate_id=order)
+    with pytest.raises(DomainError) as caught:
+        gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p"), aggregate_id=order)
+    assert caught.value.error_code == "ORDER_CANCELLED"
+    assert versions(order) == [1, 2]
+
+
+def test_create_twice_with_one_id_is_a_conflict(wow):
+    first = place(aggregate_id="order-fixed")
+    with pytest.raises(DuplicateAggregateId, match="already exists"):
+        place(aggregate_id="order-fixed")
+    assert versions(first.aggregate_id) == [1]
+
+
+def test_repeated_request_returns_the_first_result_and_appends_nothing(wow):
+    gateway = get_gateway()
+    first = place(request_id="client-req-1")
+    again = place(request_id="client-req-1")
+    assert again.duplicate and not first.duplicate
+    assert again.aggregate_id == first.aggregate_id == derived_aggregate_id("order", "client-req-1")
+    assert again.aggregate_version == 1 and again.events == ("order_placed",)
+    pay = PayOrder(amount=Decimal("19.98"), payment_id="p-1")
+    paid = gateway.send(pay, aggregate_id=first.aggregate_id, request_id="client-req-2")
+    repeat = gateway.send(pay, aggregate_id=first.aggregate_id, request_id="client-req-2")
+    assert repeat.duplicate and repeat.aggregate_version == paid.aggregate_version == 2
+    assert versions(first.aggregate_id) == [1, 2]
+
+
+def test_tenants_cannot_reach_each_others_aggregates(wow):
+    gateway = get_gateway()
+    order = place(tenant_id="tenant-a").aggregate_id
+    with pytest.raises(AggregateNotFound):
+        gateway.send(CancelOrder(reason="x"), aggregate_id=order, tenant_id="tenant-b")
+    gateway.send(CancelOrder(reason="x"), aggregate_id=order, tenant_id="tenant-a")
+    stream = stores.event_store().last(AggregateId("order", order))
+    assert stream.aggregate_id.tenant_id == "tenant-a"
+
+
+def test_owner_and_operator_are_recorded(wow):
+    order = place(owner_id="user-9", operator="alice", wait=WaitStage.SNAPSHOT).aggregate_id
+    get_gateway().send(CancelOrder(reason="x"), aggregate_id=order, operator="bob", wait=WaitStage.SNAPSHOT)
+    snapshot = stores.snapshot_store().load(AggregateId("order", order))
+    assert (snapshot.owner_id, snapshot.first_operator, snapshot.operator) == ("user-9", "alice", "bob")
+
+
+def test_soft_delete_and_recover(wow):
+    gateway = get_gateway()
+    order = place().aggregate_id
+    gateway.send(DeleteAggregate(), aggregate="order", aggregate_id=order, wait=WaitStage.SNAPSHOT)
+    assert stores.snapshot_store().load(AggregateId("order", order)).deleted
+    with pytest.raises(AggregateIsDeleted, match="recover it before sending 'cancel_order'"):
+        gateway.send(CancelOrder(reason="x"), aggregate_id=order)
+    with pytest.raises(AggregateIsDeleted, match="already deleted"):
+        gateway.send(DeleteAggregate(), aggregate="order", aggregate_id=order)
+    gateway.send(RecoverAggregate(), aggregate="order", aggregate_id=order, wait=WaitStage.SNAPSHOT)
+    assert not stores.snapshot_store().load(AggregateId("order", order)).deleted
+    with pytest.raises(DomainError, match="not deleted"):
+        gateway.send(RecoverAggregate(), aggregate="order", aggregate_id=order)
+    gateway.send(CancelOrder(reason="x"), aggregate_id=order)
+    assert versions(order) == [1, 2, 3, 4]
+    with pytest.raises(UnknownCommand, match="needs the aggregate"):
+        gateway.send(DeleteAggregate(), aggregate_id=order)
+
+
+def test_unique_username_through_prepare_key(wow):
+    gateway = get_gateway()
+    alice = gateway.send(RegisterCustomer(username=" Alice ", display_name="Alice A"))
+    with pytest.raises(DomainError) as caught:
+        gateway.send(RegisterCustomer(username="alice", display_name="Impostor"))
+    assert caught.value.error_code == "USERNAME_TAKEN"
+    assert stores.prepare_key("username").get("alice").value == alice.aggregate_id
+    gateway.send(ChangeDisplayName(display_name="Alice B"), aggregate_id=alice.aggregate_id)
+
+
+def test_prepared_username_is_released_when_the_append_fails(wow):
+    gateway = get_gateway()
+    gateway.send(RegisterCustomer(username="bob", display_name="Bob"), aggregate_id="customer-1")
+    # Same aggregate id again: the handler reserves 'carol', then the append
+    # fails (the id exists): the reservation must be released.
+    with pytest.raises(DuplicateAggregateId):
+        gateway.send(RegisterCustomer(username="carol", display_name="Carol"), aggregate_id="customer-1")
+    assert stores.prepare_key("username").get("carol") is None
+    gateway.send(RegisterCustomer(username="carol", display_name="Carol"))
+
+
+def test_wait_projected_waits_for_projections_and_reports_failures(wow):
+    seen: list[tuple[str, int]] = []
+
+    @projection("order")
+    def record(message):
+        time.sleep(0.05)
+        seen.append((message.name, message.version))
+
+    @projection("order", events=["order_cancelled"])
+    def explode(message):
+        raise RuntimeError("read model is down")
+
+    try:
+        result = place(wait=WaitStage.PROJECTED)
+        assert result.stage is WaitStage.PROJECTED and result.succeeded
+        assert seen == [("order_placed", 1)]
+        cancelled = get_gateway().send(CancelOrder(reason="x"), aggregate_id=result.aggregate_id,
+                                       wait=WaitStage.PROJECTED)
+        assert cancelled.error_code == "DISPATCH_FAILED" and "read model is down" in cancelled.error_msg
+        assert cancelled.aggregate_version == 2  # appended all the same
+        assert seen[-1] == ("order_cancelled", 2)
+    finally:
+        unregister(record)
+        unregister(explode)
+
+
+def test_projections_see_each_aggregate_in_version_order(wow):
+    seen: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    @projection("customer")
+    def record(message):
+        with lock:
+            seen.setdefault(message.aggregate_id.id, []).append(message.version)
+
+    try:
+        gateway = get_gateway()
+        customers = [gateway.send(RegisterCustomer(username=f"user{n}", display_name="x")).aggregate_id
+                     for n in range(4)]
+
+        def worker(customer, n):
+            for i in range(10):
+                gateway.send(ChangeDisplayName(display_name=f"{n}-{i}"), aggregate_id=customer)
+
+        threads = [threading.Thread(target=worker, args=(c, n)) for c in customers for n in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        gateway.dispatcher.close()  # drains every lane
+        for customer in customers:
+            assert seen[customer] == list(range(1, 22))
+            assert seen[customer] == versions(customer, "customer")
+    finally:
+        unregister(record)
+
+
+def test_eight_threads_fifty_commands_each_on_one_aggregate(wow):
+    """Every accepted command applied exactly once; version equals their count."""
+    gateway = get_gateway()
+    customer = gateway.send(RegisterCustomer(username="racer", display_name="start")).aggregate_id
+    accepted: list[str] = []
+    refused: list[Exception] = []
+    lock = threading.Lock()
+
+    def worker(n):
+        for i in range(50):
+            try:
+                result = gateway.send(ChangeDisplayName(display_name=f"t{n}-{i}"), aggregate_id=customer,
+                                      request_id=f"t{n}-{i}")
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                with lock:
+                    refused.append(exc)
+            else:
+                with lock:
+                    accepted.append(result.request_id)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert refused == []
+    streams = stores.event_store().load(AggregateId("customer", customer))
+    assert len(accepted) == 400
+    assert [s.version for s in streams] == list(range(1, 402))
+    assert sorted(s.request_id for s in streams[1:]) == sorted(accepted)
+
+
+class FlakyStore:
+    """Wraps an event store; the first ``fail`` appends raise ``error``."""
+
+    def __init__(self, inner, error, fail):
+        self.inner, self.error, self.fail = inner, error, fail
+        self.appends = 0
+
+    def append(self, stream):
+        self.appends += 1
+        if self.appends <= self.fail:
+            raise self.error(stream)
+        return self.inner.append(stream)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def conflict(stream):
+    return EventVersionConflict(stream.aggregate_name, stream.aggregate_id.id, stream.version)
+
+
+def transient(stream):
+    return RecoverableStoreError("primary stepped down; retry")
+
+
+@pytest.mark.parametrize("error", [conflict, transient])
+def test_conflicts_and_transient_errors_are_retried_with_backoff(wow_memory, error):
+    store = FlakyStore(stores.event_store(), error, fail=3)
+    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_limit=5,
+                             retry_backoff_ms=1)
+    result = place(gateway)
+    assert result.aggregate_version == 1 and store.appends == 4
+    gateway.close()
+
+
+def test_retries_stop_at_the_limit(wow_memory):
+    store = FlakyStore(stores.event_store(), conflict, fail=100)
+    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_limit=2,
+                             retry_backoff_ms=0)
+    with pytest.raises(EventVersionConflict):
+        place(gateway)
+    assert store.appends == 3
+    gateway.close()
+
+
+def test_bad_wait_stage_and_ids_are_validation_errors(wow):
+    with pytest.raises(CommandValidationError, match="wait stage 'EVENTUALLY'"):
+        place(wait="EVENTUALLY")
+    with pytest.raises(CommandValidationError, match="request_id must be a printable string"):
+        place(request_id="x" * 200)
+    with pytest.raises(CommandValidationError, match="aggregate_id must be"):
+        place(aggregate_id="bad\nid")
+
+
+def test_load_uses_the_snapshot_and_later_events(wow):
+    gateway = get_gateway()
+    order = place(wait=WaitStage.SNAPSHOT).aggregate_id
+    repository = gateway.repository
+    from sample_project.orders.aggregates import Order
+
+    loaded = repository.load(Order, order)
+    assert (loaded.version, loaded.snapshot_version) == (1, 1)
+    # An event appended behind the snapshot's back is applied on top of it.
+    other = CommandGateway(stores.event_store(), None, context_name="order-service")
+    other.send(CancelOrder(reason="late"), aggregate_id=order)
+    other.close()
+    loaded = repository.load(Order, order)
+    assert (loaded.version, loaded.snapshot_version, loaded.state.status) == (2, 1, "CANCELLED")

@@ -1,0 +1,270 @@
+"""Aggregates: command handlers over a state rebuilt from events.
+
+::
+
+    class OrderState(State):
+        status: str = "NEW"
+        amount: Decimal = Decimal(0)
+
+        @sourcing(OrderPlaced)
+        def _placed(self, event: OrderPlaced) -> None:
+            self.status = "PLACED"
+            self.amount = event.amount
+
+    class Order(Aggregate, name="order", state=OrderState):
+        @creates(PlaceOrder)
+        def place(self, command: PlaceOrder) -> OrderPlaced:
+            return OrderPlaced(amount=command.amount)
+
+        @handles(PayOrder)
+        def pay(self, command: PayOrder, ctx: CommandContext) -> OrderPaid:
+            if self.state.status == "CANCELLED":
+                raise DomainError("ORDER_CANCELLED", "A cancelled order cannot be paid.")
+            return OrderPaid(amount=command.amount)
+
+A handler returns one event or a list of events, or raises ``DomainError``.
+It may take a second argument, the :class:`CommandContext`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from pydantic import BaseModel, ConfigDict
+
+from wow_django import registry
+from wow_django.domain.messages import BUILTIN_COMMANDS, Command, Event, _origin
+
+_HANDLES = "_wow_handles"
+_SOURCING = "_wow_sourcing"
+
+
+class State(BaseModel):
+    """Base class of aggregate states: a mutable pydantic model.
+
+    Methods decorated with :func:`sourcing` apply events; events without a
+    handler leave the state unchanged.
+    """
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=False, arbitrary_types_allowed=False)
+    sourcing_handlers: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        handlers: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                for event_cls in getattr(value, _SOURCING, ()):
+                    handlers[event_cls.event_name] = attr
+        cls.sourcing_handlers = handlers
+
+    def apply(self, event: Event) -> None:
+        attr = self.sourcing_handlers.get(event.event_name)
+        if attr is not None:
+            getattr(self, attr)(event)
+
+
+def sourcing(*events: type[Event]):
+    """Mark a state method as the handler that applies ``events``."""
+    for event in events:
+        if not (isinstance(event, type) and issubclass(event, Event)):
+            raise ImproperlyConfigured(f"@sourcing takes Event classes, got {event!r}")
+
+    def decorate(fn):
+        setattr(fn, _SOURCING, tuple(getattr(fn, _SOURCING, ())) + events)
+        return fn
+
+    return decorate
+
+
+def _handler_decorator(command: type[Command], create: bool):
+    if not (isinstance(command, type) and issubclass(command, Command)):
+        raise ImproperlyConfigured(f"expected a Command class, got {command!r}")
+
+    def decorate(fn):
+        setattr(fn, _HANDLES, (command, create))
+        return fn
+
+    return decorate
+
+
+def creates(command: type[Command]):
+    """Mark the method that handles ``command`` by creating a new aggregate."""
+    return _handler_decorator(command, True)
+
+
+def handles(command: type[Command]):
+    """Mark the method that handles ``command`` on an existing aggregate."""
+    return _handler_decorator(command, False)
+
+
+@dataclass(frozen=True)
+class CommandHandler:
+    command: type[Command]
+    method: str
+    create: bool
+    takes_context: bool
+
+
+@dataclass
+class CommandContext:
+    """What a handler may know about the command besides its body, and may ask for.
+
+    ``prepare`` reserves a unique key (see PrepareKey) and releases it again if
+    the command fails after the handler returned (conflict, store error).
+    """
+
+    command_id: str
+    request_id: str
+    aggregate_id: str
+    tenant_id: str
+    owner_id: str
+    operator: str
+    header: dict = field(default_factory=dict)
+    _compensations: list[Callable[[], Any]] = field(default_factory=list)
+
+    def on_failure(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` if this command attempt ends without its events stored."""
+        self._compensations.append(fn)
+
+    def prepare(self, name: str, key: str, value: Any, ttl=None) -> bool:
+        from wow_django.stores import prepare_key
+
+        keys = prepare_key(name)
+        if not keys.prepare(key, value, ttl):
+            return False
+        self.on_failure(lambda: keys.rollback(key, value))
+        return True
+
+    def compensate(self) -> None:
+        while self._compensations:
+            self._compensations.pop()()
+
+
+_aggregates_lock = threading.Lock()
+_aggregates: dict[str, type[Aggregate]] = {}
+_command_owner: dict[str, type[Aggregate]] = {}
+
+
+class Aggregate:
+    """Base class of aggregates. Subclass with ``name=`` and ``state=`` keywords."""
+
+    aggregate_name: ClassVar[str] = ""
+    state_class: ClassVar[type[State]]
+    handlers: ClassVar[dict[str, CommandHandler]] = {}
+    allow_delete: ClassVar[bool] = True
+
+    def __init_subclass__(cls, name: str | None = None, state: type[State] | None = None,
+                          abstract: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if abstract:
+            return
+        if name is None or state is None:
+            raise ImproperlyConfigured(
+                f"{_origin(cls)} must be declared as class {cls.__name__}(Aggregate, name='...', state=...)"
+            )
+        if not (isinstance(state, type) and issubclass(state, State)):
+            raise ImproperlyConfigured(f"state of {_origin(cls)} must be a State subclass, got {state!r}")
+        registry.check_name(name, "aggregate name")
+        cls.aggregate_name = name
+        cls.state_class = state
+        handlers: dict[str, CommandHandler] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                marker = getattr(value, _HANDLES, None)
+                if marker is None:
+                    continue
+                command, create = marker
+                if command in BUILTIN_COMMANDS:
+                    raise ImproperlyConfigured(f"{command.command_name!r} is built in; {_origin(cls)} cannot handle it")
+                params = [p for p in inspect.signature(value).parameters.values()
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+                if len(params) not in (2, 3):
+                    raise ImproperlyConfigured(
+                        f"{_origin(cls)}.{attr} must take (self, command) or (self, command, ctx)"
+                    )
+                handlers[command.command_name] = CommandHandler(command, attr, create, len(params) == 3)
+        if not any(h.create for h in handlers.values()):
+            raise ImproperlyConfigured(f"{_origin(cls)} has no @creates handler: nothing can create it")
+        cls.handlers = handlers
+        _register_aggregate(cls)
+
+    def __init__(self, id: str, tenant_id: str, owner_id: str = ""):
+        self.id = id
+        self.tenant_id = tenant_id
+        self.owner_id = owner_id
+        self.version = 0
+        self.deleted = False
+        self.state = self.state_class()
+        self.event_id = ""
+        self.first_operator = ""
+        self.operator = ""
+        self.first_event_time = 0
+        self.event_time = 0
+        # The snapshot this instance was loaded from (0 when replayed from events).
+        self.snapshot_version = 0
+        self.snapshot_time = 0
+
+    @property
+    def initialized(self) -> bool:
+        return self.version > 0
+
+    def apply(self, event: Event) -> None:
+        from wow_django.domain.messages import AggregateDeleted, AggregateRecovered
+
+        if isinstance(event, AggregateDeleted):
+            self.deleted = True
+        elif isinstance(event, AggregateRecovered):
+            self.deleted = False
+        else:
+            self.state.apply(event)
+
+
+def _register_aggregate(cls: type[Aggregate]) -> None:
+    with _aggregates_lock:
+        previous = _aggregates.get(cls.aggregate_name)
+        if previous is not None and _origin(previous) != _origin(cls):
+            raise ImproperlyConfigured(
+                f"Two aggregates are named {cls.aggregate_name!r}: {_origin(previous)} and {_origin(cls)}. "
+                "Rename one."
+            )
+        for command_name in cls.handlers:
+            owner = _command_owner.get(command_name)
+            if owner is not None and owner.aggregate_name != cls.aggregate_name:
+                raise ImproperlyConfigured(
+                    f"Command {command_name!r} is handled by two aggregates: {_origin(owner)} and {_origin(cls)}."
+                )
+        _aggregates[cls.aggregate_name] = cls
+        for command_name in cls.handlers:
+            _command_owner[command_name] = cls
+    registry.register_aggregate_name(cls.aggregate_name, _origin(cls))
+
+
+def aggregate_type(name: str) -> type[Aggregate] | None:
+    return _aggregates.get(name)
+
+
+def aggregate_for_command(command_name: str) -> type[Aggregate] | None:
+    return _command_owner.get(command_name)
+
+
+def aggregates() -> dict[str, type[Aggregate]]:
+    with _aggregates_lock:
+        return dict(_aggregates)
+
+
+def unregister(cls: type[Aggregate]) -> None:
+    """Remove an aggregate and its commands from the registry (tests)."""
+    with _aggregates_lock:
+        if _aggregates.get(cls.aggregate_name) is cls:
+            del _aggregates[cls.aggregate_name]
+            registry.unregister_aggregate_name(cls.aggregate_name)
+        for command_name, owner in list(_command_owner.items()):
+            if owner is cls:
+                del _command_owner[command_name]
