@@ -40,12 +40,13 @@ class Command(BaseCommand):
         parser.add_argument("aggregates", nargs="*", help="aggregate names (default: every registered one)")
         parser.add_argument("--batch", type=int, default=500, help="aggregate ids read per scan (default 500)")
 
-    def handle(self, *names, batch=500, **options):
-        from wow_django.domain.aggregate import aggregates
+    def handle(self, *args, aggregates=(), batch=500, **options):
+        names = list(aggregates or ())
+        from wow_django.domain.aggregate import aggregates as registered
         from wow_django.gateway import get_gateway
         from wow_django.snapshots import rebuild_snapshots
 
-        known = aggregates()
+        known = registered()
         unknown = [n for n in names if n not in known]
         if unknown:
             raise CommandError(f"Unknown aggregate(s): {', '.join(unknown)}. Known: {', '.join(sorted(known)) or 'none'}.")

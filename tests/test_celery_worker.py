@@ -1,0 +1,115 @@
+"""Celery tasks through a real worker and a real Redis broker.
+
+The embedded Mongo engine lives in this process, so the worker runs here too,
+as Celery's testing worker thread; the broker and result backend are the Redis
+on 127.0.0.1 (``.ci/run`` starts it). ``WOW_TEST_REDIS_URL`` overrides.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from decimal import Decimal
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.core.cache import cache
+from django.test import override_settings
+
+from sample_project.celery import app
+from sample_project.orders.aggregates import ChangeDisplayName, OrderLine, PayOrder, PlaceOrder, RegisterCustomer
+from wow_django import stores
+from wow_django.gateway import WaitStage, get_gateway
+from wow_django.records import AggregateId
+
+from .conftest import fresh_wow
+
+pytestmark = pytest.mark.integration
+
+REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    saved = {key: app.conf[key] for key in ("broker_url", "result_backend", "task_always_eager")}
+    app.conf.update(broker_url=REDIS_URL, result_backend=REDIS_URL, task_always_eager=False)
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                          shutdown_timeout=10) as running:
+            yield running
+    finally:
+        app.conf.update(saved)
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def test_sent_commands_are_processed_by_the_worker(worker):
+    with override_settings(WOW=fresh_wow("mongo")):
+        gateway = get_gateway()
+        items = [OrderLine(sku="A", quantity=2, unit_price=Decimal("5"))]
+        sent = gateway.send(PlaceOrder(customer_id="c-1", items=items), request_id="celery-req-1",
+                            wait=WaitStage.SENT)
+        assert sent.stage is WaitStage.SENT and sent.aggregate_version is None
+        key = AggregateId("order", sent.aggregate_id)
+        stream = wait_for(lambda: stores.event_store().last(key))
+        assert stream.version == 1 and stream.request_id == "celery-req-1"
+        paid = gateway.send(PayOrder(amount=Decimal("10"), payment_id="p"), aggregate_id=sent.aggregate_id,
+                            wait=WaitStage.SENT)
+        wait_for(lambda: stores.event_store().last(key).version == 2)
+        # Queue the first command again (a redelivery): recognised, nothing appended.
+        from wow_django.tasks import process_command
+
+        redelivered = process_command.delay({
+            "aggregate_name": "order", "command_name": "place_order",
+            "body": {"customer_id": "c-1", "items": [{"sku": "A", "quantity": 2, "unit_price": "5"}],
+                     "currency": "CNY"},
+            "aggregate_id": sent.aggregate_id, "request_id": "celery-req-1", "command_id": sent.command_id,
+            "request_id_given": True, "tenant_id": "(0)", "owner_id": "", "operator": "", "header": {},
+        }).get(timeout=20)
+        assert redelivered["duplicate"] is True and redelivered["aggregateVersion"] == 1
+        assert [s.version for s in stores.event_store().load(key)] == [1, 2]
+        assert paid.request_id != sent.request_id
+
+
+def test_refused_queued_command_reports_its_error(worker):
+    with override_settings(WOW=fresh_wow("mongo")):
+        from wow_django.tasks import process_command
+
+        result = process_command.delay({
+            "aggregate_name": "order", "command_name": "pay_order", "body": {"amount": "1", "payment_id": "p"},
+            "aggregate_id": "missing-order", "request_id": "r-x", "command_id": "c-x", "request_id_given": True,
+        }).get(timeout=20)
+        assert result["errorCode"] == "NOT_FOUND" and "does not exist" in result["errorMsg"]
+
+
+def test_snapshot_tasks_run_on_the_worker_and_coalesce(worker):
+    cache.clear()
+    with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_MODE="celery")):
+        gateway = get_gateway()
+        customer = gateway.send(RegisterCustomer(username="worker", display_name="w")).aggregate_id
+        for n in range(5):
+            gateway.send(ChangeDisplayName(display_name=f"n{n}"), aggregate_id=customer)
+        key = AggregateId("customer", customer)
+        snapshot = wait_for(lambda: (s := stores.snapshot_store().load(key)) and s.version == 6 and s)
+        assert snapshot.state["display_name"] == "n4"
+
+
+def test_rebuild_task_on_the_worker(worker):
+    with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_STRATEGY="none")):
+        gateway = get_gateway()
+        ids = [gateway.send(RegisterCustomer(username=f"rb{n}", display_name="x")).aggregate_id for n in range(3)]
+        from wow_django.tasks import rebuild_snapshots
+
+        assert rebuild_snapshots.delay("customer").get(timeout=20) == 3
+        assert all(stores.snapshot_store().load(AggregateId("customer", i)).version == 1 for i in ids)
