@@ -113,7 +113,7 @@ class Command(BaseCommand):
             users = get_user_model()
             if not users.objects.filter(username="admin").exists():
                 users.objects.create_superuser("admin", "admin@example.invalid", "admin")
-            self.stdout.write("Admin: http://%s/admin/ (user admin, password admin — demo only)" % addrport)
+            self.stdout.write(f"Admin: http://{addrport}/admin/ (user admin, password admin — demo only)")
         self.stdout.write(f"API docs: http://{addrport}/api/docs/")
         # Same process: the embedded engine's data is only here.
         call_command("runserver", addrport, use_reloader=False)
