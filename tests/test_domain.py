@@ -186,7 +186,7 @@ def test_generated_ids_are_unique_and_sortable():
     ids = [generate_id() for _ in range(5000)]
     assert len(set(ids)) == 5000
     assert ids == sorted(ids)
-    assert all(len(i) == 26 for i in ids)
+    assert all(len(i) == 32 for i in ids)
 
 
 def test_unregister_frees_the_name():

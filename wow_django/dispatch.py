@@ -91,6 +91,10 @@ def handlers_for(aggregate_name: str) -> list[Handler]:
         return [h for h in _handlers if h.aggregate_name == aggregate_name]
 
 
+def has_handlers(aggregate_name: str) -> bool:
+    return any(h.aggregate_name == aggregate_name for h in _handlers)
+
+
 @dataclass
 class Tracker:
     """Signals the stages of one stream's dispatch to whoever waits."""
@@ -98,6 +102,17 @@ class Tracker:
     snapshot_done: threading.Event = field(default_factory=threading.Event)
     projected_done: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
+
+
+def completed_tracker() -> Tracker:
+    """A tracker whose stages are already done (nothing to dispatch)."""
+    tracker = Tracker()
+    tracker.snapshot_done.set()
+    tracker.projected_done.set()
+    return tracker
+
+
+COMPLETED = completed_tracker()  # shared, never written to
 
 
 @dataclass

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from wow_django.conf import on_reload, wow_settings
-from wow_django.dispatch import Dispatcher, Job, Tracker
+from wow_django.dispatch import COMPLETED, Dispatcher, Job, Tracker, has_handlers
 from wow_django.domain.aggregate import Aggregate, CommandContext, aggregate_for_command, aggregate_type
-from wow_django.domain.ids import generate_id
+from wow_django.ids import generate_id
 from wow_django.domain.messages import (
     AggregateDeleted,
     AggregateRecovered,
@@ -156,7 +156,7 @@ def _check_id(value: Any, name: str) -> str:
 
 def derived_aggregate_id(aggregate_name: str, request_id: str) -> str:
     """The id a create command gets from its request id, so a retried create is recognised."""
-    return hashlib.sha256(f"{aggregate_name}\0{request_id}".encode()).hexdigest()[:26]
+    return hashlib.sha256(f"{aggregate_name}\0{request_id}".encode()).hexdigest()[:32]
 
 
 class CommandGateway:
@@ -418,6 +418,8 @@ class CommandGateway:
         self.event_store.append(stream)
         apply_stream(aggregate, stream, events)
         job = self._job(aggregate, stream)
+        if job.snapshot is None and not job.queue_snapshot and not has_handlers(cls.aggregate_name):
+            return stream, COMPLETED  # nothing to dispatch: no thread hand-off
         self.dispatcher.submit(job)
         return stream, job.tracker
 
@@ -439,7 +441,7 @@ class CommandGateway:
             stream=stream,
             snapshot=snapshot_of(aggregate, self.context_name) if inline else None,
             queue_snapshot=due and not inline,
-            tracker=Tracker(),
+            tracker=Tracker() if due or has_handlers(aggregate.aggregate_name) else COMPLETED,
         )
 
     def _wait(self, message, stream: EventStream, tracker: Tracker, wait: WaitStage, timeout) -> CommandResult:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from wow_django.ids import generate_id
 
 DEFAULT_TENANT_ID = "(0)"
 MAX_VERSION = 2**31 - 1
@@ -18,8 +19,8 @@ def now_ms() -> int:
 
 
 def new_id() -> str:
-    """A new random identifier (32 hex characters, sortable by nothing)."""
-    return uuid.uuid4().hex
+    """A new identifier, sortable by creation time (see :mod:`wow_django.ids`)."""
+    return generate_id()
 
 
 def _require_text(value: Any, name: str) -> None:
