@@ -29,7 +29,6 @@ from typing import Any
 from wow_django.conf import on_reload, wow_settings
 from wow_django.dispatch import COMPLETED, Dispatcher, Job, Tracker, has_handlers
 from wow_django.domain.aggregate import Aggregate, CommandContext, aggregate_for_command, aggregate_type
-from wow_django.ids import generate_id
 from wow_django.domain.messages import (
     AggregateDeleted,
     AggregateRecovered,
@@ -51,6 +50,7 @@ from wow_django.exceptions import (
     UnknownAggregate,
     UnknownCommand,
 )
+from wow_django.ids import generate_id
 from wow_django.records import DEFAULT_TENANT_ID, AggregateId, EventStream, now_ms
 from wow_django.repository import AggregateRepository, apply_stream, encode_events, snapshot_of
 from wow_django.snapshots import should_snapshot
