@@ -113,3 +113,28 @@ def test_rebuild_task_on_the_worker(worker):
 
         assert rebuild_snapshots.delay("customer").get(timeout=20) == 3
         assert all(stores.snapshot_store().load(AggregateId("customer", i)).version == 1 for i in ids)
+
+
+def test_recoverable_store_errors_are_retried_by_the_worker(worker, monkeypatch):
+    import wow_django.snapshots as snapshots
+    from wow_django import tasks
+    from wow_django.exceptions import RecoverableStoreError
+
+    real = snapshots.refresh_snapshot
+    calls = []
+
+    def flaky(*args):
+        calls.append(args[2])
+        if len(calls) < 3:
+            raise RecoverableStoreError("primary stepped down")
+        return real(*args)
+
+    monkeypatch.setattr(snapshots, "refresh_snapshot", flaky)
+    # Keep the test fast: retry at once instead of exponential backoff.
+    monkeypatch.setattr(tasks.save_snapshot, "retry_backoff", False)
+    monkeypatch.setattr(tasks.save_snapshot, "default_retry_delay", 0)
+    with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_STRATEGY="none")):
+        customer = get_gateway().send(RegisterCustomer(username="flaky", display_name="f")).aggregate_id
+        assert tasks.save_snapshot.delay("customer", customer).get(timeout=20) == 1
+        assert len(calls) == 3
+        assert stores.snapshot_store().load(AggregateId("customer", customer)).version == 1

@@ -186,3 +186,4 @@ def test_rebuild_never_lowers_a_newer_snapshot():
 
         stores.snapshot_store().save(snapshot_of(stale, "order-service"))
         assert snapshot_version("customer", customer) == 2
+
