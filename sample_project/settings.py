@@ -5,8 +5,9 @@ tables, the embedded MongoDB engine (mongomock://) for events and snapshots.
 Environment variables switch to real servers:
 
 - ``WOW_MONGO_URI``: e.g. ``mongodb://localhost:27017/order_service``
-- ``DATABASE_URL``-style PostgreSQL is set with ``SAMPLE_POSTGRES_DB`` (and
-  ``SAMPLE_POSTGRES_HOST``/``_USER``/``_PASSWORD``/``_PORT``).
+- PostgreSQL for Django's own tables with ``SAMPLE_POSTGRES_DB`` (and
+  ``SAMPLE_POSTGRES_HOST``/``_USER``/``_PASSWORD``/``_PORT``); otherwise
+  SQLite at ``SAMPLE_SQLITE_PATH`` (default ``sample.sqlite3`` here).
 """
 
 import os
@@ -26,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "wow_django",
     "sample_project.orders",
 ]
@@ -71,7 +73,12 @@ if os.environ.get("SAMPLE_POSTGRES_DB"):
         }
     }
 else:
-    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "sample.sqlite3"}}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("SAMPLE_SQLITE_PATH", BASE_DIR / "sample.sqlite3"),
+        }
+    }
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -79,6 +86,15 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- HTTP API (wow_django.api) and its OpenAPI schema -------------------------------
+REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Order service",
+    "DESCRIPTION": "Commands, state, snapshots and event streams of the sample order service (wow_django).",
+    "VERSION": "1.0.0",
+    "OAS_VERSION": "3.1.0",  # the command schemas are pydantic's JSON Schema 2020-12
+}
 
 WOW = {
     "CONTEXT_NAME": "order-service",
