@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -31,13 +32,15 @@ REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 @pytest.fixture(scope="module")
 def worker():
-    saved = {key: app.conf[key] for key in ("broker_url", "result_backend", "task_always_eager")}
-    app.conf.update(broker_url=REDIS_URL, result_backend=REDIS_URL, task_always_eager=False)
-    import redis
-
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    keys = ("broker_url", "result_backend", "task_always_eager", "task_default_queue")
+    saved = {key: app.conf[key] for key in keys}
+    # A queue of this run's own: another test run on the machine (sharing the
+    # Redis) must not take these tasks, whose data lives in this process.
+    queue = f"wow-test-{uuid.uuid4().hex[:12]}"
+    app.conf.update(broker_url=REDIS_URL, result_backend=REDIS_URL, task_always_eager=False,
+                    task_default_queue=queue)
     try:
-        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, queues=[queue],
                           shutdown_timeout=10) as running:
             yield running
     finally:
