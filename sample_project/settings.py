@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "wow_django",
+    "wow_django.bus",
     "sample_project.orders",
 ]
 
@@ -114,6 +115,13 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The bus: rollups go to their own queue (run it with one serial worker:
+# celery -A sample_project worker -Q wow.bus.rollup -c 1); the relay
+# republishes PENDING events every 30 s (celery -A sample_project beat).
+CELERY_TASK_ROUTES = {"wow_django.bus.rollup": {"queue": "wow.bus.rollup"}}
+CELERY_BEAT_SCHEDULE = {
+    "wow-bus-relay-pending": {"task": "wow_django.bus.relay_pending", "schedule": 30.0},
+}
 
 # The embedded engine lives in one process: its warning is expected here.
 SILENCED_SYSTEM_CHECKS = [] if os.environ.get("WOW_MONGO_URI") else ["wow_django.W001"]

@@ -38,3 +38,22 @@ def wow_mongo():
     with override_settings(WOW=settings):
         yield settings
     disconnect(settings["MONGO_URI"])
+
+
+@pytest.fixture
+def queued_commands(monkeypatch):
+    """Commands sent with wait stage SENT: recorded, then run in-line instead of through Celery.
+
+    An eager Celery call would leave a broker pool and a result backend cached
+    on the app, pointing later tests that reconfigure Celery at the wrong Redis.
+    """
+    from wow_django.tasks import process_command
+
+    queued: list[dict] = []
+
+    def enqueue(message: dict):
+        queued.append(message)
+        return process_command.run(message)
+
+    monkeypatch.setattr(process_command, "delay", enqueue)
+    return queued

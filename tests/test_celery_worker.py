@@ -13,11 +13,12 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from celery import Celery, current_app
+from celery import _state as celery_state
 from celery.contrib.testing.worker import start_worker
 from django.core.cache import cache
 from django.test import override_settings
 
-from sample_project.celery import app
 from sample_project.orders.aggregates import ChangeDisplayName, OrderLine, PayOrder, PlaceOrder, RegisterCustomer
 from wow_django import stores
 from wow_django.gateway import WaitStage, get_gateway
@@ -32,19 +33,29 @@ REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 @pytest.fixture(scope="module")
 def worker():
-    keys = ("broker_url", "result_backend", "task_always_eager", "task_default_queue")
-    saved = {key: app.conf[key] for key in keys}
-    # A queue of this run's own: another test run on the machine (sharing the
-    # Redis) must not take these tasks, whose data lives in this process.
+    """A Celery app of this module's own, current while it runs, with a worker thread.
+
+    Its own app: the project's app may already hold an eager-mode broker pool
+    and result backend. Its own queue: another test run on the machine (sharing
+    the Redis) must not take these tasks, whose data lives in this process.
+    """
     queue = f"wow-test-{uuid.uuid4().hex[:12]}"
-    app.conf.update(broker_url=REDIS_URL, result_backend=REDIS_URL, task_always_eager=False,
-                    task_default_queue=queue)
+    app = Celery("wow-tests", set_as_current=False)
+    app.conf.update(broker_url=REDIS_URL, result_backend=REDIS_URL, task_default_queue=queue,
+                    task_serializer="json", accept_content=["json"], broker_connection_retry_on_startup=True)
+    previous_current = current_app._get_current_object()
+    previous_default = celery_state.default_app
+    app.set_current()
     try:
+        # start_worker also makes its app the process default (seen by every
+        # thread, e.g. the dispatcher's): both are put back afterwards.
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, queues=[queue],
                           shutdown_timeout=10) as running:
             yield running
     finally:
-        app.conf.update(saved)
+        previous_current.set_current()
+        celery_state.set_default_app(previous_default)
+        app.close()
 
 
 def wait_for(predicate, timeout=20.0):

@@ -117,7 +117,7 @@ def test_repeated_request_returns_the_first_result_and_appends_nothing(wow):
     first = place(request_id="client-req-1")
     again = place(request_id="client-req-1")
     assert again.duplicate and not first.duplicate
-    assert again.aggregate_id == first.aggregate_id == derived_aggregate_id("order", "client-req-1")
+    assert again.aggregate_id == first.aggregate_id == derived_aggregate_id("order", "(0)", "client-req-1")
     assert again.aggregate_version == 1 and again.events == ("order_placed",)
     pay = PayOrder(amount=Decimal("19.98"), payment_id="p-1")
     paid = gateway.send(pay, aggregate_id=first.aggregate_id, request_id="client-req-2")
@@ -340,3 +340,14 @@ def test_load_uses_the_snapshot_and_later_events(wow):
     other.close()
     loaded = repository.load(Order, order)
     assert (loaded.version, loaded.snapshot_version, loaded.state.status) == (2, 1, "CANCELLED")
+
+
+def test_one_request_id_in_two_tenants_makes_two_aggregates(wow):
+    first = place(request_id="shared", tenant_id="tenant-a")
+    second = place(request_id="shared", tenant_id="tenant-b")
+    assert not second.duplicate and second.aggregate_id != first.aggregate_id
+    assert place(request_id="shared", tenant_id="tenant-b").duplicate
+    # An explicit id of another tenant's aggregate with a used request id reveals nothing.
+    with pytest.raises(AggregateNotFound):
+        get_gateway().send(CancelOrder(reason="x"), aggregate_id=first.aggregate_id, request_id="shared",
+                           tenant_id="tenant-b")

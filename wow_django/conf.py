@@ -90,6 +90,13 @@ DEFAULTS: dict[str, Any] = {
     "BUS_CONSUMER_BACKOFF_S": 0.5,
     "BUS_ROLLUP_QUEUE": "wow.bus.rollup",
     "BUS_CALLBACK_TOKENS": {},
+    # A consumer's claim on an event in its inbox lasts this long; a crashed
+    # worker's claim is taken over after it.
+    "BUS_INBOX_LEASE_S": 60.0,
+    # Connect and publisher-confirm timeout of one publish.
+    "BUS_PUBLISH_TIMEOUT_S": 5.0,
+    # Unacknowledged messages a consumer worker holds at once.
+    "BUS_CONSUMER_PREFETCH": 16,
 }
 
 # Settings holding a dotted path that is imported on first use.
@@ -211,6 +218,9 @@ VALIDATORS = {
     "BUS_CONSUMER_BACKOFF_S": _non_negative_num,
     "BUS_ROLLUP_QUEUE": _str,
     "BUS_CALLBACK_TOKENS": _str_dict,
+    "BUS_INBOX_LEASE_S": _pos_num,
+    "BUS_PUBLISH_TIMEOUT_S": _pos_num,
+    "BUS_CONSUMER_PREFETCH": _pos_int,
 }
 
 

@@ -154,9 +154,12 @@ def _check_id(value: Any, name: str) -> str:
     return value
 
 
-def derived_aggregate_id(aggregate_name: str, request_id: str) -> str:
-    """The id a create command gets from its request id, so a retried create is recognised."""
-    return hashlib.sha256(f"{aggregate_name}\0{request_id}".encode()).hexdigest()[:32]
+def derived_aggregate_id(aggregate_name: str, tenant_id: str, request_id: str) -> str:
+    """The id a create command gets from its tenant and request id, so a retried create is recognised.
+
+    The tenant is part of it: two tenants using one request id create two aggregates.
+    """
+    return hashlib.sha256(f"{aggregate_name}\0{tenant_id}\0{request_id}".encode()).hexdigest()[:32]
 
 
 class CommandGateway:
@@ -280,7 +283,7 @@ class CommandGateway:
         if aggregate_id is not None and aggregate_id != "":
             aggregate_id = _check_id(aggregate_id, "aggregate_id")
         elif handler is not None and handler.create:
-            aggregate_id = (derived_aggregate_id(cls.aggregate_name, request_id) if request_id_given
+            aggregate_id = (derived_aggregate_id(cls.aggregate_name, tenant_id, request_id) if request_id_given
                             else generate_id())
         else:
             raise CommandValidationError(
@@ -324,8 +327,8 @@ class CommandGateway:
     def _duplicate(self, message: CommandMessage, wait: WaitStage) -> CommandResult | None:
         key = AggregateId(message.aggregate_name, message.aggregate_id, self.context_name, message.tenant_id)
         original = self.event_store.get_by_request_id(key, message.request_id)
-        if original is None:
-            return None
+        if original is None or original.aggregate_id.tenant_id != message.tenant_id:
+            return None  # another tenant's command is never answered with, nor revealed
         return self._result(message, original.version, wait, [e.name for e in original.body], duplicate=True)
 
     # --- the command's life -------------------------------------------------------

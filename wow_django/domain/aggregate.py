@@ -159,6 +159,9 @@ class Aggregate:
     state_class: ClassVar[type[State]]
     handlers: ClassVar[dict[str, CommandHandler]] = {}
     allow_delete: ClassVar[bool] = True
+    # The HTTP API's policy for this aggregate (DRF classes or dotted paths); None: the settings' (wow_django.api).
+    api_authentication_classes: ClassVar[list | None] = None
+    api_permission_classes: ClassVar[list | None] = None
 
     def __init_subclass__(cls, name: str | None = None, state: type[State] | None = None,
                           abstract: bool = False, **kwargs: Any) -> None:

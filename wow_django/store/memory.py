@@ -179,6 +179,11 @@ class InMemoryEventStore(EventStore):
             record = self._record(aggregate_id)
             return record.request_ids.get(request_id) if record else None
 
+    def all_streams(self, aggregate_name: str) -> list[EventStream]:
+        """Every stream of one aggregate type (for the in-memory query service)."""
+        with self._lock:
+            return [s for record in self._aggregates.get(aggregate_name, {}).values() for s in record.streams]
+
 
 class InMemorySnapshotStore(SnapshotStore):
     def __init__(self) -> None:

@@ -1,0 +1,700 @@
+"""The HTTP API through DRF's test client, on both local backends: every endpoint and every error."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from django.test import override_settings
+from django.urls import reverse
+from kombu.exceptions import OperationalError
+from rest_framework import exceptions as drf
+from rest_framework.test import APIClient
+
+from sample_project.orders.aggregates import Customer, Order
+from wow_django import stores
+from wow_django.api.errors import InvalidRequest, NotFound, error_response
+from wow_django.api.tenancy import UserTenantResolver
+from wow_django.api.urls import aggregate_urlpatterns
+from wow_django.domain.aggregate import CommandHandler
+from wow_django.exceptions import (
+    AggregateIsDeleted,
+    AggregateNotFound,
+    CommandValidationError,
+    DomainError,
+    DuplicateAggregateId,
+    DuplicateRequestId,
+    EventVersionConflict,
+    KeyAlreadyPrepared,
+    RecoverableStoreError,
+    UnacknowledgedWriteError,
+    UnknownAggregate,
+    UnknownCommand,
+)
+from wow_django.gateway import derived_aggregate_id
+from wow_django.query.errors import QueryValidationError
+from wow_django.records import AggregateId
+
+# Wait stage SENT queues through the queued_commands fixture, not Celery.
+pytestmark = pytest.mark.usefixtures("queued_commands")
+
+ORDER = {"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 2, "unit_price": "3.50"}]}
+
+
+@pytest.fixture
+def api(wow):
+    return APIClient()
+
+
+def headers(tenant=None, stage=None, request_id=None) -> dict:
+    found = {}
+    if tenant is not None:
+        found["HTTP_WOW_TENANT_ID"] = tenant
+    if stage is not None:
+        found["HTTP_WOW_WAIT_STAGE"] = stage
+    if request_id is not None:
+        found["HTTP_WOW_REQUEST_ID"] = request_id
+    return found
+
+
+def post(api, path, body=None, **kw):
+    return api.post(f"/api/{path}", body, format="json", **headers(**kw))
+
+
+def get(api, path, **kw):
+    return api.get(f"/api/{path}", **headers(**kw))
+
+
+def place(api, tenant="t1", request_id=None, stage="SNAPSHOT", body=None) -> str:
+    response = post(api, "order/place_order", body or ORDER, tenant=tenant, stage=stage, request_id=request_id)
+    assert response.status_code == 200, response.json()
+    return response.json()["aggregateId"]
+
+
+def pay(api, order_id, tenant="t1", amount="7.00", **kw):
+    return post(api, f"order/{order_id}/pay_order", {"amount": amount, "payment_id": "p-1"}, tenant=tenant,
+                stage="SNAPSHOT", **kw)
+
+
+def assert_error(response, status: int, code: str, names=None) -> dict:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"errorCode", "errorMsg", "bindingErrors"}
+    assert body["errorCode"] == code, body
+    assert body["errorMsg"]
+    if names is not None:
+        assert {e["name"] for e in body["bindingErrors"]} == set(names), body
+    return body
+
+
+def versions(order_id, name="order"):
+    return [s.version for s in stores.event_store().load(AggregateId(name, order_id))]
+
+
+# --- commands ----------------------------------------------------------------------------------------------
+
+
+def test_create_command(api):
+    response = post(api, "order/place_order", ORDER, tenant="t1", stage="SNAPSHOT")
+    assert response.status_code == 200
+    result = response.json()
+    assert result["aggregateName"] == "order" and result["tenantId"] == "t1"
+    assert (result["aggregateVersion"], result["stage"], result["events"]) == (1, "SNAPSHOT", ["order_placed"])
+    assert (result["errorCode"], result["duplicate"], result["bindingErrors"]) == ("Ok", False, [])
+    assert get(api, f"order/{result['aggregateId']}/state", tenant="t1").json()["total_amount"] == "7.00"
+
+
+def test_request_id_derives_the_id_and_makes_retries_idempotent(api):
+    first = post(api, "order/place_order", ORDER, tenant="t1", request_id="req-1").json()
+    again = post(api, "order/place_order", ORDER, tenant="t1", request_id="req-1")
+    assert again.status_code == 200
+    assert first["aggregateId"] == again.json()["aggregateId"] == derived_aggregate_id("order", "t1", "req-1")
+    assert (first["duplicate"], again.json()["duplicate"], again.json()["aggregateVersion"]) == (False, True, 1)
+    assert versions(first["aggregateId"]) == [1]
+
+
+def test_command_on_an_existing_aggregate(api):
+    order_id = place(api)
+    response = pay(api, order_id)
+    assert response.status_code == 200 and response.json()["aggregateVersion"] == 2
+    assert get(api, f"order/{order_id}/state", tenant="t1").json()["status"] == "PAID"
+
+
+def test_default_wait_stage_is_processed(api):
+    response = post(api, "order/place_order", ORDER)
+    assert response.json()["stage"] == "PROCESSED" and response.json()["tenantId"] == "(0)"
+
+
+def test_sent_is_queued_and_answers_202(api, queued_commands):
+    api.force_authenticate(User(pk=9, username="frank"))
+    response = post(api, "order/place_order", ORDER, tenant="t1", stage="sent", request_id="queued-1")
+    assert response.status_code == 202
+    assert (response.json()["stage"], response.json()["aggregateVersion"]) == ("SENT", None)
+    (message,) = queued_commands
+    assert {k: message[k] for k in ("aggregate_name", "command_name", "request_id", "tenant_id", "operator")} == {
+        "aggregate_name": "order", "command_name": "place_order", "request_id": "queued-1", "tenant_id": "t1",
+        "operator": "9"}
+    assert message["aggregate_id"] == response.json()["aggregateId"] == derived_aggregate_id("order", "t1", "queued-1")
+    assert versions(message["aggregate_id"]) == [1]  # the fixture ran the queued command
+
+
+def test_a_stage_not_confirmed_answers_202(api, monkeypatch):
+    from wow_django.gateway import CommandGateway
+
+    monkeypatch.setattr(CommandGateway, "_wait", lambda self, message, stream, tracker, wait, timeout: self._result(
+        message, stream.version, wait, error_code="WAIT_TIMEOUT", error_msg="did not finish"))
+    response = post(api, "order/place_order", ORDER, stage="PROJECTED")
+    assert response.status_code == 202 and response.json()["errorCode"] == "WAIT_TIMEOUT"
+
+
+def test_wait_stage_header_is_validated(api):
+    response = post(api, "order/place_order", ORDER, stage="EVENTUALLY")
+    assert_error(response, 400, "COMMAND_VALIDATION", ["Wow-Wait-Stage"])
+
+
+@pytest.mark.parametrize("request_id", ["x" * 129, "tab\there"])
+def test_request_id_header_is_validated(api, request_id):
+    response = post(api, "order/place_order", ORDER, request_id=request_id)
+    assert_error(response, 400, "COMMAND_VALIDATION", ["request_id"])
+
+
+def test_command_bodies_are_validated(api):
+    body = {"customer_id": "", "items": [{"sku": "bad sku", "quantity": 0, "unit_price": "1"}], "colour": "red"}
+    response = post(api, "order/place_order", body)
+    assert_error(response, 400, "COMMAND_VALIDATION",
+                 ["customer_id", "items.0.sku", "items.0.quantity", "colour"])
+    assert_error(post(api, "order/place_order", [1, 2]), 400, "COMMAND_VALIDATION")
+    assert_error(api.post("/api/order/place_order"), 400, "COMMAND_VALIDATION", ["customer_id", "items"])
+    order_id = place(api)
+    assert_error(pay(api, order_id, amount="lots"), 400, "COMMAND_VALIDATION", ["amount"])
+    assert versions(order_id) == [1]
+
+
+def test_domain_rules_answer_409(api):
+    order_id = place(api)
+    assert_error(pay(api, order_id, amount="1.00"), 409, "AMOUNT_MISMATCH")
+    pay(api, order_id)
+    assert_error(pay(api, order_id), 409, "ORDER_ALREADY_PAID")
+    body = {"username": "alice", "display_name": "Alice"}
+    assert post(api, "customer/register_customer", body).status_code == 200
+    assert_error(post(api, "customer/register_customer", body), 409, "USERNAME_TAKEN")
+
+
+@pytest.mark.parametrize(("error", "status", "code"), [
+    (EventVersionConflict("order", "x", 2), 409, "EVENT_VERSION_CONFLICT"),
+    (DuplicateAggregateId("order", "x"), 409, "DUPLICATE_AGGREGATE_ID"),
+    (DuplicateRequestId("order", "x", "r"), 409, "DUPLICATE_REQUEST_ID"),
+    (RecoverableStoreError("primary stepped down"), 503, "STORE_UNAVAILABLE"),
+])
+def test_store_errors_are_mapped(api, monkeypatch, error, status, code):
+    def refuse(stream):
+        raise error
+
+    monkeypatch.setattr(stores.event_store(), "append", refuse)
+    response = post(api, "order/place_order", ORDER)
+    assert_error(response, status, code)
+    if status == 503:
+        assert response["Retry-After"] == "1"
+
+
+def test_delete_and_recover(api):
+    order_id = place(api)
+    deleted = api.delete(f"/api/order/{order_id}", **headers(tenant="t1", stage="SNAPSHOT"))
+    assert deleted.status_code == 200
+    assert (deleted.json()["aggregateVersion"], deleted.json()["events"]) == (2, ["aggregate_deleted"])
+    assert get(api, f"order/{order_id}/snapshot", tenant="t1").json()["deleted"] is True
+    assert_error(get(api, f"order/{order_id}/state", tenant="t1"), 404, "AGGREGATE_DELETED")
+    assert post(api, "order/snapshot/count", {}, tenant="t1").json() == 0
+    assert post(api, "order/snapshot/count", {"operator": "DELETED", "value": "DELETED"}, tenant="t1").json() == 1
+    assert_error(pay(api, order_id), 409, "AGGREGATE_DELETED")
+    assert_error(api.delete(f"/api/order/{order_id}", **headers(tenant="t1")), 409, "AGGREGATE_DELETED")
+    recovered = api.put(f"/api/order/{order_id}/recover", **headers(tenant="t1", stage="SNAPSHOT"))
+    assert recovered.status_code == 200 and recovered.json()["events"] == ["aggregate_recovered"]
+    assert get(api, f"order/{order_id}/state", tenant="t1").json()["status"] == "PLACED"
+    assert_error(api.put(f"/api/order/{order_id}/recover", **headers(tenant="t1")), 409, "AGGREGATE_NOT_DELETED")
+    response = api.put(f"/api/order/{order_id}/recover", {"why": "because"}, format="json", **headers(tenant="t1"))
+    assert_error(response, 400, "COMMAND_VALIDATION", ["why"])
+
+
+def test_unknown_aggregates_commands_and_routes_answer_json_404(api):
+    assert_error(post(api, "invoice/issue_invoice", {}), 404, "UNKNOWN_AGGREGATE")
+    assert_error(post(api, "invoice/snapshot/list", {}), 404, "UNKNOWN_AGGREGATE")
+    assert_error(post(api, "order/refund_order", {}), 404, "UNKNOWN_COMMAND")
+    assert_error(post(api, "order/some-id/refund_order", {}), 404, "UNKNOWN_COMMAND")
+    assert_error(post(api, "order/some-id/register_customer", {}), 404, "UNKNOWN_COMMAND")
+    for path in ("", "order", "order/x/y/z/w/v", "order/x//state", "order/x/event/a/b", "order/x/event/-1/2"):
+        assert_error(get(api, path), 404, "NOT_FOUND")
+
+
+def test_commands_on_unknown_ids_answer_404(api):
+    assert_error(pay(api, "no-such-order"), 404, "NOT_FOUND")
+    assert_error(api.delete("/api/order/no-such-order"), 404, "NOT_FOUND")
+
+
+def test_wrong_methods_answer_405(api):
+    assert_error(get(api, "order/snapshot/paged"), 405, "METHOD_NOT_ALLOWED")
+    assert_error(post(api, "order/x/state", {}), 405, "METHOD_NOT_ALLOWED")
+    assert_error(api.post("/api/order/x/recover", {}, format="json"), 405, "METHOD_NOT_ALLOWED")
+    assert_error(api.patch("/api/order/place_order", {}, format="json"), 405, "METHOD_NOT_ALLOWED")
+
+
+def test_a_path_id_is_validated(api):
+    long_id = "x" * 129
+    for response in (get(api, f"order/{long_id}/state"), get(api, f"order/{long_id}/snapshot"),
+                     get(api, f"order/{long_id}/event/1/2"), pay(api, long_id)):
+        assert_error(response, 400, "INVALID_REQUEST", ["id"])
+
+
+# --- reads by id ---------------------------------------------------------------------------------------------
+
+
+def test_state_and_snapshot_by_id(api):
+    order_id = place(api)
+    state = get(api, f"order/{order_id}/state", tenant="t1")
+    assert state.status_code == 200 and state.json()["items"] == ORDER["items"]
+    snapshot = get(api, f"order/{order_id}/snapshot", tenant="t1").json()
+    assert (snapshot["aggregateId"], snapshot["version"], snapshot["tenantId"]) == (order_id, 1, "t1")
+    assert snapshot["state"] == state.json()
+    assert_error(get(api, "order/nothing/state", tenant="t1"), 404, "NOT_FOUND")
+    assert_error(get(api, "order/nothing/snapshot", tenant="t1"), 404, "NOT_FOUND")
+
+
+def test_event_range(api):
+    order_id = place(api)
+    pay(api, order_id)
+    post(api, f"order/{order_id}/ship_order", {"tracking_number": "T-1"}, tenant="t1")
+    everything = get(api, f"order/{order_id}/event/1/{2**31 - 1}", tenant="t1").json()
+    assert [s["version"] for s in everything] == [1, 2, 3]
+    assert [e["name"] for s in everything for e in s["body"]] == ["order_placed", "order_paid", "order_shipped"]
+    assert everything[0]["aggregateId"] == order_id and "id" in everything[0] and "_id" not in everything[0]
+    assert [s["version"] for s in get(api, f"order/{order_id}/event/2/2", tenant="t1").json()] == [2]
+    assert get(api, f"order/{order_id}/event/7/9", tenant="t1").json() == []
+    assert_error(get(api, "order/nothing/event/1/2", tenant="t1"), 404, "NOT_FOUND")
+    assert_error(get(api, f"order/{order_id}/event/3/2", tenant="t1"), 400, "INVALID_REQUEST", ["tail"])
+    assert_error(get(api, f"order/{order_id}/event/0/2", tenant="t1"), 400, "INVALID_REQUEST", ["head"])
+    assert_error(get(api, f"order/{order_id}/event/1/{10**30}", tenant="t1"), 400, "INVALID_REQUEST", ["tail"])
+
+
+# --- queries ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def orders(api):
+    """Three orders of t1 (one paid), one of t2."""
+    ids = [place(api, body={**ORDER, "customer_id": f"c-{n}"}) for n in range(3)]
+    pay(api, ids[1])
+    other = place(api, tenant="t2")
+    return SimpleNamespace(t1=ids, t2=other)
+
+
+def test_snapshot_queries(api, orders):
+    single = post(api, "order/snapshot/single", {"condition": {"field": "state.status", "operator": "EQ",
+                                                               "value": "PAID"}}, tenant="t1")
+    assert single.status_code == 200 and single.json()["aggregateId"] == orders.t1[1]
+    listed = post(api, "order/snapshot/list", {"sort": [{"field": "state.customer_id", "direction": "DESC"}],
+                                               "projection": {"include": ["state.customer_id"]}, "limit": 2},
+                  tenant="t1")
+    assert listed.json() == [{"aggregateId": orders.t1[2], "state": {"customer_id": "c-2"}},
+                             {"aggregateId": orders.t1[1], "state": {"customer_id": "c-1"}}]
+    paged = post(api, "order/snapshot/paged", {"sort": [{"field": "state.customer_id"}],
+                                               "pagination": {"index": 2, "size": 2}}, tenant="t1").json()
+    assert paged["total"] == 3 and [s["aggregateId"] for s in paged["list"]] == [orders.t1[2]]
+    assert post(api, "order/snapshot/count", {"field": "state.status", "operator": "EQ", "value": "PLACED"},
+                tenant="t1").json() == 2
+    assert post(api, "order/snapshot/count", None, tenant="t2").json() == 1
+    missing = post(api, "order/snapshot/single", {"condition": {"operator": "ID", "value": orders.t2}}, tenant="t1")
+    assert_error(missing, 404, "NOT_FOUND")
+
+
+def test_event_queries(api, orders):
+    listed = post(api, "order/event/list", {"condition": {"operator": "AGGREGATE_ID", "value": orders.t1[1]},
+                                            "sort": [{"field": "version"}]}, tenant="t1").json()
+    assert [(s["version"], s["body"][0]["name"]) for s in listed] == [(1, "order_placed"), (2, "order_paid")]
+    paged = post(api, "order/event/paged", {"pagination": {"index": 1, "size": 3}}, tenant="t1").json()
+    assert paged["total"] == 4 and len(paged["list"]) == 3
+    assert post(api, "order/event/count", {}, tenant="t2").json() == 1
+    assert post(api, "order/event/count", {"field": "body.name", "operator": "EQ", "value": "order_paid"},
+                tenant="t1").json() == 1
+
+
+def test_queries_never_see_another_tenant(api, orders):
+    escape = {"operator": "OR", "children": [{"operator": "TENANT_ID", "value": "t2"}, {"operator": "ALL"}]}
+    for path in ("order/snapshot/list", "order/event/list"):
+        found = post(api, path, {"condition": escape, "limit": 100}, tenant="t1").json()
+        assert found and {item["tenantId"] for item in found} == {"t1"}
+    assert post(api, "order/snapshot/count", {"operator": "ID", "value": orders.t2}, tenant="t1").json() == 0
+    assert post(api, "order/event/count", {"operator": "AGGREGATE_ID", "value": orders.t2}, tenant="t1").json() == 0
+
+
+def test_one_tenant_cannot_read_or_command_anothers_aggregate(api):
+    order_id = place(api, tenant="t1", request_id="shared-request")
+    for response in (get(api, f"order/{order_id}/state", tenant="t2"),
+                     get(api, f"order/{order_id}/snapshot", tenant="t2"),
+                     get(api, f"order/{order_id}/event/1/9", tenant="t2"),
+                     pay(api, order_id, tenant="t2"),
+                     api.delete(f"/api/order/{order_id}", **headers(tenant="t2"))):
+        assert_error(response, 404, "NOT_FOUND")
+    # A request id another tenant used answers neither with nor about that tenant's command:
+    # the same request id creates t2's own order.
+    own = post(api, "order/place_order", ORDER, tenant="t2", request_id="shared-request")
+    assert own.status_code == 200 and not own.json()["duplicate"]
+    assert own.json()["aggregateId"] != order_id and own.json()["tenantId"] == "t2"
+    assert post(api, "order/place_order", ORDER, tenant="t2", request_id="shared-request").json()["duplicate"]
+    paid = pay(api, order_id, tenant="t1", request_id="pay-1")
+    assert paid.status_code == 200
+    assert_error(pay(api, order_id, tenant="t2", request_id="pay-1"), 404, "NOT_FOUND")
+    assert versions(order_id) == [1, 2]
+
+
+def test_a_tenant_header_is_validated(api):
+    assert_error(get(api, "order/x/state", tenant="t" * 129), 400, "INVALID_REQUEST", ["Wow-Tenant-Id"])
+    assert_error(post(api, "order/snapshot/count", {}, tenant="bad\ttenant"), 400, "INVALID_REQUEST")
+
+
+# --- query safety -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ({"condition": {"operator": "RAW", "value": {"state.status": "PAID"}}}, ["condition.operator"]),
+    ({"condition": {"field": "state.status", "operator": "EQ", "value": {"$gt": ""}}}, ["condition.value"]),
+    ({"condition": {"field": "state.tags", "operator": "IN", "value": [{"$where": "sleep(1000)"}]}},
+     ["condition.value[0]"]),
+    ({"condition": {"field": "$where", "operator": "EQ", "value": 1}}, ["condition.field"]),
+    ({"condition": {"field": "state..status", "operator": "EQ", "value": 1}}, ["condition.field"]),
+    ({"condition": {"field": "a", "operator": "$where", "value": "1"}}, ["condition.operator"]),
+    ({"sort": [{"field": "$natural"}]}, ["sort[0].field"]),
+    ({"projection": {"include": ["state.$"]}}, ["projection.include[0]"]),
+    ({"pagination": {"index": 1, "size": 201}}, ["pagination.size"]),
+    ({"pagination": {"index": "1"}}, ["pagination.index"]),
+    ({"pagination": {"index": 10**15, "size": 200}}, ["pagination.index"]),
+    ({"condition": {"operator": "MATCH", "value": "x"}, "pagination": {"size": True}}, ["pagination.size"]),
+])
+def test_unsafe_or_invalid_queries_are_refused_before_any_read(api, wow, monkeypatch, body, names):
+    reads = []
+    if wow["STORAGE"] == "mongo":
+        store = stores.snapshot_store()
+        monkeypatch.setattr(store, "collection", lambda name: reads.append(name))
+    response = post(api, "order/snapshot/paged", body)
+    assert_error(response, 400, "INVALID_QUERY", names)
+    assert reads == []
+
+
+def test_nesting_depth_and_list_limit_are_capped(api):
+    condition = {"operator": "ALL"}
+    for _ in range(16):
+        condition = {"operator": "AND", "children": [condition]}
+    body = assert_error(post(api, "order/snapshot/count", condition), 400, "INVALID_QUERY")
+    assert "deeper than 16" in body["errorMsg"]
+    with override_settings(WOW={**stores_settings(), "QUERY_MAX_DEPTH": 40}):
+        assert post(api, "order/snapshot/count", condition).json() == 0
+    assert_error(post(api, "order/snapshot/list", {"limit": 1001}), 400, "INVALID_QUERY", ["limit"])
+
+
+def stores_settings() -> dict:
+    from django.conf import settings
+
+    return dict(settings.WOW)
+
+
+def test_page_size_cap_follows_the_setting(api):
+    with override_settings(WOW={**stores_settings(), "QUERY_MAX_PAGE_SIZE": 5, "QUERY_MAX_LIMIT": 3}):
+        assert_error(post(api, "order/snapshot/paged", {"pagination": {"size": 6}}), 400, "INVALID_QUERY",
+                     ["pagination.size"])
+        assert post(api, "order/snapshot/paged", {"pagination": {"size": 5}}).json() == {"total": 0, "list": []}
+        assert_error(post(api, "order/event/list", {"limit": 4}), 400, "INVALID_QUERY", ["limit"])
+
+
+def test_raw_needs_the_setting_and_never_runs_code(api, wow):
+    raw = {"condition": {"operator": "RAW", "value": {"state.status": {"$in": ["PLACED"]}}}}
+    assert_error(post(api, "order/snapshot/list", raw, tenant="t1"), 400, "INVALID_QUERY")
+    with override_settings(WOW={**stores_settings(), "QUERY_ALLOW_RAW": True}):
+        place(api, tenant="t1")  # inside: changing WOW gives the in-memory backend fresh stores
+        allowed = post(api, "order/snapshot/list", raw, tenant="t1")
+        if wow["STORAGE"] == "mongo":
+            assert allowed.status_code == 200 and len(allowed.json()) == 1
+        else:  # the evaluator has no MongoDB to hand a raw filter to
+            assert_error(allowed, 400, "INVALID_QUERY")
+        for code in ({"$where": "true"}, {"$expr": {"$eq": [1, 1]}}, {"a": {"$function": {}}},
+                     {"$and": [{"b": {"$accumulator": {}}}]}):
+            body = {"condition": {"operator": "RAW", "value": code}}
+            assert_error(post(api, "order/snapshot/list", body, tenant="t1"), 400, "INVALID_QUERY")
+
+
+def test_text_operators_match_literally(api):
+    place(api, body={**ORDER, "customer_id": "a.b*c (x)"})
+    place(api, body={**ORDER, "customer_id": "aXbbc x"})
+    for text, count in ((".*", 0), ("b*c (", 1), ("A.B", 0)):
+        condition = {"field": "state.customer_id", "operator": "CONTAINS", "value": text}
+        assert post(api, "order/snapshot/count", condition, tenant="t1").json() == count, text
+    ignore_case = {"field": "state.customer_id", "operator": "STARTS_WITH", "value": "A.B",
+                   "options": {"ignoreCase": True}}
+    assert post(api, "order/snapshot/count", ignore_case, tenant="t1").json() == 1
+
+
+def test_match_full_text_search(api):
+    place(api, body={**ORDER, "customer_id": "gift shop"})
+    place(api, body={**ORDER, "customer_id": "bakery"})
+    found = post(api, "order/snapshot/list", {"condition": {"operator": "MATCH", "value": "GIFT"}}, tenant="t1")
+    assert [s["state"]["customer_id"] for s in found.json()] == ["gift shop"]
+
+
+# --- what clients can send: never a 500 -----------------------------------------------------------------------
+
+BAD_BODIES = [
+    (b'{"condition": ', 400, "PARSE_ERROR"),
+    (b"[" * 50_000, 400, "PARSE_ERROR"),
+    (b'{"limit": NaN}', 400, "PARSE_ERROR"),
+    (b'{"limit": 1e999}', 400, "PARSE_ERROR"),
+    (b'{"limit": ' + b"9" * 5000 + b"}", 400, "PARSE_ERROR"),
+    (b'{"limit": 99999999999999999999}', 400, "PARSE_ERROR"),
+    (b'{"limit": "\\udc00"}', 400, "PARSE_ERROR"),
+    (b'{"\\ud800": 1}', 400, "PARSE_ERROR"),
+    (b'\xff\xfe{"limit": 1}', 400, "PARSE_ERROR"),
+    (b'"just a string"', 400, None),
+    (b"[]", 400, None),
+    (b"123", 400, None),
+    (b'{"limit": 3.5}', 400, None),
+    (b'{"limit": -1}', 400, None),
+    (b'{"condition": {"field": "state.\xe5\x90\x8d", "operator": "EQ", "value": 1}}', 400, "INVALID_QUERY"),
+    (b'{"condition": {"field": "state.name", "operator": "EQ", "value": "\xf0\x9f\x98\x80 \xe5\x90\x8d"}}', 200, None),
+    (b'{"condition": {"field": "state.name", "operator": "GT", "value": 1.7976931348623157e308}}', 200, None),
+    (b'{"condition": {"field": "state.name", "operator": "EQ", "value": 9223372036854775807}}', 200, None),
+    (b'{"condition": {"field": "state.name", "operator": "CONTAINS", "value": "\\u0000"}}', 400, "INVALID_QUERY"),
+    (b'{"condition": {"operator": "TODAY", "field": "t", "options": {"zoneId": "Mars/Base"}}}', 400, None),
+    (b'{"condition": {"operator": "TODAY", "field": "t", "options": {"datePattern": "QQQ"}}}', 400, None),
+    (b'{"condition": {"operator": "RECENT_DAYS", "field": "t", "value": 10000000}}', 400, None),
+    (b"null", 200, None),
+]
+
+
+@pytest.mark.parametrize(("raw", "status", "code"), BAD_BODIES, ids=[str(i) for i in range(len(BAD_BODIES))])
+def test_bodies_a_client_can_send(api, raw, status, code):
+    for path in ("order/snapshot/list", "order/event/list"):
+        response = api.post(f"/api/{path}", data=raw, content_type="application/json")
+        assert response.status_code == status, (path, response.content)
+        if status >= 400:
+            body = response.json()
+            assert set(body) == {"errorCode", "errorMsg", "bindingErrors"}
+            if code:
+                assert body["errorCode"] == code
+
+
+@pytest.mark.parametrize("raw", [row[0] for row in BAD_BODIES if row[1] == 400][:9])
+def test_bad_json_to_commands(api, raw):
+    order_id = place(api, tenant="(0)")
+    for path in ("order/place_order", f"order/{order_id}/pay_order"):
+        assert_error(api.post(f"/api/{path}", data=raw, content_type="application/json"), 400, "PARSE_ERROR")
+
+
+@pytest.mark.parametrize("body", [
+    {"customer_id": 5, "items": "many"},
+    {"customer_id": "c", "items": [{"sku": "A", "quantity": 10**18, "unit_price": 1e308}]},
+    {"customer_id": "c", "items": [{"sku": "A", "quantity": 1, "unit_price": "1" * 5000}]},
+    {"customer_id": "c", "items": [{"sku": "A", "quantity": True, "unit_price": None}]},
+    {"customer_id": {"$gt": ""}, "items": []},
+    {"customer_id": "c", "items": [{}] * 101},
+])
+def test_wrong_types_in_command_bodies(api, body):
+    assert_error(post(api, "order/place_order", body), 400, "COMMAND_VALIDATION")
+
+
+def test_unicode_round_trips(api):
+    body = {**ORDER, "customer_id": "客户 😀 ünïcödé"}
+    order_id = place(api, body=body)
+    assert get(api, f"order/{order_id}/state", tenant="t1").json()["customer_id"] == "客户 😀 ünïcödé"
+    found = post(api, "order/snapshot/count", {"field": "state.customer_id", "operator": "EQ",
+                                               "value": "客户 😀 ünïcödé"}, tenant="t1")
+    assert found.json() == 1
+
+
+def test_non_json_and_oversized_bodies(api):
+    form = api.post("/api/order/snapshot/list", data="limit=1", content_type="application/x-www-form-urlencoded")
+    assert_error(form, 415, "UNSUPPORTED_MEDIA_TYPE")
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100):
+        big = api.post("/api/order/snapshot/list", data=json.dumps({"condition": {"operator": "IDS",
+                       "value": ["x" * 50] * 5}}), content_type="application/json")
+        assert_error(big, 413, "REQUEST_TOO_LARGE")
+    assert_error(api.post("/api/order/snapshot/list", data=b"{}", content_type="application/json",
+                          HTTP_ACCEPT="text/html"), 406, "NOT_ACCEPTABLE")
+
+
+# --- authentication, permissions, operator, tenant resolver -------------------------------------------------
+
+
+def test_api_settings_override_drf_defaults(api, wow):
+    policy = {"API_AUTHENTICATION_CLASSES": ["rest_framework.authentication.BasicAuthentication"],
+              "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"]}
+    with override_settings(WOW={**stores_settings(), **policy}):
+        response = post(api, "order/snapshot/count", {})
+        assert_error(response, 401, "NOT_AUTHENTICATED")
+        assert response["WWW-Authenticate"].startswith("Basic")
+        assert_error(post(api, "order/place_order", ORDER), 401, "NOT_AUTHENTICATED")
+        api.force_authenticate(User(pk=7, username="alice"))
+        assert post(api, "order/snapshot/count", {}).status_code == 200
+
+
+def test_without_an_authenticate_header_unauthenticated_is_403(api):
+    with override_settings(WOW={**stores_settings(),
+                                "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"]}):
+        # DRF's default authentication starts with SessionAuthentication, which has no challenge.
+        assert_error(post(api, "order/snapshot/count", {}), 403, "NOT_AUTHENTICATED")
+
+
+def test_an_aggregate_can_have_its_own_policy(api, monkeypatch):
+    monkeypatch.setattr(Order, "api_permission_classes", ["rest_framework.permissions.IsAuthenticated"])
+    assert_error(post(api, "order/snapshot/count", {}), 403, "NOT_AUTHENTICATED")
+    assert post(api, "customer/snapshot/count", {}).status_code == 200
+    from rest_framework.permissions import AllowAny
+
+    monkeypatch.setattr(Customer, "api_permission_classes", [AllowAny])
+    with override_settings(WOW={**stores_settings(),
+                                "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"]}):
+        assert post(api, "customer/snapshot/count", {}).status_code == 200
+        assert_error(post(api, "order/snapshot/count", {}), 403, "NOT_AUTHENTICATED")
+
+
+def test_commands_only_for_authenticated_users(api):
+    with override_settings(WOW={**stores_settings(),
+                                "API_PERMISSION_CLASSES": ["wow_django.api.permissions.IsAuthenticatedForCommands"]}):
+        assert post(api, "order/snapshot/count", {}).status_code == 200
+        assert get(api, "order/x/state").status_code == 404
+        assert_error(post(api, "order/place_order", ORDER), 403, "NOT_AUTHENTICATED")
+        assert_error(api.delete("/api/order/x"), 403, "NOT_AUTHENTICATED")
+        api.force_authenticate(User(pk=3, username="bob"))
+        assert post(api, "order/place_order", ORDER).status_code == 200
+
+
+def test_permission_denied_by_a_custom_class(api, monkeypatch):
+    from rest_framework.permissions import BasePermission
+
+    class NoShipping(BasePermission):
+        message = "Shipping is closed today."
+
+        def has_permission(self, request, view):
+            return getattr(view.command, "command_name", "") != "ship_order"
+
+    monkeypatch.setattr(Order, "api_permission_classes", [NoShipping])
+    api.force_authenticate(User(pk=5, username="erin"))  # DRF answers anonymous refusals with NOT_AUTHENTICATED
+    order_id = place(api)
+    assert pay(api, order_id).status_code == 200
+    body = assert_error(post(api, f"order/{order_id}/ship_order", {"tracking_number": "T"}, tenant="t1"), 403,
+                        "PERMISSION_DENIED")
+    assert body["errorMsg"] == "Shipping is closed today."
+
+
+def test_operator_and_owner_come_from_the_user(api):
+    api.force_authenticate(User(pk=42, username="carol"))
+    order_id = place(api)
+    snapshot = get(api, f"order/{order_id}/snapshot", tenant="t1").json()
+    assert (snapshot["ownerId"], snapshot["firstOperator"], snapshot["operator"]) == ("42", "42", "42")
+    stream = get(api, f"order/{order_id}/event/1/1", tenant="t1").json()[0]
+    assert stream["ownerId"] == "42" and stream["header"]["operator"] == "42"
+    api.force_authenticate(User(pk=43, username="dave"))
+    pay(api, order_id)
+    snapshot = get(api, f"order/{order_id}/snapshot", tenant="t1").json()
+    assert (snapshot["ownerId"], snapshot["operator"]) == ("42", "43")
+
+
+class TenantUser(SimpleNamespace):
+    is_authenticated = True
+
+    def get_username(self):
+        return self.username
+
+
+class ProfileTenantResolver(UserTenantResolver):
+    attribute = "profile.tenant"
+
+
+def test_the_tenant_from_the_user(api):
+    resolver = {"TENANT_RESOLVER": "wow_django.api.tenancy.UserTenantResolver"}
+    with override_settings(WOW={**stores_settings(), **resolver}):
+        assert_error(post(api, "order/place_order", ORDER), 403, "NOT_AUTHENTICATED")
+        api.force_authenticate(TenantUser(pk=1, username="u", tenant_id="acme"))
+        order_id = place(api, tenant=None)
+        assert get(api, f"order/{order_id}/snapshot").json()["tenantId"] == "acme"
+        assert get(api, f"order/{order_id}/snapshot", tenant="acme").status_code == 200
+        assert_error(get(api, f"order/{order_id}/snapshot", tenant="other"), 403, "PERMISSION_DENIED")
+        api.force_authenticate(TenantUser(pk=2, username="v", tenant_id="globex"))
+        assert_error(get(api, f"order/{order_id}/snapshot"), 404, "NOT_FOUND")
+        assert post(api, "order/snapshot/count", {}).json() == 0
+        api.force_authenticate(TenantUser(pk=3, username="w", tenant_id=None))
+        assert_error(post(api, "order/snapshot/count", {}), 403, "PERMISSION_DENIED")
+    nested = {"TENANT_RESOLVER": f"{__name__}.ProfileTenantResolver"}
+    with override_settings(WOW={**stores_settings(), **nested}):
+        api.force_authenticate(TenantUser(pk=4, username="x", profile=SimpleNamespace(tenant="initech")))
+        order_id = place(api, tenant=None)
+        assert get(api, f"order/{order_id}/snapshot").json()["tenantId"] == "initech"
+
+
+# --- URLs and error mapping ----------------------------------------------------------------------------------
+
+
+def test_routes_have_names():
+    assert reverse("wow:order-snapshot-paged") == "/api/order/snapshot/paged"
+    assert reverse("wow:order-event-count") == "/api/order/event/count"
+    assert reverse("wow:order-place_order") == "/api/order/place_order"
+    assert reverse("wow:order-pay_order", kwargs={"id": "o-1"}) == "/api/order/o-1/pay_order"
+    assert reverse("wow:order-delete", kwargs={"id": "o-1"}) == "/api/order/o-1"
+    assert reverse("wow:order-recover", kwargs={"id": "o-1"}) == "/api/order/o-1/recover"
+    assert reverse("wow:customer-state", kwargs={"id": "c"}) == "/api/customer/c/state"
+    assert reverse("wow:customer-snapshot", kwargs={"id": "c"}) == "/api/customer/c/snapshot"
+    assert reverse("wow:customer-event-range", kwargs={"id": "c", "head": 1, "tail": 3}) == "/api/customer/c/event/1/3"
+
+
+def test_commands_named_like_route_segments_are_refused():
+    class State:
+        command_name = "state"
+
+    fake = SimpleNamespace(aggregate_name="thing", allow_delete=True,
+                           handlers={"state": CommandHandler(State, "state", False, False)})
+    with pytest.raises(ImproperlyConfigured, match="Command 'state' of aggregate 'thing'"):
+        aggregate_urlpatterns(fake)
+
+
+def test_aggregates_without_delete_have_no_delete_routes(monkeypatch):
+    monkeypatch.setattr(Order, "allow_delete", False)
+    names = {p.name for p in aggregate_urlpatterns(Order)}
+    assert "order-delete" not in names and "order-recover" not in names and "order-pay_order" in names
+
+
+@pytest.mark.parametrize(("error", "status", "code"), [
+    (QueryValidationError("condition.field", "bad"), 400, "INVALID_QUERY"),
+    (CommandValidationError("bad", [{"name": "x", "msg": "y"}]), 400, "COMMAND_VALIDATION"),
+    (InvalidRequest("id", "bad"), 400, "INVALID_REQUEST"),
+    (UnknownAggregate("no"), 404, "UNKNOWN_AGGREGATE"),
+    (UnknownCommand("no"), 404, "UNKNOWN_COMMAND"),
+    (AggregateNotFound("no"), 404, "NOT_FOUND"),
+    (NotFound("no"), 404, "NOT_FOUND"),
+    (DomainError("ORDER_CANCELLED", "no"), 409, "ORDER_CANCELLED"),
+    (AggregateIsDeleted("no"), 409, "AGGREGATE_DELETED"),
+    (DuplicateAggregateId("order", "x"), 409, "DUPLICATE_AGGREGATE_ID"),
+    (EventVersionConflict("order", "x", 3), 409, "EVENT_VERSION_CONFLICT"),
+    (DuplicateRequestId("order", "x", "r"), 409, "DUPLICATE_REQUEST_ID"),
+    (KeyAlreadyPrepared("username", "alice"), 409, "KEY_ALREADY_PREPARED"),
+    (RecoverableStoreError("down"), 503, "STORE_UNAVAILABLE"),
+    (OperationalError("broker down"), 503, "BROKER_UNAVAILABLE"),
+    (Http404("gone"), 404, "NOT_FOUND"),
+    (DjangoPermissionDenied("no"), 403, "PERMISSION_DENIED"),
+    (drf.ValidationError({"a": ["bad"], "b": {"c": ["worse"]}}), 400, "INVALID"),
+    (drf.Throttled(wait=3), 429, "THROTTLED"),
+])
+def test_error_mapping(error, status, code):
+    response = error_response(error)
+    assert response.status_code == status
+    assert response.data["errorCode"] == code and response.data["errorMsg"]
+    if isinstance(error, drf.ValidationError):
+        assert response.data["bindingErrors"] == [{"name": "a", "msg": "bad"}, {"name": "b.c", "msg": "worse"}]
+    if isinstance(error, drf.Throttled):
+        assert response["Retry-After"] == "3"
+
+
+@pytest.mark.parametrize("error", [ValueError("bug"), UnacknowledgedWriteError("w=0"), KeyError("x")])
+def test_server_faults_are_not_dressed_as_client_errors(error):
+    assert error_response(error) is None

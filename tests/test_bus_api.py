@@ -1,0 +1,235 @@
+"""The bus endpoints through DRF's APIClient: permissions, errors as {errorCode, errorMsg, bindingErrors},
+listing, detail, send, re-push, trace, topic consumers and the consumers' token callback."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from wow_django.bus import get_bus
+from wow_django.bus.authentication import consumer_for_token
+from wow_django.bus.testing import delete_amqp_entities, unique_exchange
+from wow_django.mongo.client import disconnect
+
+from .conftest import fresh_wow
+
+pytestmark = pytest.mark.django_db
+
+TOKENS = {"member-service": "member-token-0123456789abcdef", "message-service": "message-token-0123456789abcd"}
+CONSUMERS = tuple(TOKENS)
+
+
+@pytest.fixture
+def bus_env():
+    settings = fresh_wow("mongo", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
+                         BUS_CALLBACK_TOKENS=TOKENS)
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer in CONSUMERS:
+            bus.set_topic_consumer("order.purchased", consumer)
+        yield settings
+        delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS)
+    disconnect(settings["MONGO_URI"])
+
+
+def client_with(*codenames, staff=False, superuser=False, name="user"):
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw", is_staff=staff,
+                                                is_superuser=superuser)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="wow_bus", codename=codename))
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def viewer():
+    return client_with("view_busevent", name="viewer")
+
+
+@pytest.fixture
+def operator():
+    return client_with("view_busevent", "repush_event", "send_event", "manage_topic_consumers", name="operator")
+
+
+def callback(token, body, client=None):
+    client = client or APIClient()
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    return (client or APIClient()).post("/bus/callback/", body, format="json", **headers)
+
+
+def error(response):
+    body = response.json()
+    assert set(body) == {"errorCode", "errorMsg", "bindingErrors"}
+    return body
+
+
+def test_reading_needs_authentication_and_the_view_permission(bus_env):
+    response = APIClient().get("/bus/events/")
+    assert response.status_code == 401 and error(response)["errorCode"] == "UNAUTHENTICATED"
+    staff_only = client_with(staff=True, name="staff")
+    response = staff_only.get("/bus/events/")
+    assert response.status_code == 403 and "wow_bus.view_busevent" in error(response)["errorMsg"]
+    assert client_with("view_busevent", name="reader").get("/bus/events/").status_code == 200
+    assert client_with(superuser=True, name="root").get("/bus/events/").status_code == 200
+
+
+def test_send_over_http_then_list_and_detail(bus_env, operator, viewer):
+    response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"orderId": "o-1"},
+                                              "eventId": "evt-http-1"}, format="json", HTTP_X_REQUEST_ID="req-42")
+    assert response.status_code == 201
+    assert response.json() == {"eventId": "evt-http-1", "status": "SENT", "stored": True, "duplicate": False,
+                               "consumers": list(CONSUMERS), "error": None}
+    again = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {}, "eventId": "evt-http-1"},
+                          format="json")
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    nobody = operator.post("/bus/events/", {"topic": "order.unknown", "payload": {}}, format="json")
+    assert nobody.status_code == 200 and nobody.json()["stored"] is False
+    assert viewer.post("/bus/events/", {"topic": "order.purchased", "payload": {}}, format="json").status_code == 403
+
+    listed = viewer.get("/bus/events/", {"status": "SENT", "topic": "order.purchased"}).json()
+    assert listed["total"] == 1
+    [item] = listed["list"]
+    assert item["initiator"] == {"service": "order-service", "operation": None, "userId": "operator",
+                                 "clientRequestId": "req-42"}
+    assert item["consumption"]["text"] == "0/2 consumed" and item["occurredAt"].endswith("Z")
+    detail = viewer.get("/bus/events/evt-http-1/").json()
+    assert detail["event"]["eventId"] == "evt-http-1" and detail["parent"] is None and detail["children"] == []
+    assert [c["consumerId"] for c in detail["consumers"]] == list(CONSUMERS)
+
+
+def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_env, operator, viewer):
+    response = operator.post("/bus/events/", {"topic": "order purchased", "payload": {"$bad": 1},
+                                              "initiator": {"service": 5}}, format="json")
+    body = error(response)
+    assert response.status_code == 400 and body["errorCode"] == "BUS_VALIDATION"
+    assert {e["name"] for e in body["bindingErrors"]} == {"topic", "payload", "initiator.service"}
+    response = operator.post("/bus/events/", "[1, 2]", content_type="application/json")
+    assert response.status_code == 400 and error(response)["bindingErrors"] == [
+        {"name": "(body)", "msg": "must be a JSON object"}]
+    response = operator.post("/bus/events/", "{not json", content_type="application/json")
+    assert response.status_code == 400 and error(response)["errorCode"] == "BAD_REQUEST"
+    response = viewer.get("/bus/events/", {"status": "DONE", "page": "x"})
+    assert response.status_code == 400 and error(response)["bindingErrors"] == [
+        {"name": "page", "msg": "must be an integer"}]
+    response = viewer.get("/bus/events/", {"status": "DONE", "size": "1000"})
+    assert response.status_code == 400 and {e["name"] for e in error(response)["bindingErrors"]} == {"status", "size"}
+    assert get_bus().store.events.count_documents({}) == 0
+    assert get_bus().store.consumptions.count_documents({}) == 0
+    assert viewer.get("/bus/events/evt-none/").status_code == 404
+    assert error(viewer.get("/bus/traces/trace-none/"))["errorCode"] == "TRACE_NOT_FOUND"
+    assert viewer.delete("/bus/events/").status_code == 405
+
+
+def test_repush_endpoint(bus_env, operator, viewer):
+    bus = get_bus()
+    bus.send("order.purchased", {}, event_id="evt-rp")
+    assert viewer.post("/bus/events/evt-rp/repush/", {}, format="json").status_code == 403
+    response = operator.post("/bus/events/evt-rp/repush/", {}, format="json")
+    assert response.status_code == 409 and error(response)["errorCode"] == "REPUSH_TOO_EARLY"
+    bus.record_feedback("evt-rp", "member-service", True)
+    bus.record_feedback("evt-rp", "message-service", False, "smtp down", dead_lettered=True)
+    response = operator.post("/bus/events/evt-rp/repush/", {"consumerId": "member-service"}, format="json")
+    assert response.status_code == 409 and error(response)["errorCode"] == "ALREADY_CONSUMED"
+    response = operator.post("/bus/events/evt-rp/repush/", {"consumer": "x"}, format="json")
+    assert response.status_code == 400 and error(response)["bindingErrors"][0]["name"] == "consumer"
+    response = operator.post("/bus/events/evt-rp/repush/", {"consumerId": "message-service"}, format="json")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["retryCount"], body["status"], body["requestedBy"], body["consumerId"]) == (
+        1, "RETRYING", "operator", "message-service")
+    detail = viewer.get("/bus/events/evt-rp/").json()
+    assert detail["event"]["retryCount"] == 1 and detail["repushes"][0]["requestedBy"] == "operator"
+    assert operator.post("/bus/events/evt-none/repush/", {}, format="json").status_code == 404
+
+
+def test_trace_endpoint(bus_env, viewer):
+    bus = get_bus()
+    bus.set_topic_consumer("points.added", "message-service")
+    bus.send("order.purchased", {}, event_id="evt-a", trace_id="trace-http")
+    bus.send("points.added", {}, event_id="evt-b", trace_id="trace-http", parent_event_id="evt-a")
+    body = viewer.get("/bus/traces/trace-http/").json()
+    assert [e["eventId"] for e in body["timeline"]] == ["evt-a", "evt-b"]
+    assert body["tree"][0]["children"][0]["eventId"] == "evt-b"
+    assert viewer.get("/bus/events/evt-b/").json()["parent"]["eventId"] == "evt-a"
+
+
+def test_topic_consumers_endpoint(bus_env, operator, viewer):
+    response = operator.post("/bus/topic-consumers/", {"topic": "order.shipped", "consumerId": "message-service",
+                                                       "enabled": True, "description": "shipping notice"},
+                             format="json")
+    assert response.status_code == 200 and response.json()["updatedBy"] == "operator"
+    listed = viewer.get("/bus/topic-consumers/", {"topic": "order.shipped"}).json()["list"]
+    assert [(c["consumerId"], c["enabled"], c["description"]) for c in listed] == [
+        ("message-service", True, "shipping notice")]
+    assert viewer.post("/bus/topic-consumers/", {"topic": "a.b", "consumerId": "x"}, format="json").status_code == 403
+    response = operator.post("/bus/topic-consumers/", {"topic": "a.b", "consumerId": "x", "enabled": "yes"},
+                             format="json")
+    assert response.status_code == 400 and error(response)["bindingErrors"][0]["name"] == "enabled"
+
+
+def test_callback_records_feedback_for_the_tokens_consumer(bus_env):
+    bus = get_bus()
+    bus.send("order.purchased", {}, event_id="evt-cb")
+    first = callback(TOKENS["member-service"], {"eventId": "evt-cb", "success": False, "error": "timeout"})
+    assert first.status_code == 201 and first.json() == {"eventId": "evt-cb", "consumerId": "member-service",
+                                                         "attemptNo": 1, "success": False}
+    second = callback(TOKENS["member-service"], {"eventId": "evt-cb", "success": True,
+                                                 "consumerId": "member-service"})
+    assert second.json()["attemptNo"] == 2
+    callback(TOKENS["message-service"], {"eventId": "evt-cb", "success": True})
+    assert bus.store.get_event("evt-cb")["status"] == "CONSUMED"
+    rows = [(r["consumerId"], r["attemptNo"], r["success"], r["source"]) for r in bus.store.consumption_rows(["evt-cb"])]
+    assert rows == [("member-service", 0, None, "send"), ("member-service", 1, False, "callback"),
+                    ("member-service", 2, True, "callback"), ("message-service", 0, None, "send"),
+                    ("message-service", 1, True, "callback")]
+
+
+def test_an_unauthenticated_or_foreign_callback_is_refused_and_stores_nothing(bus_env):
+    bus = get_bus()
+    bus.send("order.purchased", {}, event_id="evt-deny")
+    body = {"eventId": "evt-deny", "success": True}
+    for token in (None, "wrong-token", TOKENS["member-service"] + "x", ""):
+        response = callback(token, body)
+        assert response.status_code == 401, token
+        assert response["WWW-Authenticate"] == 'Bearer realm="wow-bus"'
+        assert error(response)["errorCode"] == "UNAUTHENTICATED"
+    response = APIClient().post("/bus/callback/", body, format="json", HTTP_AUTHORIZATION="Bearer two tokens")
+    assert response.status_code == 401
+    get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    session = APIClient()
+    assert session.login(username="root", password="pw")
+    assert session.post("/bus/callback/", body, format="json").status_code == 401  # a user is not a consumer
+    response = callback(TOKENS["member-service"], {**body, "consumerId": "message-service"})
+    assert response.status_code == 403 and "cannot report for 'message-service'" in error(response)["errorMsg"]
+    bus.set_topic_consumer("order.purchased", "message-service", enabled=False)
+    bus.send("order.purchased", {}, event_id="evt-member-only")
+    response = callback(TOKENS["message-service"], {"eventId": "evt-member-only", "success": True})
+    assert response.status_code == 403 and error(response)["errorCode"] == "CONSUMER_NOT_EXPECTED"
+    response = callback(TOKENS["member-service"], {"eventId": "evt-none", "success": True})
+    assert response.status_code == 404 and error(response)["errorCode"] == "EVENT_NOT_FOUND"
+    response = callback(TOKENS["member-service"], {"eventId": "evt-deny", "success": "yes", "extra": 1})
+    assert response.status_code == 400
+    assert {e["name"] for e in error(response)["bindingErrors"]} == {"success", "extra"}
+    assert [r["attemptNo"] for r in bus.store.consumption_rows(["evt-deny", "evt-member-only"])] == [0, 0, 0]
+    assert bus.store.get_event("evt-deny")["status"] == "SENT"
+
+
+def test_token_lookup_checks_every_token():
+    with override_settings(WOW={"BUS_CALLBACK_TOKENS": TOKENS}):
+        assert consumer_for_token(TOKENS["message-service"]) == "message-service"
+        assert consumer_for_token(TOKENS["member-service"][:-1]) is None
+        assert consumer_for_token("") is None
+
+
+def test_weak_or_misnamed_callback_tokens_are_reported_by_checks():
+    from wow_django.bus.checks import check_callback_tokens
+
+    with override_settings(WOW={"BUS_CALLBACK_TOKENS": {"member-service": "short", "bad id": "x" * 30}}):
+        messages = {m.id: m.msg for m in check_callback_tokens()}
+    assert set(messages) == {"wow_django.W102", "wow_django.E101"}
+    with override_settings(WOW={"BUS_CALLBACK_TOKENS": TOKENS}):
+        assert check_callback_tokens() == []

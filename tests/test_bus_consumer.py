@@ -1,0 +1,392 @@
+"""The consumer SDK on the in-process transport: handling, inbox, retries, dead letters, ordering,
+children in the trace, and the wow_consume command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
+from wow_django.bus.consumer import unregister_consumer
+from wow_django.bus.inbox import Inbox
+from wow_django.bus.testing import delete_amqp_entities, unique_exchange, wait_for
+from wow_django.mongo.client import disconnect
+
+from .conftest import fresh_wow
+
+ALPHA, BETA = "t-alpha", "t-beta"
+TOPIC = "shop.purchased"
+
+
+class Recorder:
+    """Handlers for two test consumers; ``effects`` counts what a handler did per event."""
+
+    def __init__(self):
+        self.effects: Counter = Counter()
+        self.calls: list[tuple[str, str, int]] = []
+        self.fail: dict[str, int] = {}  # consumer → attempts that fail before it succeeds (-1: always)
+        self.lock = threading.Lock()
+
+    def handle(self, consumer_id, event, ctx):
+        with self.lock:
+            self.calls.append((consumer_id, event.event_id, ctx.attempt))
+            remaining = self.fail.get(consumer_id, 0)
+            if remaining:
+                self.fail[consumer_id] = remaining - 1 if remaining > 0 else -1
+                raise RuntimeError(f"{consumer_id} is down")
+            self.effects[(consumer_id, event.event_id)] += 1
+
+
+@pytest.fixture
+def recorder():
+    rec = Recorder()
+    consumer(ALPHA, topics=[TOPIC])(lambda event, ctx: rec.handle(ALPHA, event, ctx))
+    consumer(BETA, topics=[TOPIC])(lambda event, ctx: rec.handle(BETA, event, ctx))
+    yield rec
+    unregister_consumer(ALPHA)
+    unregister_consumer(BETA)
+
+
+@pytest.fixture
+def bus_env():
+    settings = fresh_wow("mongo", SERVICE_NAME="shop", BUS_EXCHANGE=unique_exchange(), BUS_CONSUMER_BACKOFF_S=0.05)
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer_id in (ALPHA, BETA):
+            bus.set_topic_consumer(TOPIC, consumer_id)
+        yield settings
+        delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], (ALPHA, BETA, "t-gamma", "t-child"))
+    disconnect(settings["MONGO_URI"])
+
+
+class Running:
+    def __init__(self, *consumer_ids, **kwargs):
+        self.workers = [ConsumerWorker(c, **kwargs) for c in consumer_ids]
+        self.threads = []
+
+    def __enter__(self):
+        self.threads = [run_in_thread(w) for w in self.workers]
+        return self.workers
+
+    def __exit__(self, *exc):
+        for worker in self.workers:
+            worker.stop()
+        for thread in self.threads:
+            thread.join(10)
+            assert not thread.is_alive()
+
+
+def status(event_id):
+    return get_bus().store.get_event(event_id)["status"]
+
+
+def attempts(event_id, consumer_id):
+    return [r for r in get_bus().store.consumption_rows([event_id]) if r["consumerId"] == consumer_id]
+
+
+def test_both_consumers_handle_an_event_and_it_rolls_up_to_consumed(bus_env, recorder):
+    with Running(ALPHA, BETA) as workers:
+        get_bus().send(TOPIC, {"orderId": "o-1"}, event_id="evt-ok")
+        wait_for(lambda: status("evt-ok") == "CONSUMED", what="CONSUMED")
+    assert recorder.effects == {(ALPHA, "evt-ok"): 1, (BETA, "evt-ok"): 1}
+    assert [(r["attemptNo"], r["success"], r["source"]) for r in attempts("evt-ok", ALPHA)] == [
+        (0, None, "send"), (1, True, "sdk")]
+    assert all(w.stats.handled == 1 for w in workers)
+    assert Inbox(get_bus().store, ALPHA).state("evt-ok") == "done"
+
+
+def test_retries_with_backoff_then_a_dead_letter_visible_as_failed(bus_env, recorder):
+    recorder.fail = {ALPHA: -1, BETA: -1}
+    with Running(ALPHA, BETA, max_attempts=3):
+        get_bus().send(TOPIC, {}, event_id="evt-dead")
+        wait_for(lambda: all(attempts("evt-dead", c)[-1].get("deadLettered") for c in (ALPHA, BETA)),
+                 what="both dead-lettered")
+        assert status("evt-dead") == "FAILED"
+    rows = attempts("evt-dead", ALPHA)
+    assert [(r["attemptNo"], r["success"], r["retrying"], r["deadLettered"]) for r in rows[1:]] == [
+        (1, False, True, False), (2, False, True, False), (3, False, False, True)]
+    assert rows[-1]["error"] == "RuntimeError: t-alpha is down"
+    gaps = [(b["consumedAt"] - a["consumedAt"]).total_seconds() for a, b in zip(rows[1:], rows[2:], strict=False)]
+    assert gaps[0] >= 0.045 and gaps[1] >= 0.095  # 0.05 s, then doubled
+    assert Inbox(get_bus().store, ALPHA).state("evt-dead") is None  # released: a re-push can claim it
+    assert recorder.effects == {}
+
+
+def test_a_transient_failure_is_retried_and_consumed(bus_env, recorder):
+    recorder.fail = {BETA: 1}
+    with Running(ALPHA, BETA):
+        get_bus().send(TOPIC, {}, event_id="evt-flaky")
+        wait_for(lambda: status("evt-flaky") == "CONSUMED", what="CONSUMED")
+    assert [(r["attemptNo"], r["success"]) for r in attempts("evt-flaky", BETA)] == [(0, None), (1, False), (2, True)]
+    assert recorder.effects[(BETA, "evt-flaky")] == 1
+
+
+def test_one_failing_consumer_gives_partial_and_a_per_consumer_repush_completes_it(bus_env, recorder):
+    recorder.fail = {BETA: 2}
+    with Running(ALPHA, BETA, max_attempts=2):
+        bus = get_bus()
+        bus.send(TOPIC, {}, event_id="evt-partial")
+        wait_for(lambda: status("evt-partial") == "PARTIAL", what="PARTIAL")
+        bus.repush("evt-partial", requested_by="ops", consumer_id=BETA)
+        wait_for(lambda: status("evt-partial") == "CONSUMED", what="CONSUMED")
+    assert recorder.effects == {(ALPHA, "evt-partial"): 1, (BETA, "evt-partial"): 1}
+    assert [c for c in recorder.calls if c[0] == ALPHA] == [(ALPHA, "evt-partial", 1)]  # not re-delivered to alpha
+    event = bus.store.get_event("evt-partial")
+    assert event["retryCount"] == 1
+
+
+def test_the_same_message_delivered_twice_has_its_effect_once(bus_env, recorder):
+    bus = get_bus()
+    result = bus.send(TOPIC, {"n": 1}, event_id="evt-twice")
+    message = bus.store.get_event("evt-twice")
+    from wow_django.bus.envelope import Envelope
+
+    wire = Envelope.from_document(message).to_json()
+    bus.transport.publish(wire, topic=TOPIC, consumers=result.consumers)  # a duplicate delivery
+    with Running(ALPHA, BETA) as workers:
+        wait_for(lambda: sum(w.stats.received for w in workers) == 4, what="4 deliveries")
+        wait_for(lambda: status("evt-twice") == "CONSUMED", what="CONSUMED")
+    assert recorder.effects == {(ALPHA, "evt-twice"): 1, (BETA, "evt-twice"): 1}
+    assert [w.stats.duplicates for w in workers] == [1, 1]
+    assert len(attempts("evt-twice", ALPHA)) == 2  # the pending row and one success
+
+
+def test_a_crash_after_the_handler_but_before_the_feedback_does_not_run_it_again(bus_env, recorder, monkeypatch):
+    bus = get_bus()
+    record = bus.record_feedback
+    crashed = []
+
+    def crash_once(event_id, consumer_id, success, *args, **kwargs):
+        if consumer_id == ALPHA and success and not crashed:
+            crashed.append(event_id)
+            raise ConnectionError("store went away after the handler ran")
+        return record(event_id, consumer_id, success, *args, **kwargs)
+
+    monkeypatch.setattr(bus, "record_feedback", crash_once)
+    with Running(ALPHA, BETA) as workers:
+        bus.send(TOPIC, {}, event_id="evt-gap")
+        wait_for(lambda: status("evt-gap") == "CONSUMED", what="CONSUMED")
+    assert crashed == ["evt-gap"]
+    assert recorder.effects[(ALPHA, "evt-gap")] == 1
+    assert workers[0].stats.requeued == 1 and workers[0].stats.duplicates == 1
+    [_, completed] = attempts("evt-gap", ALPHA)
+    assert completed["success"] is True and "inbox" in completed["note"]
+
+
+def test_a_consumer_that_is_not_expected_skips_the_event(bus_env, recorder):
+    bus = get_bus()
+    bus.set_topic_consumer(TOPIC, BETA, enabled=False)
+    with Running(ALPHA, BETA) as workers:
+        # Beta's worker bound its queue to the topic, so the event reaches it anyway.
+        bus.send(TOPIC, {}, event_id="evt-alpha-only")
+        wait_for(lambda: status("evt-alpha-only") == "CONSUMED", what="CONSUMED")
+        wait_for(lambda: workers[1].stats.skipped == 1, what="beta skipped")
+    assert recorder.effects == {(ALPHA, "evt-alpha-only"): 1}
+    assert attempts("evt-alpha-only", BETA) == []
+
+
+def test_stale_sequences_are_dropped(bus_env):
+    seen = []
+    consumer("t-gamma", topics=["stock.changed"], drop_stale=True)(
+        lambda event, ctx: seen.append(event.sequence))
+    try:
+        bus = get_bus()
+        bus.set_topic_consumer("stock.changed", "t-gamma")
+        for sequence in (1, 3, 2, 4):  # 2 arrives after 3: stale
+            bus.send("stock.changed", {"qty": sequence}, event_id=f"evt-s{sequence}", partition_key="sku-1",
+                     sequence=sequence)
+        bus.send("stock.changed", {}, event_id="evt-other-sku", partition_key="sku-2", sequence=1)
+        with Running("t-gamma") as [worker]:
+            wait_for(lambda: worker.stats.received == 5, what="5 deliveries")
+            wait_for(lambda: all(status(f"evt-s{n}") == "CONSUMED" for n in (1, 2, 3, 4)), what="CONSUMED")
+        assert seen == [1, 3, 4, 1] and worker.stats.stale == 1
+        [_, dropped] = attempts("evt-s2", "t-gamma")
+        assert dropped["success"] is True and dropped["note"].startswith("stale: sequence 2")
+    finally:
+        unregister_consumer("t-gamma")
+
+
+def test_children_carry_the_trace_and_the_parent(bus_env):
+    def parent_handler(event, ctx):
+        ctx.send("shop.points", {"points": 5}, operation="addPoints")
+        get_bus().send("shop.points", {"points": 1}, event_id=f"{event.event_id}-plain")  # context fills it
+
+    consumer("t-child", topics=[TOPIC])(parent_handler)
+    try:
+        bus = get_bus()
+        bus.set_topic_consumer(TOPIC, ALPHA, enabled=False)
+        bus.set_topic_consumer(TOPIC, BETA, enabled=False)
+        bus.set_topic_consumer(TOPIC, "t-child")
+        bus.set_topic_consumer("shop.points", "t-other")
+        with Running("t-child"):
+            bus.send(TOPIC, {}, event_id="evt-parent", trace_id="trace-kids",
+                     initiator={"userId": "user-A", "clientRequestId": "req-1"})
+            wait_for(lambda: status("evt-parent") == "CONSUMED", what="CONSUMED")
+        children = bus.trace("trace-kids")["tree"][0]["children"]
+        assert len(children) == 2
+        for child in children:
+            assert child["traceId"] == "trace-kids" and child["parentEventId"] == "evt-parent"
+            assert child["initiator"]["service"] == "t-child" and child["initiator"]["userId"] == "user-A"
+            assert child["initiator"]["clientRequestId"] == "req-1"
+        derived = next(c for c in children if c["initiator"]["operation"] == "addPoints")
+        from wow_django.bus.consumer import ConsumerContext
+        from wow_django.bus.envelope import Envelope
+
+        parent = Envelope.from_document(bus.store.get_event("evt-parent"))
+        ctx = ConsumerContext(bus, "t-child", parent, attempt=1, redelivered=False, operation="x")
+        assert derived["eventId"] == ctx.child_event_id("shop.points", 1)  # the same on every redelivery
+        assert ctx.idempotency_key == "t-child:evt-parent"
+    finally:
+        unregister_consumer("t-child")
+
+
+def test_an_invalid_message_is_rejected(bus_env, recorder):
+    bus = get_bus()
+    with Running(ALPHA) as [worker]:
+        bus.transport.publish({"topic": TOPIC, "payload": {}}, topic=TOPIC, consumers=[ALPHA])
+        bus.transport.publish({"eventId": "evt-bad", "topic": "not a topic"}, topic=TOPIC, consumers=[ALPHA])
+        wait_for(lambda: worker.stats.invalid == 2, what="2 rejected")
+    assert recorder.calls == []
+
+
+def test_an_unknown_consumer_id_is_a_clear_error(bus_env):
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="no consumer 'nobody' is declared"):
+        ConsumerWorker("nobody")
+    with pytest.raises(CommandError, match="no consumer 'nobody'"):
+        call_command("wow_consume", "nobody")
+    with pytest.raises(CommandError, match="--idle-timeout must be greater than 0"):
+        call_command("wow_consume", ALPHA, "--idle-timeout", "0")
+
+
+def test_wow_consume_stops_gracefully_on_sigterm(bus_env, recorder):
+    assert threading.current_thread() is threading.main_thread()
+    bus = get_bus()
+    bus.send(TOPIC, {}, event_id="evt-cmd")
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminate_when_handled():
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not recorder.effects:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate_when_handled, daemon=True)
+    killer.start()
+    out = StringIO()
+    call_command("wow_consume", ALPHA, "--idle-timeout", "30", stdout=out)
+    killer.join(5)
+    text = out.getvalue()
+    assert f"Consuming {bus_env['BUS_EXCHANGE']}.{ALPHA} for {ALPHA} (topics: {TOPIC})" in text
+    assert "SIGTERM: finishing the current message, then stopping." in text
+    assert "Stopped t-alpha: 1 received, 1 handled" in text
+    assert recorder.effects == {(ALPHA, "evt-cmd"): 1}
+    assert [r["success"] for r in attempts("evt-cmd", ALPHA)] == [None, True]
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_wow_consume_stops_after_max_messages(bus_env, recorder):
+    bus = get_bus()
+    for n in range(3):
+        bus.send(TOPIC, {}, event_id=f"evt-m{n}")
+    out = StringIO()
+    call_command("wow_consume", BETA, "--max-messages", "2", "--idle-timeout", "20", stdout=out)
+    assert "Stopped t-beta: 2 received, 2 handled" in out.getvalue()
+    assert sorted(e for (c, e) in recorder.effects if c == BETA) == ["evt-m0", "evt-m1"]
+
+
+def test_an_event_held_by_another_worker_is_requeued_and_one_without_a_handler_is_dead_lettered(bus_env, recorder):
+    bus = get_bus()
+    bus.send(TOPIC, {}, event_id="evt-held")
+    from wow_django.bus.envelope import Envelope
+
+    event = Envelope.from_document(bus.store.get_event("evt-held"))
+    other = Inbox(bus.store, ALPHA).claim("evt-held")  # another worker of alpha is on it
+    worker = ConsumerWorker(ALPHA)
+    assert worker.process(event) == "requeue" and recorder.calls == []
+    Inbox(bus.store, ALPHA).done("evt-held", other.token)
+    assert worker.process(event) == "ack" and recorder.calls == []  # done by the other worker
+    assert [r["success"] for r in attempts("evt-held", ALPHA)] == [None, True]
+
+    bus.set_topic_consumer("shop.refunded", ALPHA)  # configured, but alpha has no handler for it
+    bus.send("shop.refunded", {}, event_id="evt-nohandler")
+    refund = Envelope.from_document(bus.store.get_event("evt-nohandler"))
+    assert worker.process(refund) == "ack"
+    [_, row] = attempts("evt-nohandler", ALPHA)
+    assert row["deadLettered"] and "no handler for topic 'shop.refunded'" in row["error"]
+    assert status("evt-nohandler") == "FAILED"
+
+
+def test_the_relay_and_repush_celery_tasks(bus_env, recorder, monkeypatch):
+    from wow_django.bus.errors import RepushRefused, TransportUnavailable
+    from wow_django.bus.tasks import relay_pending, repush_event
+
+    bus = get_bus()
+    publish = bus.transport.publish
+
+    def down(*args, **kwargs):
+        raise TransportUnavailable("down (test)")
+
+    monkeypatch.setattr(bus.transport, "publish", down)
+    bus.send(TOPIC, {}, event_id="evt-task")
+    monkeypatch.setattr(bus.transport, "publish", publish)
+    with override_settings(WOW={**bus_env, "BUS_RELAY_AFTER_S": 0.001}):
+        time.sleep(0.01)
+        # .run(): the task's body, without Celery caching a broker pool or result backend on the app
+        assert relay_pending.run() == {"published": ["evt-task"], "failed": []}
+        bus = get_bus()
+        bus.record_feedback("evt-task", ALPHA, False, "x", dead_lettered=True)
+        result = repush_event.run("evt-task", "scheduler", ALPHA)
+        assert (result["retryCount"], result["requestedBy"], result["consumerId"]) == (1, "scheduler", ALPHA)
+        with pytest.raises(RepushRefused):
+            repush_event.run("evt-task", "scheduler", "t-gamma")  # not a consumer of it
+
+
+def test_the_middleware_fills_the_bus_context_from_the_request(rf, django_user_model):
+    from wow_django.bus.context import current_context
+    from wow_django.bus.middleware import BusContextMiddleware
+
+    seen = []
+    middleware = BusContextMiddleware(lambda request: seen.append(current_context()) or "response")
+    request = rf.get("/", HTTP_X_REQUEST_ID="req-7")
+    request.user = django_user_model(username="alice")
+    assert middleware(request) == "response"
+    anonymous = rf.get("/", HTTP_X_REQUEST_ID="x" * 500)
+    from django.contrib.auth.models import AnonymousUser
+
+    anonymous.user = AnonymousUser()
+    middleware(anonymous)
+    assert (seen[0].user_id, seen[0].client_request_id) == ("alice", "req-7")
+    assert (seen[1].user_id, seen[1].client_request_id) == (None, None)
+    assert current_context().user_id is None
+
+
+def test_a_requeued_message_goes_back_to_its_own_queue_only(bus_env, recorder, monkeypatch):
+    bus = get_bus()
+    bus.send(TOPIC, {}, event_id="evt-requeue")
+    from wow_django.bus.envelope import Envelope
+
+    wire = Envelope.from_document(bus.store.get_event("evt-requeue")).to_json()
+    alpha = ConsumerWorker(ALPHA)
+    verdicts = iter(["requeue"])
+    process = alpha.process
+    monkeypatch.setattr(alpha, "process", lambda event, **kw: next(verdicts, None) or process(event, **kw))
+    with Running(BETA) as [beta]:
+        thread = run_in_thread(alpha)
+        wait_for(lambda: alpha.stats.handled == 1 and beta.stats.handled == 1, what="both handled")
+        alpha.stop()
+        thread.join(10)
+    assert alpha.stats.requeued == 1 and alpha.stats.received == 2
+    assert beta.stats.received == 1  # the requeued copy did not reach beta
+    assert recorder.effects == {(ALPHA, "evt-requeue"): 1, (BETA, "evt-requeue"): 1}
+    assert wire["eventId"] == "evt-requeue"

@@ -1,0 +1,189 @@
+"""The bus envelope, its validation and defaults, and the pure helpers: status rollup, trees, ordering."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.test import override_settings
+
+from wow_django.bus import EnvelopeValidationError, EventStatus, bus_context, current_context, is_stale
+from wow_django.bus.envelope import Envelope, build_envelope, iso, parse_time
+from wow_django.bus.rollup import compute_status, consumed_summary, latest_by_consumer
+from wow_django.bus.trace import build_tree, render_tree
+
+
+def names(exc: EnvelopeValidationError) -> set[str]:
+    return {e["name"] for e in exc.binding_errors}
+
+
+def test_defaults_fill_ids_times_and_initiator():
+    envelope = build_envelope({"topic": "order.purchased", "payload": {"orderId": "o-1"}}, default_service="orders")
+    assert envelope.event_id.startswith("evt-") and envelope.trace_id.startswith("trace-")
+    assert envelope.span_id.startswith("span-") and envelope.parent_event_id is None
+    assert envelope.initiator.service == "orders" and envelope.initiator.user_id is None
+    assert envelope.payload_type == "application/json" and envelope.contract_version == 1
+    assert abs(envelope.occurred_at - datetime.now(UTC).replace(tzinfo=None)) < timedelta(seconds=5)
+    other = build_envelope({"topic": "order.purchased", "payload": None}, default_service="orders")
+    assert other.event_id != envelope.event_id and other.trace_id != envelope.trace_id
+
+
+def test_given_fields_are_kept_as_given():
+    data = {
+        "eventId": "evt-1", "traceId": "trace-001", "spanId": "span-001", "parentEventId": "evt-0",
+        "topic": "order.created", "payload": {"orderId": "ORD-2024-001", "amount": 99.0},
+        "initiator": {"service": "order-service", "operation": "createOrder", "userId": "user-123",
+                      "clientRequestId": "req-abc-001"},
+        "occurredAt": "2024-02-28T10:00:00Z", "contractVersion": 2, "partitionKey": "ORD-2024-001",
+        "sequence": 4, "expireAt": "2024-03-28T10:00:00+00:00",
+    }
+    envelope = build_envelope(data, default_service="ignored")
+    wire = envelope.to_json()
+    assert wire == {**data, "payloadType": "application/json", "sentAt": None,
+                    "occurredAt": "2024-02-28T10:00:00.000Z", "expireAt": "2024-03-28T10:00:00.000Z"}
+    assert Envelope.from_document(envelope.to_document()) == envelope
+
+
+def test_the_context_fills_what_is_missing_and_yields_to_given_values():
+    with bus_context(trace_id="trace-ctx", parent_event_id="evt-parent", user_id="u-1", client_request_id="r-1",
+                     service="member-service", operation="addPoints"):
+        assert current_context().trace_id == "trace-ctx"
+        envelope = build_envelope({"topic": "points.added", "payload": {}}, default_service="orders")
+        explicit = build_envelope({"topic": "points.added", "payload": {}, "traceId": "trace-own",
+                                   "initiator": {"userId": "u-2"}}, default_service="orders")
+    assert (envelope.trace_id, envelope.parent_event_id) == ("trace-ctx", "evt-parent")
+    assert envelope.initiator.to_json() == {"service": "member-service", "operation": "addPoints",
+                                            "userId": "u-1", "clientRequestId": "r-1"}
+    assert explicit.trace_id == "trace-own" and explicit.initiator.user_id == "u-2"
+    assert current_context().trace_id is None
+    with pytest.raises(TypeError, match="unknown fields"):
+        with bus_context(traceId="x"):
+            pass
+
+
+@pytest.mark.parametrize("data, bad", [
+    ({"payload": {}}, {"topic"}),
+    ({"topic": "order purchased", "payload": {}}, {"topic"}),
+    ({"topic": "order.*", "payload": {}}, {"topic"}),
+    ({"topic": "a.b"}, {"payload"}),
+    ({"topic": "a.b", "payload": {"amount": Decimal("1.5")}}, {"payload"}),
+    ({"topic": "a.b", "payload": {"$where": "1"}}, {"payload"}),
+    ({"topic": "a.b", "payload": {"x": float("nan")}}, {"payload"}),
+    ({"topic": "a.b", "payload": {}, "eventId": "has space"}, {"eventId"}),
+    ({"topic": "a.b", "payload": {}, "occurredAt": "yesterday"}, {"occurredAt"}),
+    ({"topic": "a.b", "payload": {}, "sequence": 3}, {"sequence"}),
+    ({"topic": "a.b", "payload": {}, "sequence": -1, "partitionKey": "p"}, {"sequence"}),
+    ({"topic": "a.b", "payload": {}, "contractVersion": 0}, {"contractVersion"}),
+    ({"topic": "a.b", "payload": {}, "initiator": "svc"}, {"initiator"}),
+    ({"topic": "a.b", "payload": {}, "initiator": {"service": "s", "role": "x"}}, {"initiator.role"}),
+    ({"topic": "a.b", "payload": {}, "payloadType": "text/plain"}, {"payload"}),
+    ({"topic": "a.b", "payload": {}, "occurredAt": "2024-01-02T00:00:00Z", "expireAt": "2024-01-01T00:00:00Z"},
+     {"expireAt"}),
+    ({"topic": "a.b", "payload": {}, "status": "SENT"}, {"status"}),
+])
+def test_invalid_envelopes_name_every_bad_field(data, bad):
+    with pytest.raises(EnvelopeValidationError) as caught:
+        build_envelope(data, default_service="orders")
+    assert names(caught.value) == bad
+    assert caught.value.error_code == "BUS_VALIDATION" and caught.value.http_status == 400
+    assert str(caught.value).startswith("Invalid envelope: ")
+
+
+def test_payload_size_is_limited():
+    with pytest.raises(EnvelopeValidationError, match="bytes as JSON"):
+        build_envelope({"topic": "a.b", "payload": "x" * 1_100_000}, default_service="s")
+
+
+def test_times_are_utc_milliseconds():
+    moment = parse_time("2024-02-28T18:00:00.123456+08:00")
+    assert moment == datetime(2024, 2, 28, 10, 0, 0, 123000) and moment.tzinfo is None
+    assert iso(moment) == "2024-02-28T10:00:00.123Z"
+    assert parse_time(datetime(2024, 1, 1, 12, tzinfo=UTC)) == datetime(2024, 1, 1, 12)
+
+
+def row(consumer, attempt, success, **extra):
+    return {"consumerId": consumer, "attemptNo": attempt, "success": success, **extra}
+
+
+@pytest.mark.parametrize("rows, current, expected", [
+    ([row("a", 0, None), row("b", 0, None)], "SENT", "SENT"),
+    ([row("a", 0, None), row("a", 1, True), row("b", 0, None)], "SENT", "SENT"),
+    ([row("a", 1, True), row("b", 1, True)], "SENT", "CONSUMED"),
+    ([row("a", 1, True), row("b", 1, False)], "SENT", "PARTIAL"),
+    ([row("a", 1, False), row("b", 1, False)], "SENT", "FAILED"),
+    ([row("a", 1, False), row("b", 0, None)], "SENT", "FAILED"),
+    # the latest row per consumer counts, not the order of rows
+    ([row("a", 2, True), row("a", 1, False), row("b", 3, True), row("b", 2, False)], "PARTIAL", "CONSUMED"),
+    # a failure that will be retried is still waiting
+    ([row("a", 1, True), row("b", 1, False, retrying=True)], "SENT", "SENT"),
+    # send-side statuses are kept while consumers are still working
+    ([row("a", 0, None), row("b", 1, True)], "PENDING", "PENDING"),
+    ([row("a", 1, False), row("b", 1, True), row("a", 2, None)], "RETRYING", "RETRYING"),
+    ([row("a", 1, True), row("b", 1, True)], "PENDING", "CONSUMED"),
+])
+def test_status_from_the_latest_row_per_consumer(rows, current, expected):
+    latest = latest_by_consumer(rows)
+    assert compute_status(["a", "b"], latest, current) == expected
+
+
+def test_consumed_summary_counts_expected_consumers_only():
+    latest = latest_by_consumer([row("a", 1, True), row("b", 1, False), row("x", 1, True)])
+    assert consumed_summary(["a", "b"], latest) == {"consumed": 1, "expected": 2, "failed": 1,
+                                                    "text": "1/2 consumed"}
+    assert consumed_summary(["a", "b", "c"], {})["text"] == "0/3 consumed"
+
+
+def ev(event_id, parent=None):
+    return {"eventId": event_id, "parentEventId": parent, "topic": f"t.{event_id}"}
+
+
+def test_trace_tree_parents_children_and_outsiders():
+    events = [ev("root"), ev("points", "root"), ev("notice-2", "points"), ev("notice-1", "root"),
+              ev("orphan", "not-in-trace")]
+    tree = build_tree(events)
+    assert [n.event["eventId"] for n in tree] == ["root", "orphan"]
+    assert [c.event["eventId"] for c in tree[0].children] == ["points", "notice-1"]
+    assert [c.event["eventId"] for c in tree[0].children[0].children] == ["notice-2"]
+    assert render_tree(tree, lambda e: e["eventId"]) == [
+        "root", "├── points", "│   └── notice-2", "└── notice-1", "orphan",
+    ]
+    as_json = tree[0].to_json(lambda e: {"id": e["eventId"]})
+    assert as_json == {"id": "root", "children": [{"id": "points", "children": [{"id": "notice-2", "children": []}]},
+                                                  {"id": "notice-1", "children": []}]}
+
+
+def test_a_cyclic_chain_does_not_loop():
+    tree = build_tree([ev("a", "b"), ev("b", "a"), ev("c", "c")])
+    placed = []
+
+    def walk(node):
+        placed.append(node.event["eventId"])
+        for child in node.children:
+            walk(child)
+
+    for node in tree:
+        walk(node)
+    assert sorted(placed) == ["a", "b", "c"]
+
+
+def test_stale_by_sequence():
+    assert not is_stale(None, 1)
+    assert is_stale(5, 4) and is_stale(5, 5)
+    assert not is_stale(5, 6)
+
+
+def test_statuses_are_the_seeds():
+    assert [s.value for s in EventStatus] == ["PENDING", "SENT", "CONSUMED", "PARTIAL", "FAILED", "RETRYING"]
+
+
+def test_bus_settings_are_validated():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from wow_django.conf import wow_settings
+
+    with override_settings(WOW={"BUS_INBOX_LEASE_S": 0}):
+        with pytest.raises(ImproperlyConfigured, match="BUS_INBOX_LEASE_S"):
+            _ = wow_settings.BUS_INBOX_LEASE_S
+    with override_settings(WOW={"BUS_CONSUMER_PREFETCH": 4, "BUS_PUBLISH_TIMEOUT_S": 1.5}):
+        assert (wow_settings.BUS_CONSUMER_PREFETCH, wow_settings.BUS_PUBLISH_TIMEOUT_S) == (4, 1.5)

@@ -1,0 +1,319 @@
+"""Faults and bad input with a real RabbitMQ (and a real Celery worker on Redis for the rollup).
+
+Each test uses its own exchange and queues (deleted afterwards) and its own
+embedded Mongo. The broker outage is a TCP proxy in front of RabbitMQ that the
+test takes down and brings back. ``.ci/run`` starts RabbitMQ and Redis;
+``WOW_TEST_AMQP_URL`` and ``WOW_TEST_REDIS_URL`` override their addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from urllib.parse import urlparse
+
+import pytest
+from amqp.exceptions import PreconditionFailed
+from django.contrib.auth import get_user_model
+from django.test import override_settings
+from kombu import Connection, Exchange, Queue
+from rest_framework.test import APIClient
+
+from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
+from wow_django.bus.consumer import unregister_consumer
+from wow_django.bus.envelope import Envelope
+from wow_django.bus.testing import (
+    TcpProxy,
+    amqp_url,
+    delete_amqp_entities,
+    queue_depth,
+    take_messages,
+    unique_exchange,
+    wait_for,
+)
+from wow_django.bus.transport import queue_name
+from wow_django.mongo.client import disconnect
+
+from .conftest import fresh_wow
+
+pytestmark = pytest.mark.integration
+
+ALPHA, BETA = "it-alpha", "it-beta"
+TOPIC = "shop.purchased"
+REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+TOKENS = {ALPHA: "alpha-token-0123456789abcdef", BETA: "beta-token-0123456789abcdef"}
+
+
+class Recorder:
+    def __init__(self):
+        self.effects: Counter = Counter()
+        self.deliveries: Counter = Counter()
+        self.failing: set[str] = set()
+        self.lock = threading.Lock()
+
+    def handle(self, consumer_id, event, ctx):
+        with self.lock:
+            self.deliveries[(consumer_id, event.event_id)] += 1
+            if consumer_id in self.failing:
+                raise RuntimeError(f"{consumer_id} cannot handle it")
+            self.effects[(consumer_id, event.event_id)] += 1
+
+
+@pytest.fixture
+def recorder():
+    rec = Recorder()
+    consumer(ALPHA, topics=[TOPIC])(lambda event, ctx: rec.handle(ALPHA, event, ctx))
+    consumer(BETA, topics=[TOPIC])(lambda event, ctx: rec.handle(BETA, event, ctx))
+    yield rec
+    unregister_consumer(ALPHA)
+    unregister_consumer(BETA)
+
+
+def rabbit_settings(url: str | None = None, **extra) -> dict:
+    return fresh_wow("mongo", SERVICE_NAME="shop", BUS_EXCHANGE=unique_exchange("wow.it"),
+                     BUS_TRANSPORT_URL=url or amqp_url(), BUS_CONSUMER_BACKOFF_S=0.05, BUS_PUBLISH_TIMEOUT_S=2.0,
+                     BUS_CALLBACK_TOKENS=TOKENS, BUS_ROLLUP_QUEUE=unique_exchange("wow.it.rollup"), **extra)
+
+
+@pytest.fixture
+def rabbit():
+    settings = rabbit_settings()
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer_id in (ALPHA, BETA):
+            bus.set_topic_consumer(TOPIC, consumer_id)
+        yield settings
+    delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA, BETA))
+    disconnect(settings["MONGO_URI"])
+
+
+class Running:
+    def __init__(self, *consumer_ids, **kwargs):
+        self.workers = [ConsumerWorker(c, **kwargs) for c in consumer_ids]
+        self.threads = []
+
+    def __enter__(self):
+        self.threads = [run_in_thread(w) for w in self.workers]
+        return self.workers
+
+    def __exit__(self, *exc):
+        for worker in self.workers:
+            worker.stop()
+        for thread in self.threads:
+            thread.join(15)
+            assert not thread.is_alive()
+
+
+def status(event_id):
+    return get_bus().store.get_event(event_id)["status"]
+
+
+def test_durable_topic_exchange_durable_queues_persistent_confirmed_messages(rabbit):
+    bus = get_bus()
+    bus.send(TOPIC, {"orderId": "o-1"}, event_id="evt-durable")
+    exchange = rabbit["BUS_EXCHANGE"]
+    with Connection(amqp_url()) as connection:
+        # Declaring with other properties fails when the existing entity is durable / a topic exchange.
+        with pytest.raises(PreconditionFailed, match="inequivalent arg 'durable'"):
+            Queue(queue_name(exchange, ALPHA), durable=False)(connection.channel()).declare()
+        with pytest.raises(PreconditionFailed, match="inequivalent arg 'type'"):
+            Exchange(exchange, type="direct", durable=True)(connection.channel()).declare()
+    [publisher] = list(bus.transport._idle.queue)
+    assert publisher.connection.transport_options["confirm_publish"] is True
+    assert publisher.channel._confirm_selected  # the broker acknowledged the publish
+    for consumer_id in (ALPHA, BETA):
+        [message] = take_messages(amqp_url(), exchange, consumer_id)
+        assert message.properties["delivery_mode"] == 2 and message.properties["message_id"] == "evt-durable"
+        assert message.delivery_info["routing_key"] == TOPIC
+        assert message.payload["eventId"] == "evt-durable"
+
+
+def test_broker_unreachable_during_send_leaves_pending_then_the_relay_delivers(recorder):
+    target = urlparse(amqp_url())
+    proxy = TcpProxy(target.hostname, target.port or 5672)
+    proxy.start()
+    settings = rabbit_settings(proxy.url())
+    try:
+        with override_settings(WOW=settings):
+            bus = get_bus()
+            for consumer_id in (ALPHA, BETA):
+                bus.set_topic_consumer(TOPIC, consumer_id)
+            with Running(ALPHA, BETA) as workers:
+                proxy.stop()  # the broker goes away
+                result = bus.send(TOPIC, {"orderId": "o-down"}, event_id="evt-outage")
+                assert result.stored and result.status == "PENDING" and "cannot connect" in result.error
+                event = bus.store.get_event("evt-outage")
+                assert event["status"] == "PENDING" and "cannot connect" in event["lastError"]
+                assert bus.relay_pending(older_than_s=0).failed == ("evt-outage",)
+                assert recorder.deliveries == {}
+                proxy.start()  # back
+                wait_for(lambda: bus.relay_pending(older_than_s=0).published == ("evt-outage",), timeout=20,
+                         interval=0.2, what="relay published")
+                wait_for(lambda: status("evt-outage") == "CONSUMED", timeout=30, what="CONSUMED")
+            assert all(w.stats.errors for w in workers)  # they lost the broker and reconnected
+            assert recorder.effects == {(ALPHA, "evt-outage"): 1, (BETA, "evt-outage"): 1}
+            assert bus.store.get_event("evt-outage")["lastError"] is None
+    finally:
+        proxy.stop()
+        delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA, BETA))
+        disconnect(settings["MONGO_URI"])
+
+
+class SimulatedCrash(BaseException):
+    """Stands for the process dying: nothing in the bus catches it."""
+
+
+def test_a_crash_after_publish_before_sent_is_delivered_with_its_effect_once(rabbit, recorder, monkeypatch):
+    bus = get_bus()
+    mark_sent = bus.store.mark_sent
+
+    def die(*args, **kwargs):
+        raise SimulatedCrash()
+
+    monkeypatch.setattr(bus.store, "mark_sent", die)
+    with pytest.raises(SimulatedCrash):
+        bus.send(TOPIC, {"orderId": "o-crash"}, event_id="evt-crash")
+    assert status("evt-crash") == "PENDING"
+    assert queue_depth(amqp_url(), rabbit["BUS_EXCHANGE"], ALPHA) == 1  # published before the crash
+    monkeypatch.setattr(bus.store, "mark_sent", mark_sent)  # the restarted process
+    assert bus.relay_pending(older_than_s=0).published == ("evt-crash",)
+    assert status("evt-crash") == "SENT"
+    assert queue_depth(amqp_url(), rabbit["BUS_EXCHANGE"], ALPHA) == 2  # delivered twice
+    with Running(ALPHA, BETA) as workers:
+        wait_for(lambda: sum(w.stats.received for w in workers) == 4, what="4 deliveries")
+        wait_for(lambda: status("evt-crash") == "CONSUMED", what="CONSUMED")
+    assert recorder.effects == {(ALPHA, "evt-crash"): 1, (BETA, "evt-crash"): 1}
+    assert [w.stats.duplicates for w in workers] == [1, 1]
+
+
+def test_the_same_message_delivered_twice_has_its_effect_once(rabbit, recorder):
+    bus = get_bus()
+    result = bus.send(TOPIC, {"n": 1}, event_id="evt-twice")
+    wire = Envelope.from_document(bus.store.get_event("evt-twice")).to_json()
+    bus.transport.publish(wire, topic=TOPIC, consumers=result.consumers)
+    with Running(ALPHA, BETA) as workers:
+        wait_for(lambda: sum(w.stats.received for w in workers) == 4, what="4 deliveries")
+        wait_for(lambda: status("evt-twice") == "CONSUMED", what="CONSUMED")
+    assert recorder.deliveries == {(ALPHA, "evt-twice"): 1, (BETA, "evt-twice"): 1}  # duplicates not handled
+    assert recorder.effects == {(ALPHA, "evt-twice"): 1, (BETA, "evt-twice"): 1}
+
+
+def test_one_consumer_failing_gives_partial_and_a_per_consumer_repush_gives_consumed(rabbit, recorder):
+    recorder.failing = {BETA}
+    bus = get_bus()
+    with Running(ALPHA, BETA, max_attempts=2) as workers:
+        bus.send(TOPIC, {"orderId": "o-p"}, event_id="evt-partial")
+        wait_for(lambda: status("evt-partial") == "PARTIAL", what="PARTIAL")
+        rows = [r for r in bus.store.consumption_rows(["evt-partial"]) if r["consumerId"] == BETA]
+        assert rows[-1]["deadLettered"] and rows[-1]["error"] == f"RuntimeError: {BETA} cannot handle it"
+        recorder.failing = set()
+        result = bus.repush("evt-partial", requested_by="ops", consumer_id=BETA)
+        assert result.status == "RETRYING" and result.retry_count == 1
+        wait_for(lambda: status("evt-partial") == "CONSUMED", what="CONSUMED")
+    assert recorder.deliveries[(ALPHA, "evt-partial")] == 1  # the re-push went to beta's queue only
+    assert recorder.deliveries[(BETA, "evt-partial")] == 3
+    assert recorder.effects == {(ALPHA, "evt-partial"): 1, (BETA, "evt-partial"): 1}
+    assert workers[0].stats.received == 1
+    event = bus.store.get_event("evt-partial")
+    assert event["retryCount"] == 1 and event["lastSentAt"] >= event["sentAt"]
+    [audit] = bus.store.repush_history("evt-partial")
+    assert (audit["requestedBy"], audit["consumerId"], audit["outcome"]) == ("ops", BETA, "published")
+
+
+def test_bad_input_over_http_stores_and_publishes_nothing(rabbit, db):
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client = APIClient()
+    client.force_authenticate(user)
+    response = client.post("/bus/events/", {"topic": "bad topic", "payload": {"x": 1}, "sequence": -3},
+                           format="json")
+    assert response.status_code == 400 and response.json()["errorCode"] == "BUS_VALIDATION"
+    assert {e["name"] for e in response.json()["bindingErrors"]} == {"topic", "sequence"}
+    ok = client.post("/bus/events/", {"topic": TOPIC, "payload": {"x": 1}, "eventId": "evt-http"}, format="json")
+    assert ok.status_code == 201
+    anonymous = APIClient()
+    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer wrong-token"}, {"HTTP_AUTHORIZATION": "Basic x"}):
+        response = anonymous.post("/bus/callback/", {"eventId": "evt-http", "success": True}, format="json", **headers)
+        assert response.status_code == 401 and response.json()["errorCode"] == "UNAUTHENTICATED"
+    bus = get_bus()
+    assert bus.store.events.count_documents({}) == 1
+    assert [r["attemptNo"] for r in bus.store.consumption_rows(["evt-http"])] == [0, 0]
+    assert queue_depth(amqp_url(), rabbit["BUS_EXCHANGE"], ALPHA) == 1
+
+
+@pytest.fixture
+def rollup_worker(rabbit):
+    """A Celery worker thread serving only this test's rollup queue (unique: Redis may be shared)."""
+    from celery.contrib.testing.worker import start_worker
+
+    from sample_project.celery import app
+
+    def forget_connections():
+        # The app caches its broker pools on first use; make the next use see the current broker_url.
+        if app._pool is not None:
+            app._pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    saved = {key: app.conf[key] for key in ("broker_url", "result_backend", "task_always_eager")}
+    forget_connections()
+    app.conf.update(broker_url=REDIS_URL, result_backend=REDIS_URL, task_always_eager=False)
+    try:
+        # One serial worker on the rollup queue only, as in production.
+        with start_worker(app, pool="threads", concurrency=1, queues=[rabbit["BUS_ROLLUP_QUEUE"]],
+                          perform_ping_check=False, shutdown_timeout=10) as worker:
+            yield worker
+    finally:
+        app.conf.update(saved)
+        forget_connections()
+
+
+def test_feedback_rolls_up_on_a_celery_worker_of_the_rollup_queue(rabbit, recorder, rollup_worker):
+    from celery.signals import task_postrun
+
+    runs = []
+
+    def record(sender=None, task=None, **kwargs):
+        if task.name == "wow_django.bus.rollup":
+            runs.append((task.request.is_eager, (task.request.delivery_info or {}).get("routing_key"),
+                         threading.current_thread().name))
+
+    task_postrun.connect(record, weak=False)
+    try:
+        bus = get_bus()
+        with Running(ALPHA, BETA):
+            for n in range(3):
+                bus.send(TOPIC, {"n": n}, event_id=f"evt-w{n}")
+            wait_for(lambda: all(status(f"evt-w{n}") == "CONSUMED" for n in range(3)), what="CONSUMED")
+        assert len(runs) >= 6 and all(not eager and key == rabbit["BUS_ROLLUP_QUEUE"] for eager, key, _ in runs)
+        assert all(thread != threading.current_thread().name for *_, thread in runs)
+
+        # Concurrent HTTP callbacks for one event: distinct attempt numbers, then one rollup result.
+        bus.send(TOPIC, {}, event_id="evt-callbacks")
+        errors = []
+
+        def report(consumer_id, n):
+            client = APIClient()
+            response = client.post("/bus/callback/", {"eventId": "evt-callbacks", "success": n % 2 == 1,
+                                                      "error": None if n % 2 else "try again"},
+                                   format="json", HTTP_AUTHORIZATION=f"Bearer {TOKENS[consumer_id]}")
+            if response.status_code != 201:
+                errors.append(response.json())
+
+        threads = [threading.Thread(target=report, args=(c, n)) for c in (ALPHA, BETA) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert errors == []
+        rows = bus.store.consumption_rows(["evt-callbacks"])
+        for consumer_id in (ALPHA, BETA):
+            numbers = sorted(r["attemptNo"] for r in rows if r["consumerId"] == consumer_id)
+            assert numbers == list(range(7))
+        latest = {c: max((r for r in rows if r["consumerId"] == c), key=lambda r: r["attemptNo"]) for c in (ALPHA, BETA)}
+        expected = "CONSUMED" if all(r["success"] for r in latest.values()) else (
+            "PARTIAL" if any(r["success"] for r in latest.values()) else "FAILED")
+        wait_for(lambda: status("evt-callbacks") == expected, what=expected)
+        assert bus.rollup("evt-callbacks") == expected  # rerunning changes nothing
+    finally:
+        task_postrun.disconnect(record)

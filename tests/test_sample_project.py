@@ -1,0 +1,82 @@
+"""The sample project as a user meets it: the demo command and the served site."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from .conftest import fresh_wow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wow_demo_fills_and_reports():
+    out = StringIO()
+    with override_settings(WOW=fresh_wow("mongo")):
+        call_command("wow_demo", "--orders", "6", stdout=out)
+    text = out.getvalue()
+    assert "orders by status:" in text
+    assert "is refused: USERNAME_TAKEN" in text
+    assert "consumed" in text  # the integration-event scenario ran
+
+
+def test_wow_demo_is_idempotent_for_its_own_requests():
+    with override_settings(WOW=fresh_wow("mongo")):
+        call_command("wow_demo", "--orders", "3", stdout=StringIO())
+        out = StringIO()
+        call_command("wow_demo", "--orders", "3", stdout=out)
+    assert "(already there)" in out.getvalue()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - localhost only
+        return response.status, response.read().decode()
+
+
+@pytest.mark.integration
+def test_the_readme_demo_command_serves_the_site(tmp_path):
+    """``manage.py wow_demo --serve``: fills, migrates and serves in one process."""
+    port = free_port()
+    env = {**os.environ, "SAMPLE_SQLITE_PATH": str(tmp_path / "demo.sqlite3"), "PYTHONUNBUFFERED": "1"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "wow_demo", "--orders", "4", "--serve", "--addrport", f"127.0.0.1:{port}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                status, body = get(f"http://127.0.0.1:{port}/admin/login/")
+                break
+            except OSError:
+                time.sleep(0.25)
+        assert status == 200, "the demo server did not answer"
+        assert "Django administration" in body or "Log in" in body
+        status, _ = get(f"http://127.0.0.1:{port}/api/docs/")
+        assert status == 200
+    finally:
+        process.terminate()
+        try:
+            output, _ = process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+    assert "orders by status:" in output

@@ -1,0 +1,46 @@
+"""The integration-event bus (DESIGN part H; seeds 002 and 004).
+
+Python API::
+
+    from wow_django.bus import consumer, get_bus, send
+
+    send("order.purchased", {"orderId": "o-1"})              # store PENDING, publish, SENT
+    get_bus().repush(event_id, requested_by="alice")          # FAILED/PARTIAL/RETRYING or SENT too long
+    get_bus().trace(trace_id)                                 # time line and parent → child tree
+
+    @consumer("member-service", topics=["order.purchased"])
+    def add_points(event, ctx): ...
+
+HTTP: include ``wow_django.bus.urls`` (e.g. at ``bus/``). Add
+``"wow_django.bus"`` to ``INSTALLED_APPS`` for its permissions, its schema in
+``wow_init_schema``, and the discovery of ``consumers``/``integration`` modules.
+Importing this package talks to no server.
+"""
+
+from wow_django.bus.consumer import ConsumerContext, ConsumerWorker, WorkerStats, consumer, run_in_thread
+from wow_django.bus.context import BusContext, bus_context, current_context
+from wow_django.bus.envelope import Envelope, EventStatus, Initiator
+from wow_django.bus.errors import (
+    BusError,
+    ConsumerNotExpected,
+    EnvelopeValidationError,
+    EventNotFound,
+    RepushRefused,
+    TraceNotFound,
+    TransportUnavailable,
+)
+from wow_django.bus.ordering import SequenceTracker, is_stale
+from wow_django.bus.service import EventBus, RelayReport, RepushResult, SendResult, get_bus
+
+
+def send(topic: str, payload, **fields) -> SendResult:
+    """Send an integration event through the process's bus (see :meth:`EventBus.send`)."""
+    return get_bus().send(topic, payload, **fields)
+
+
+__all__ = [
+    "BusContext", "BusError", "ConsumerContext", "ConsumerNotExpected", "ConsumerWorker", "EnvelopeValidationError",
+    "Envelope", "EventBus", "EventNotFound", "EventStatus", "Initiator", "RelayReport", "RepushRefused",
+    "RepushResult", "SendResult", "SequenceTracker", "TraceNotFound", "TransportUnavailable", "WorkerStats",
+    "bus_context", "consumer", "current_context", "get_bus", "is_stale", "run_in_thread", "send",
+]

@@ -1,0 +1,350 @@
+"""The integration-event envelope (seed 004 §1.2): metadata apart from the payload.
+
+On the wire (AMQP body, HTTP) the envelope is a JSON object with camelCase
+keys and ISO 8601 UTC times; in MongoDB the same keys with BSON dates.
+:func:`build_envelope` validates input and fills what is missing from the
+current :mod:`~wow_django.bus.context`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import uuid
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from wow_django.bus.context import current_context
+from wow_django.bus.errors import EnvelopeValidationError
+
+
+class EventStatus(enum.StrEnum):
+    """Statuses of a bus event (seed 004 §2.4)."""
+
+    PENDING = "PENDING"  # stored, not yet confirmed by the broker
+    SENT = "SENT"  # published; consumers have not all reported
+    CONSUMED = "CONSUMED"  # every expected consumer reported success
+    PARTIAL = "PARTIAL"  # some consumers succeeded, some failed
+    FAILED = "FAILED"  # consumers failed and none succeeded
+    RETRYING = "RETRYING"  # re-pushed, waiting for feedback
+
+
+#: Statuses derived from consumer feedback by the rollup.
+FEEDBACK_STATUSES = (EventStatus.CONSUMED, EventStatus.PARTIAL, EventStatus.FAILED)
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+TOPIC_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+CONSUMER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+MAX_TOPIC_LENGTH = 200
+MAX_TEXT_LENGTH = 200
+MAX_PAYLOAD_BYTES = 1_048_576
+MAX_PAYLOAD_DEPTH = 32
+MAX_SEQUENCE = 2**63 - 1
+
+WIRE_FIELDS = (
+    "eventId", "traceId", "spanId", "parentEventId", "topic", "payload", "payloadType", "initiator",
+    "occurredAt", "sentAt", "contractVersion", "partitionKey", "sequence", "expireAt",
+)
+INITIATOR_FIELDS = ("service", "operation", "userId", "clientRequestId")
+
+
+def utcnow() -> datetime:
+    """Now as a naive UTC datetime at millisecond precision (what BSON stores)."""
+    return to_bson_time(datetime.now(UTC))
+
+
+def to_bson_time(moment: datetime) -> datetime:
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """``2024-02-28T10:00:00.000Z`` for a naive-UTC or aware datetime; ``None`` stays ``None``."""
+    if moment is None:
+        return None
+    moment = to_bson_time(moment)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def parse_time(value: Any) -> datetime:
+    """A datetime or an ISO 8601 string as naive UTC; naive input is taken as UTC."""
+    if isinstance(value, datetime):
+        return to_bson_time(value)
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be an ISO 8601 date-time string")
+    try:
+        parsed = datetime.fromisoformat(value.replace("z", "Z"))
+    except ValueError:
+        raise ValueError("must be an ISO 8601 date-time such as 2024-02-28T10:00:00Z") from None
+    return to_bson_time(parsed)
+
+
+def new_event_id() -> str:
+    return f"evt-{uuid.uuid4()}"
+
+
+def new_trace_id() -> str:
+    return f"trace-{uuid.uuid4().hex}"
+
+
+def new_span_id() -> str:
+    return f"span-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True)
+class Initiator:
+    """Who started the event (seed 004 §6.1)."""
+
+    service: str
+    operation: str | None = None
+    user_id: str | None = None
+    client_request_id: str | None = None
+
+    def to_json(self) -> dict:
+        return {"service": self.service, "operation": self.operation, "userId": self.user_id,
+                "clientRequestId": self.client_request_id}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Initiator:
+        return cls(service=data.get("service") or "", operation=data.get("operation"),
+                   user_id=data.get("userId"), client_request_id=data.get("clientRequestId"))
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One integration event: metadata plus an opaque JSON payload."""
+
+    event_id: str
+    trace_id: str
+    span_id: str
+    topic: str
+    payload: Any
+    initiator: Initiator
+    occurred_at: datetime
+    parent_event_id: str | None = None
+    payload_type: str = "application/json"
+    sent_at: datetime | None = None
+    contract_version: int = 1
+    partition_key: str | None = None
+    sequence: int | None = None
+    expire_at: datetime | None = None
+
+    def to_json(self) -> dict:
+        """The wire form: camelCase keys, ISO times."""
+        return {
+            "eventId": self.event_id, "traceId": self.trace_id, "spanId": self.span_id,
+            "parentEventId": self.parent_event_id, "topic": self.topic, "payload": self.payload,
+            "payloadType": self.payload_type, "initiator": self.initiator.to_json(),
+            "occurredAt": iso(self.occurred_at), "sentAt": iso(self.sent_at),
+            "contractVersion": self.contract_version, "partitionKey": self.partition_key,
+            "sequence": self.sequence, "expireAt": iso(self.expire_at),
+        }
+
+    def to_document(self) -> dict:
+        """The stored form: the wire keys with BSON dates."""
+        doc = self.to_json()
+        doc.update(occurredAt=self.occurred_at, sentAt=self.sent_at, expireAt=self.expire_at)
+        return doc
+
+    @classmethod
+    def from_document(cls, doc: dict) -> Envelope:
+        return cls(
+            event_id=doc["eventId"], trace_id=doc["traceId"], span_id=doc.get("spanId") or "",
+            topic=doc["topic"], payload=doc.get("payload"), initiator=Initiator.from_json(doc.get("initiator") or {}),
+            occurred_at=parse_time(doc["occurredAt"]), parent_event_id=doc.get("parentEventId"),
+            payload_type=doc.get("payloadType") or "application/json",
+            sent_at=parse_time(doc["sentAt"]) if doc.get("sentAt") else None,
+            contract_version=doc.get("contractVersion") or 1, partition_key=doc.get("partitionKey"),
+            sequence=doc.get("sequence"),
+            expire_at=parse_time(doc["expireAt"]) if doc.get("expireAt") else None,
+        )
+
+    def with_sent_at(self, moment: datetime) -> Envelope:
+        return replace(self, sent_at=moment)
+
+    @property
+    def expired(self) -> bool:
+        return self.expire_at is not None and self.expire_at <= utcnow()
+
+
+# --- validation -------------------------------------------------------------------
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+
+    def add(self, name: str, msg: str) -> None:
+        self.items.append({"name": name, "msg": msg})
+
+
+def _text(errors: _Errors, name: str, value: Any, *, required: bool, pattern: re.Pattern | None = None,
+          max_length: int = MAX_TEXT_LENGTH, rule: str = "") -> str | None:
+    if value is None or value == "":
+        if required:
+            errors.add(name, "is required")
+        return None
+    if not isinstance(value, str):
+        errors.add(name, f"must be a string, got {type(value).__name__}")
+        return None
+    if len(value) > max_length or not value.isprintable():
+        errors.add(name, f"must be printable text of at most {max_length} characters")
+        return None
+    if pattern is not None and not pattern.match(value):
+        errors.add(name, rule or f"must match {pattern.pattern}")
+        return None
+    return value
+
+
+def check_topic(value: Any, name: str = "topic") -> str:
+    """Return ``value`` if it is a valid topic, else raise :class:`EnvelopeValidationError`."""
+    errors = _Errors()
+    topic = _text(errors, name, value, required=True, pattern=TOPIC_RE, max_length=MAX_TOPIC_LENGTH,
+                  rule="must be words of letters, digits, '_' or '-' separated by '.' (e.g. order.purchased)")
+    if errors.items:
+        raise EnvelopeValidationError.from_errors(name, errors.items)
+    return topic
+
+
+def check_consumer_id(value: Any, name: str = "consumerId") -> str:
+    errors = _Errors()
+    consumer = _text(errors, name, value, required=True, pattern=CONSUMER_ID_RE, max_length=100,
+                     rule="must start with a letter or digit and hold only letters, digits, '.', '_' or '-'")
+    if errors.items:
+        raise EnvelopeValidationError.from_errors(name, errors.items)
+    return consumer
+
+
+def _payload_problem(value: Any, depth: int = 0) -> str | None:
+    if depth > MAX_PAYLOAD_DEPTH:
+        return f"nests deeper than {MAX_PAYLOAD_DEPTH} levels"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"has a non-string key {key!r}"
+            if key.startswith("$") or "\0" in key:
+                return f"has key {key!r}: keys must not start with '$' or contain NUL"
+            problem = _payload_problem(item, depth + 1)
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for item in value:
+            problem = _payload_problem(item, depth + 1)
+            if problem:
+                return problem
+    elif isinstance(value, float) and value != value:  # NaN is not JSON
+        return "holds NaN, which is not JSON"
+    elif not isinstance(value, (str, int, float, bool, type(None))):
+        return f"holds a {type(value).__name__}, which is not JSON (convert it, e.g. Decimal to str)"
+    return None
+
+
+def _time(errors: _Errors, name: str, value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        errors.add(name, str(exc))
+        return None
+
+
+def build_envelope(data: dict, *, default_service: str) -> Envelope:
+    """Validate wire-form ``data`` and fill what is missing (ids, times, trace, initiator).
+
+    Raises :class:`EnvelopeValidationError` naming every bad field.
+    """
+    if not isinstance(data, dict):
+        raise EnvelopeValidationError.from_errors("envelope", [{"name": "(body)", "msg": "must be a JSON object"}])
+    errors = _Errors()
+    for key in data:
+        if key not in WIRE_FIELDS:
+            errors.add(str(key), "unknown field: not part of the envelope")
+    ctx = current_context()
+    event_id = _text(errors, "eventId", data.get("eventId"), required=False, pattern=ID_RE, max_length=128,
+                     rule="must be 1-128 letters, digits or . _ : @ - and start with a letter or digit")
+    trace_id = _text(errors, "traceId", data.get("traceId"), required=False, pattern=ID_RE, max_length=128,
+                     rule="must be 1-128 letters, digits or . _ : @ -")
+    span_id = _text(errors, "spanId", data.get("spanId"), required=False, pattern=ID_RE, max_length=128,
+                    rule="must be 1-128 letters, digits or . _ : @ -")
+    parent = _text(errors, "parentEventId", data.get("parentEventId"), required=False, pattern=ID_RE,
+                   max_length=128, rule="must be an eventId")
+    topic = _text(errors, "topic", data.get("topic"), required=True, pattern=TOPIC_RE, max_length=MAX_TOPIC_LENGTH,
+                  rule="must be words of letters, digits, '_' or '-' separated by '.' (e.g. order.purchased)")
+    payload_type = _text(errors, "payloadType", data.get("payloadType"), required=False, max_length=100)
+    payload_type = payload_type or "application/json"
+    if "payload" not in data:
+        errors.add("payload", "is required (use null for an event without data)")
+    payload = data.get("payload")
+    problem = _payload_problem(payload)
+    if problem:
+        errors.add("payload", problem)
+    else:
+        size = len(json.dumps(payload, ensure_ascii=False, allow_nan=False).encode())
+        if size > MAX_PAYLOAD_BYTES:
+            errors.add("payload", f"is {size} bytes as JSON; at most {MAX_PAYLOAD_BYTES} are allowed")
+    if payload_type != "application/json" and not (payload is None or isinstance(payload, str)):
+        errors.add("payload", f"must be a string when payloadType is {payload_type!r}")
+
+    initiator_in = data.get("initiator")
+    if initiator_in is None:
+        initiator_in = {}
+    if not isinstance(initiator_in, dict):
+        errors.add("initiator", "must be an object with service, operation, userId, clientRequestId")
+        initiator_in = {}
+    for key in initiator_in:
+        if key not in INITIATOR_FIELDS:
+            errors.add(f"initiator.{key}", "unknown field: not part of the initiator")
+    service = _text(errors, "initiator.service", initiator_in.get("service"), required=False)
+    operation = _text(errors, "initiator.operation", initiator_in.get("operation"), required=False)
+    user_id = _text(errors, "initiator.userId", initiator_in.get("userId"), required=False)
+    request_id = _text(errors, "initiator.clientRequestId", initiator_in.get("clientRequestId"), required=False)
+
+    occurred_at = _time(errors, "occurredAt", data.get("occurredAt"))
+    sent_at = _time(errors, "sentAt", data.get("sentAt"))
+    expire_at = _time(errors, "expireAt", data.get("expireAt"))
+
+    contract_version = data.get("contractVersion", 1)
+    if contract_version is None:
+        contract_version = 1
+    if isinstance(contract_version, bool) or not isinstance(contract_version, int) or not 1 <= contract_version <= 10_000:
+        errors.add("contractVersion", "must be an integer from 1 to 10000")
+    partition_key = _text(errors, "partitionKey", data.get("partitionKey"), required=False)
+    sequence = data.get("sequence")
+    if sequence is not None:
+        if isinstance(sequence, bool) or not isinstance(sequence, int) or not 0 <= sequence <= MAX_SEQUENCE:
+            errors.add("sequence", "must be an integer ≥ 0")
+        elif partition_key is None and "partitionKey" not in {e["name"] for e in errors.items}:
+            errors.add("sequence", "needs a partitionKey: sequences order the events of one partition")
+
+    occurred_at = occurred_at or utcnow()
+    if expire_at is not None and expire_at <= occurred_at:
+        errors.add("expireAt", "must be later than occurredAt")
+    if errors.items:
+        raise EnvelopeValidationError.from_errors("envelope", errors.items)
+
+    initiator = Initiator(
+        service=service or ctx.service or default_service,
+        operation=operation or ctx.operation,
+        user_id=user_id or ctx.user_id,
+        client_request_id=request_id or ctx.client_request_id,
+    )
+    return Envelope(
+        event_id=event_id or new_event_id(),
+        trace_id=trace_id or ctx.trace_id or new_trace_id(),
+        span_id=span_id or new_span_id(),
+        parent_event_id=parent or ctx.parent_event_id,
+        topic=topic,
+        payload=payload,
+        payload_type=payload_type,
+        initiator=initiator,
+        occurred_at=occurred_at,
+        sent_at=sent_at,
+        contract_version=contract_version,
+        partition_key=partition_key,
+        sequence=sequence,
+        expire_at=expire_at,
+    )

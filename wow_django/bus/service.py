@@ -1,0 +1,539 @@
+"""The bus: send, relay, feedback, rollup, re-push, trace and listing (seed 004 §3–§6).
+
+::
+
+    from wow_django.bus import get_bus
+
+    result = get_bus().send("order.purchased", {"orderId": "o-1", "amount": "19.90"})
+    result.status        # "SENT", "PENDING" (broker down: the relay publishes it) or None (no consumer)
+
+``send`` raises :class:`~wow_django.bus.errors.EnvelopeValidationError` for bad
+input and lets storage errors through; it does not raise when the topic has no
+enabled consumer (logged at ERROR, nothing stored) or the broker is down (the
+event stays PENDING).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from wow_django.bus.envelope import (
+    Envelope,
+    EventStatus,
+    Initiator,
+    build_envelope,
+    check_consumer_id,
+    check_topic,
+    iso,
+    parse_time,
+    utcnow,
+)
+from wow_django.bus.errors import (
+    BusError,
+    ConsumerNotExpected,
+    EnvelopeValidationError,
+    EventNotFound,
+    RepushRefused,
+    TraceNotFound,
+    TransportUnavailable,
+)
+from wow_django.bus.rollup import compute_status, consumed_summary, expected_consumers, latest_by_consumer, outcome
+from wow_django.bus.store import BusStore
+from wow_django.bus.trace import build_tree
+from wow_django.bus.transport import BusTransport
+from wow_django.conf import on_reload, wow_settings
+
+logger = logging.getLogger("wow_django.bus")
+
+MAX_ERROR_LENGTH = 4000
+MAX_TRACE_EVENTS = 1000
+MAX_CHILDREN = 200
+ROLLUP_ROUNDS = 16
+REPUSH_STATUSES = (EventStatus.FAILED.value, EventStatus.PARTIAL.value, EventStatus.RETRYING.value)
+
+_rollup_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SendResult:
+    event_id: str
+    status: str | None  # None: not stored (no enabled consumer)
+    stored: bool
+    duplicate: bool = False
+    consumers: tuple[str, ...] = ()
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"eventId": self.event_id, "status": self.status, "stored": self.stored,
+                "duplicate": self.duplicate, "consumers": list(self.consumers), "error": self.error}
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    published: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"published": list(self.published), "failed": list(self.failed)}
+
+
+@dataclass(frozen=True)
+class RepushResult:
+    event_id: str
+    consumer_id: str | None
+    retry_count: int
+    status: str
+    requested_by: str
+    requested_at: datetime
+
+    def to_json(self) -> dict:
+        return {"eventId": self.event_id, "consumerId": self.consumer_id, "retryCount": self.retry_count,
+                "status": self.status, "requestedBy": self.requested_by, "requestedAt": iso(self.requested_at)}
+
+
+def document_to_json(doc: dict, summary: dict | None = None) -> dict:
+    """A stored bus document for output: ISO times, no internal fields."""
+    out = {key: iso(value) if isinstance(value, datetime) else value
+           for key, value in doc.items() if key not in ("_id", "relayLeaseUntil")}
+    if summary is not None:
+        out["consumption"] = summary
+    return out
+
+
+def _text_or_none(value: Any, name: str, limit: int) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise EnvelopeValidationError.from_errors("feedback", [{"name": name, "msg": "must be a string"}])
+    return value[:limit]
+
+
+class EventBus:
+    def __init__(self, store: BusStore, transport: BusTransport, *, service_name: str, relay_after_s: float = 30.0,
+                 repush_timeout_s: float = 300.0, repush_max_count: int = 5):
+        self.store = store
+        self.transport = transport
+        self.service_name = service_name
+        self.relay_after_s = relay_after_s
+        self.repush_timeout_s = repush_timeout_s
+        self.repush_max_count = repush_max_count
+
+    # --- send (§3.2) -----------------------------------------------------------------
+
+    def send(self, topic: str, payload: Any, *, event_id: str | None = None, trace_id: str | None = None,
+             span_id: str | None = None, parent_event_id: str | None = None,
+             initiator: Initiator | dict | None = None, occurred_at: datetime | str | None = None,
+             payload_type: str | None = None, contract_version: int | None = None,
+             partition_key: str | None = None, sequence: int | None = None,
+             expire_at: datetime | str | None = None) -> SendResult:
+        """Validate, store PENDING with one pending feedback row per expected consumer, publish, mark SENT."""
+        data: dict = {"topic": topic, "payload": payload}
+        optional = {"eventId": event_id, "traceId": trace_id, "spanId": span_id, "parentEventId": parent_event_id,
+                    "occurredAt": occurred_at, "payloadType": payload_type, "contractVersion": contract_version,
+                    "partitionKey": partition_key, "sequence": sequence, "expireAt": expire_at}
+        data.update({key: value for key, value in optional.items() if value is not None})
+        if isinstance(initiator, Initiator):
+            initiator = {key: value for key, value in initiator.to_json().items() if value is not None}
+        if initiator is not None:
+            data["initiator"] = initiator
+        return self.send_envelope(data)
+
+    def send_envelope(self, data: dict) -> SendResult:
+        """:meth:`send` for a wire-form envelope (the HTTP endpoint's entry point)."""
+        envelope = build_envelope(data, default_service=self.service_name)
+        consumers = self.store.enabled_consumers(envelope.topic)
+        if not consumers:
+            logger.error(
+                "bus: topic %r has no enabled consumer in topic_consumers; event %s (trace %s) was not stored "
+                "and not published. Configure a consumer for the topic and send it again.",
+                envelope.topic, envelope.event_id, envelope.trace_id,
+            )
+            return SendResult(envelope.event_id, None, stored=False)
+        now = utcnow()
+        document = {
+            **envelope.to_document(),
+            "status": EventStatus.PENDING.value, "statusAt": now, "retryCount": 0, "lastSentAt": None,
+            "lastError": None, "consumers": consumers, "createdAt": now,
+        }
+        if not self.store.insert_event(document):
+            existing = self.store.get_event(envelope.event_id) or {}
+            logger.info("bus: event %s was sent before; keeping the stored record (status %s)",
+                        envelope.event_id, existing.get("status"))
+            return SendResult(envelope.event_id, existing.get("status"), stored=True, duplicate=True,
+                              consumers=tuple(existing.get("consumers") or ()))
+        self.store.init_consumptions(envelope.event_id, consumers, now)
+        status, error = self._publish(envelope, consumers)
+        return SendResult(envelope.event_id, status, stored=True, consumers=tuple(consumers), error=error)
+
+    def _publish(self, envelope: Envelope, consumers: list[str]) -> tuple[str, str | None]:
+        sent_at = utcnow()
+        try:
+            self.transport.publish(envelope.with_sent_at(sent_at).to_json(), topic=envelope.topic,
+                                   consumers=consumers)
+        except TransportUnavailable as exc:
+            logger.warning("bus: %s", exc)
+            self.store.record_send_error(envelope.event_id, str(exc))
+            return EventStatus.PENDING.value, str(exc)
+        if self.store.mark_sent(envelope.event_id, sent_at):
+            return EventStatus.SENT.value, None
+        current = self.store.get_event(envelope.event_id) or {}
+        return current.get("status", EventStatus.SENT.value), None
+
+    # --- relay ---------------------------------------------------------------------------
+
+    def relay_pending(self, *, older_than_s: float | None = None, limit: int = 500) -> RelayReport:
+        """Publish PENDING events older than ``older_than_s`` (default ``BUS_RELAY_AFTER_S``).
+
+        Each event is leased atomically first, so concurrent relays do not
+        publish it twice; a broker failure ends the run (the next one retries).
+        """
+        wait = self.relay_after_s if older_than_s is None else older_than_s
+        now = utcnow()
+        lease = timedelta(seconds=max(60.0, 4 * self.transport.timeout))
+        published: list[str] = []
+        failed: list[str] = []
+        for event_id in self.store.stale_pending(now - timedelta(seconds=wait), limit):
+            document = self.store.lease_for_relay(event_id, now, now + lease)
+            if document is None:
+                continue
+            envelope = Envelope.from_document(document)
+            consumers = list(document.get("consumers") or self.store.enabled_consumers(envelope.topic))
+            if not consumers:
+                logger.error("bus relay: pending event %s (topic %r) has no consumer to deliver to",
+                             event_id, envelope.topic)
+                self.store.record_send_error(event_id, "no enabled consumer for the topic")
+                failed.append(event_id)
+                continue
+            # A crash between storing the event and its pending rows leaves them missing.
+            self.store.init_consumptions(event_id, consumers, document.get("createdAt") or now)
+            status, error = self._publish(envelope, consumers)
+            if error:
+                failed.append(event_id)
+                break
+            published.append(event_id)
+        if published or failed:
+            logger.info("bus relay: published %d pending events, %d failed", len(published), len(failed))
+        return RelayReport(tuple(published), tuple(failed))
+
+    # --- feedback and rollup (§2.5, §2.6) -------------------------------------------------
+
+    def record_feedback(self, event_id: str, consumer_id: str, success: bool, error: str | None = None, *,
+                        source: str = "sdk", retrying: bool = False, dead_lettered: bool = False,
+                        note: str | None = None, known_latest: int | None = None) -> dict:
+        """Insert one feedback row (next attemptNo) and queue the event's rollup; returns the row.
+
+        ``known_latest``: the consumer's latest attemptNo if the caller just read it (saves a read).
+        """
+        if not isinstance(success, bool):
+            raise EnvelopeValidationError.from_errors("feedback", [{"name": "success", "msg": "must be true or false"}])
+        if not isinstance(event_id, str) or not event_id:
+            raise EnvelopeValidationError.from_errors("feedback", [{"name": "eventId", "msg": "is required"}])
+        check_consumer_id(consumer_id)
+        error = _text_or_none(error, "error", MAX_ERROR_LENGTH)
+        now = utcnow()
+        fields = {"success": success, "consumedAt": now, "error": None if success else (error or "failed"),
+                  "source": source, "retrying": bool(retrying and not success),
+                  "deadLettered": bool(dead_lettered and not success), "createdAt": now}
+        if note:
+            fields["note"] = note
+        try:
+            row = self.store.insert_feedback(event_id, consumer_id, fields, known_latest=known_latest)
+        except ConsumerNotExpected:
+            if self.store.get_event(event_id) is None:
+                raise EventNotFound(event_id) from None
+            raise
+        self.queue_rollup(event_id)
+        return row
+
+    def queue_rollup(self, event_id: str) -> None:
+        """Queue the rollup task on ``BUS_ROLLUP_QUEUE``; roll up inline if it cannot be queued."""
+        from wow_django.bus.tasks import rollup_event
+
+        try:
+            if rollup_event.app.conf.task_always_eager:
+                # What the eager task would do, without Celery caching a broker
+                # pool and a result backend on the app for the current settings.
+                self.rollup(event_id)
+            else:
+                rollup_event.apply_async((event_id,), queue=wow_settings.BUS_ROLLUP_QUEUE)
+        except Exception:
+            logger.warning("bus: could not queue the rollup of %s; rolling up inline", event_id, exc_info=True)
+            try:
+                self.rollup(event_id)
+            except Exception:
+                logger.exception("bus: inline rollup of %s failed", event_id)
+
+    def rollup(self, event_id: str) -> str | None:
+        """Recompute the status from the latest row per consumer; write only status/statusAt if it changed.
+
+        Idempotent. The write is conditional on the status and statusAt read,
+        so a rollup that read stale rows cannot overwrite a newer result; it
+        reads again instead. Returns the status (None: no such event).
+        """
+        with _rollup_lock:
+            for _ in range(ROLLUP_ROUNDS):
+                event = self.store.get_event(event_id)
+                if event is None:
+                    logger.warning("bus rollup: no event %s", event_id)
+                    return None
+                latest = latest_by_consumer(self.store.consumption_rows([event_id]))
+                target = compute_status(expected_consumers(event, latest), latest, event["status"])
+                if target == event["status"]:
+                    return target
+                if self.store.set_status_if(event_id, event["status"], event.get("statusAt"), target, utcnow()):
+                    return target
+        raise BusError(f"rollup of {event_id} did not settle after {ROLLUP_ROUNDS} rounds of concurrent changes")
+
+    # --- re-push (§5) ------------------------------------------------------------------------
+
+    def repush(self, event_id: str, *, requested_by: str, consumer_id: str | None = None) -> RepushResult:
+        """Publish a stored event again: to every consumer, or straight to ``consumer_id``'s queue.
+
+        Allowed for FAILED, PARTIAL and RETRYING events, and for SENT ones not
+        consumed within ``BUS_REPUSH_TIMEOUT_S``; never for expired events or
+        beyond ``BUS_REPUSH_MAX_COUNT``. The check and the count
+        (``retryCount`` + 1, ``lastSentAt``, RETRYING) are one atomic update;
+        ``event_repushes`` records who and when.
+        """
+        if not isinstance(requested_by, str) or not requested_by:
+            raise ValueError("requested_by must name who re-pushes (a user name or a service)")
+        event = self.store.get_event(event_id)
+        if event is None:
+            raise EventNotFound(event_id)
+        consumers = list(event.get("consumers") or ())
+        if consumer_id is not None:
+            check_consumer_id(consumer_id)
+            if consumer_id not in consumers:
+                raise RepushRefused("CONSUMER_NOT_EXPECTED",
+                                    f"{consumer_id!r} is not a consumer of event {event_id!r} "
+                                    f"(its consumers: {', '.join(consumers) or 'none'}).")
+            if outcome(self.store.latest_consumption(event_id, consumer_id)) is True:
+                raise RepushRefused("ALREADY_CONSUMED",
+                                    f"{consumer_id!r} has already consumed event {event_id!r}; nothing to re-push.")
+        now = utcnow()
+        self._check_repushable(event, now)
+        timeout_cutoff = now - timedelta(seconds=self.repush_timeout_s)
+        query = {
+            "eventId": event_id,
+            "retryCount": {"$lt": self.repush_max_count},
+            "$and": [
+                {"$or": [{"status": {"$in": list(REPUSH_STATUSES)}},
+                         {"status": EventStatus.SENT.value, "lastSentAt": {"$lte": timeout_cutoff}}]},
+                {"$or": [{"expireAt": None}, {"expireAt": {"$gt": now}}]},
+            ],
+        }
+        claimed = self.store.claim_repush(query, now)
+        if claimed is None:
+            fresh = self.store.get_event(event_id)
+            if fresh is None:
+                raise EventNotFound(event_id)
+            self._check_repushable(fresh, now)
+            raise RepushRefused("REPUSH_CONFLICT", f"event {event_id!r} changed while re-pushing; try again.")
+        record = {"eventId": event_id, "consumerId": consumer_id, "requestedBy": requested_by, "requestedAt": now,
+                  "retryCount": claimed["retryCount"], "previousStatus": event["status"]}
+        envelope = Envelope.from_document(claimed)
+        try:
+            self.transport.publish(envelope.with_sent_at(now).to_json(), topic=envelope.topic,
+                                   consumers=consumers, target=consumer_id)
+        except TransportUnavailable as exc:
+            self.store.record_send_error(event_id, str(exc))
+            self.store.insert_repush({**record, "outcome": "failed", "error": str(exc)[:2000]})
+            raise
+        self.store.insert_repush({**record, "outcome": "published", "error": None})
+        logger.info("bus: %s re-pushed %s%s (re-push %d)", requested_by, event_id,
+                    f" to {consumer_id}" if consumer_id else "", claimed["retryCount"])
+        return RepushResult(event_id, consumer_id, claimed["retryCount"], claimed["status"], requested_by, now)
+
+    def _check_repushable(self, event: dict, now: datetime) -> None:
+        event_id, status = event["eventId"], event["status"]
+        expire_at = event.get("expireAt")
+        if expire_at is not None and expire_at <= now:
+            raise RepushRefused("EVENT_EXPIRED", f"event {event_id!r} expired at {iso(expire_at)}; it is not re-pushed.")
+        if event.get("retryCount", 0) >= self.repush_max_count:
+            raise RepushRefused("REPUSH_LIMIT_REACHED",
+                                f"event {event_id!r} was re-pushed {event.get('retryCount', 0)} times; the limit "
+                                f"is {self.repush_max_count} (WOW['BUS_REPUSH_MAX_COUNT']).")
+        if status in REPUSH_STATUSES:
+            return
+        if status == EventStatus.SENT.value:
+            last = event.get("lastSentAt") or event.get("sentAt")
+            due = last + timedelta(seconds=self.repush_timeout_s) if last else now
+            if due > now:
+                raise RepushRefused("REPUSH_TOO_EARLY",
+                                    f"event {event_id!r} was sent at {iso(last)} and may still be consumed; a SENT "
+                                    f"event can be re-pushed {self.repush_timeout_s:g}s after it was sent "
+                                    f"(from {iso(due)}).")
+            return
+        why = {EventStatus.PENDING.value: "it has not been published yet; the relay publishes it",
+               EventStatus.CONSUMED.value: "every consumer has consumed it"}.get(status, f"its status is {status}")
+        raise RepushRefused("REPUSH_NOT_ALLOWED",
+                            f"event {event_id!r} cannot be re-pushed: {why}. Re-push is for FAILED, PARTIAL and "
+                            "RETRYING events, and SENT ones not consumed in time.")
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def get_event(self, event_id: str) -> dict:
+        event = self.store.get_event(event_id)
+        if event is None:
+            raise EventNotFound(event_id)
+        return event
+
+    def summaries(self, events: list[dict]) -> dict[str, dict]:
+        """``{eventId: consumed summary}`` for ``events`` with one read of their feedback."""
+        rows: dict[str, list[dict]] = {}
+        for row in self.store.consumption_rows(e["eventId"] for e in events):
+            rows.setdefault(row["eventId"], []).append(row)
+        out = {}
+        for event in events:
+            latest = latest_by_consumer(rows.get(event["eventId"], []))
+            out[event["eventId"]] = consumed_summary(expected_consumers(event, latest), latest)
+        return out
+
+    def event_detail(self, event_id: str) -> dict:
+        """The event, its feedback history per consumer, its parent and children, and its re-pushes."""
+        event = self.get_event(event_id)
+        rows = self.store.consumption_rows([event_id])
+        latest = latest_by_consumer(rows)
+        expected = expected_consumers(event, latest)
+        consumers = []
+        for consumer in sorted(set(expected) | set(latest)):
+            history = [document_to_json(r) for r in rows if r["consumerId"] == consumer]
+            result = outcome(latest.get(consumer))
+            consumers.append({
+                "consumerId": consumer, "expected": consumer in expected,
+                "state": {True: "CONSUMED", False: "FAILED", None: "WAITING"}[result],
+                "attempts": history,
+            })
+        parent = self.store.get_event(event["parentEventId"]) if event.get("parentEventId") else None
+        children = self.store.children(event_id, MAX_CHILDREN)
+        return {
+            "event": document_to_json(event, consumed_summary(expected, latest)),
+            "consumers": consumers,
+            "parent": document_to_json(parent) if parent else None,
+            "children": [document_to_json(child) for child in children],
+            "repushes": [document_to_json(r) for r in self.store.repush_history(event_id)],
+        }
+
+    def trace(self, trace_id: str) -> dict:
+        """Every event of ``trace_id`` in time order, and the same events as a parent → child tree."""
+        if not isinstance(trace_id, str) or not trace_id:
+            raise EnvelopeValidationError.from_errors("trace", [{"name": "traceId", "msg": "is required"}])
+        events = self.store.trace_events(trace_id, MAX_TRACE_EVENTS + 1)
+        truncated = len(events) > MAX_TRACE_EVENTS
+        events = events[:MAX_TRACE_EVENTS]
+        if not events:
+            raise TraceNotFound(trace_id)
+        summaries = self.summaries(events)
+
+        def render(doc: dict) -> dict:
+            return document_to_json(doc, summaries[doc["eventId"]])
+
+        return {
+            "traceId": trace_id,
+            "total": len(events),
+            "truncated": truncated,
+            "timeline": [render(e) for e in events],
+            "tree": [node.to_json(render) for node in build_tree(events)],
+        }
+
+    def list_events(self, *, status: str | None = None, topic: str | None = None, service: str | None = None,
+                    since: datetime | str | None = None, until: datetime | str | None = None,
+                    trace_id: str | None = None, page: int = 1, size: int = 20) -> dict:
+        """``{total, page, size, list}`` of events, newest first, filtered by any of the arguments."""
+        errors: list[dict] = []
+        query: dict = {}
+        if status:
+            if status not in EventStatus.__members__:
+                errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}"})
+            query["status"] = status
+        if topic:
+            try:
+                query["topic"] = check_topic(topic)
+            except EnvelopeValidationError as exc:
+                errors.extend(exc.binding_errors)
+        if service:
+            query["initiator.service"] = service
+        if trace_id:
+            query["traceId"] = trace_id
+        window: dict = {}
+        for name, value, operator in (("since", since, "$gte"), ("until", until, "$lt")):
+            if value:
+                try:
+                    window[operator] = parse_time(value)
+                except ValueError as exc:
+                    errors.append({"name": name, "msg": str(exc)})
+        if window:
+            query["occurredAt"] = window
+        max_size = wow_settings.QUERY_MAX_PAGE_SIZE
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+            errors.append({"name": "page", "msg": "must be an integer ≥ 1"})
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_size:
+            errors.append({"name": "size", "msg": f"must be an integer from 1 to {max_size}"})
+        if errors:
+            raise EnvelopeValidationError.from_errors("event query", errors)
+        total, events = self.store.find_events(query, skip=(page - 1) * size, limit=size)
+        summaries = self.summaries(events)
+        return {"total": total, "page": page, "size": size,
+                "list": [document_to_json(e, summaries[e["eventId"]]) for e in events]}
+
+    # --- topic consumers (§2.3) ---------------------------------------------------------------
+
+    def set_topic_consumer(self, topic: str, consumer_id: str, *, enabled: bool = True,
+                           description: str | None = None, updated_by: str | None = None) -> dict:
+        """Create or update one (topic, consumerId) configuration; returns it."""
+        check_topic(topic)
+        check_consumer_id(consumer_id)
+        if not isinstance(enabled, bool):
+            raise EnvelopeValidationError.from_errors("topic consumer", [{"name": "enabled", "msg": "must be true or false"}])
+        if description is not None and (not isinstance(description, str) or len(description) > 500):
+            raise EnvelopeValidationError.from_errors(
+                "topic consumer", [{"name": "description", "msg": "must be text of at most 500 characters"}])
+        doc = self.store.set_topic_consumer(topic, consumer_id, enabled=enabled, description=description,
+                                            updated_by=updated_by)
+        return document_to_json(doc)
+
+    def topic_consumers(self, *, topic: str | None = None, consumer_id: str | None = None) -> list[dict]:
+        return [document_to_json(d) for d in self.store.list_topic_consumers(topic=topic, consumer_id=consumer_id)]
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+_bus: EventBus | None = None
+_bus_lock = threading.Lock()
+
+
+def get_bus() -> EventBus:
+    """The process's bus, built from the ``WOW`` settings on first use."""
+    global _bus
+    if _bus is None:
+        with _bus_lock:
+            if _bus is None:
+                from wow_django import stores
+                from wow_django.mongo import database_name, get_connection
+
+                store = BusStore(get_connection(), database_name("BUS"), schema_guard=stores.schema_guard(),
+                                 max_time_ms=wow_settings.MONGO_MAX_TIME_MS)
+                transport = BusTransport(wow_settings.BUS_TRANSPORT_URL, wow_settings.BUS_EXCHANGE,
+                                         timeout=wow_settings.BUS_PUBLISH_TIMEOUT_S)
+                _bus = EventBus(
+                    store, transport,
+                    service_name=wow_settings.SERVICE_NAME or wow_settings.CONTEXT_NAME,
+                    relay_after_s=wow_settings.BUS_RELAY_AFTER_S,
+                    repush_timeout_s=wow_settings.BUS_REPUSH_TIMEOUT_S,
+                    repush_max_count=wow_settings.BUS_REPUSH_MAX_COUNT,
+                )
+    return _bus
+
+
+@on_reload
+def reset_bus() -> None:
+    global _bus
+    with _bus_lock:
+        if _bus is not None:
+            _bus.close()
+        _bus = None

@@ -1,0 +1,163 @@
+"""Moving envelopes through a broker with kombu.
+
+- One durable **topic exchange** (``WOW['BUS_EXCHANGE']``); the routing key is
+  the event's topic.
+- One durable **queue per consumer**, ``{exchange}.{consumerId}``, bound to each
+  of its topics. Before publishing, the publisher declares the queue and
+  binding of every expected consumer, so an event is never routed to nowhere
+  because a consumer's worker has not started yet.
+- Messages are **persistent** (delivery mode 2) and, on AMQP, **confirmed**
+  by the broker (``confirm_publish``): :meth:`BusTransport.publish` returns
+  only once the broker has the message, and raises
+  :class:`~wow_django.bus.errors.TransportUnavailable` otherwise.
+- A per-consumer re-push goes straight to that consumer's queue through the
+  default exchange.
+
+``memory://`` (the embedded default) works within one process, between threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections.abc import Iterable
+
+from kombu import Connection, Exchange, Producer, Queue, binding
+
+from wow_django.bus.errors import TransportUnavailable
+
+logger = logging.getLogger("wow_django.bus.transport")
+
+PERSISTENT = 2
+CONTENT_TYPE = "application/json"
+TARGET_HEADER = "wow-target-consumer"
+POOL_SIZE = 8
+DEFAULT_EXCHANGE = Exchange("")
+
+
+def queue_name(exchange: str, consumer_id: str) -> str:
+    return f"{exchange}.{consumer_id}"
+
+
+class _Publisher:
+    """One connection, channel and producer; used by one thread at a time."""
+
+    def __init__(self, transport: BusTransport):
+        self.connection = transport.new_connection()
+        # One try, no sleeping retries: a send must not hang while the broker is down.
+        self.connection.ensure_connection(max_retries=0, timeout=transport.timeout)
+        self.channel = self.connection.channel()
+        self.producer = Producer(self.channel, exchange=transport.exchange, serializer="json")
+        self.declared: set = set()
+
+    def close(self) -> None:
+        try:
+            self.connection.release()
+        except Exception:  # closing a broken connection may fail too
+            logger.debug("closing a publisher connection failed", exc_info=True)
+
+
+class BusTransport:
+    def __init__(self, url: str, exchange_name: str, *, timeout: float = 5.0):
+        self.url = url
+        self.exchange_name = exchange_name
+        self.exchange = Exchange(exchange_name, type="topic", durable=True, delivery_mode=PERSISTENT)
+        self.timeout = timeout
+        self._idle: queue.LifoQueue[_Publisher] = queue.LifoQueue()
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def is_amqp(self) -> bool:
+        return self.url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
+
+    def new_connection(self) -> Connection:
+        options: dict = {}
+        if self.is_amqp:
+            options["confirm_publish"] = True
+        elif self.url.startswith("memory://"):
+            options["polling_interval"] = 0.01
+        return Connection(self.url, connect_timeout=self.timeout, transport_options=options,
+                          heartbeat=0)
+
+    def queue(self, consumer_id: str, topics: Iterable[str] = ()) -> Queue:
+        """The durable queue of ``consumer_id`` bound to ``topics`` on the bus exchange."""
+        bindings = [binding(self.exchange, routing_key=topic) for topic in sorted(set(topics))]
+        return Queue(queue_name(self.exchange_name, consumer_id), bindings=bindings or None, durable=True,
+                     auto_delete=False)
+
+    # --- publishing -----------------------------------------------------------------
+
+    def publish(self, message: dict, *, topic: str, consumers: Iterable[str], target: str | None = None) -> None:
+        """Publish one envelope (wire form); confirmed on AMQP.
+
+        ``consumers`` are declared and bound to ``topic`` first. With ``target``
+        the message goes only to that consumer's queue.
+        """
+        consumers = list(consumers)
+        body = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        publisher = self._acquire()
+        try:
+            self._declare(publisher, topic, consumers if target is None else [target])
+            headers = {"wow-topic": topic}
+            if target is not None:
+                headers[TARGET_HEADER] = target
+                # The default exchange routes by queue name: only this consumer's queue gets it.
+                exchange, routing_key = DEFAULT_EXCHANGE, queue_name(self.exchange_name, target)
+            else:
+                exchange, routing_key = self.exchange, topic
+            publisher.producer.publish(
+                body, exchange=exchange, routing_key=routing_key, content_type=CONTENT_TYPE,
+                content_encoding="utf-8", delivery_mode=PERSISTENT, message_id=message.get("eventId"),
+                headers=headers, retry=False, timeout=self.timeout, confirm_timeout=self.timeout,
+            )
+        except Exception as exc:
+            publisher.close()
+            raise TransportUnavailable(
+                f"publishing {message.get('eventId')!r} to {self.exchange_name!r} failed "
+                f"({type(exc).__name__}: {exc}); the event stays stored and the relay retries it"
+            ) from exc
+        self._release(publisher)
+
+    def _declare(self, publisher: _Publisher, topic: str, consumers: list[str]) -> None:
+        if "exchange" not in publisher.declared:
+            self.exchange(publisher.channel).declare()
+            publisher.declared.add("exchange")
+        for consumer in consumers:
+            key = (consumer, topic)
+            if key in publisher.declared:
+                continue
+            self.queue(consumer, [topic])(publisher.channel).declare()
+            publisher.declared.add(key)
+
+    def _acquire(self) -> _Publisher:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            return _Publisher(self)
+        except Exception as exc:
+            raise TransportUnavailable(
+                f"cannot connect to the bus broker ({type(exc).__name__}: {exc}); the event stays stored "
+                "and the relay retries it"
+            ) from exc
+
+    def _release(self, publisher: _Publisher) -> None:
+        with self._lock:
+            keep = not self._closed and self._idle.qsize() < POOL_SIZE
+        if keep:
+            self._idle.put(publisher)
+        else:
+            publisher.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
