@@ -912,3 +912,17 @@ def test_sort_arrays_by_smallest_ascending_and_largest_descending():
     descending = sort_documents(docs, (SortField(field="v", direction=Direction.DESC),))
     assert [d["_id"] for d in ascending] == ["c", "d", "a", "b"]
     assert [d["_id"] for d in descending] == ["a", "b", "d", "c"]
+
+
+@pytest.mark.parametrize(("value", "rule"), [
+    ({"a\x00b": 1}, "keys may not contain the NUL character"),
+    ({"n": 2**63}, "integers must fit in 64 bits"),
+    ([-(2**63) - 1], "integers must fit in 64 bits"),
+])
+def test_values_bson_cannot_encode_are_refused(value, rule):
+    with pytest.raises(QueryValidationError, match=rule):
+        parse_condition({"field": "state.x", "operator": "EQ", "value": value})
+
+
+def test_the_largest_64_bit_integers_are_accepted():
+    parse_condition({"field": "state.x", "operator": "IN", "value": [2**63 - 1, -(2**63)]})

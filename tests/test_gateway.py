@@ -351,3 +351,100 @@ def test_one_request_id_in_two_tenants_makes_two_aggregates(wow):
     with pytest.raises(AggregateNotFound):
         get_gateway().send(CancelOrder(reason="x"), aggregate_id=first.aggregate_id, request_id="shared",
                            tenant_id="tenant-b")
+
+
+class LandsThenFails:
+    """Wraps an event store: the first ``fail`` appends are stored, then raise a transient error."""
+
+    def __init__(self, inner, fail=1, unreadable=0):
+        self.inner, self.fail, self.unreadable = inner, fail, unreadable
+        self.appends = 0
+
+    def append(self, stream):
+        self.inner.append(stream)
+        self.appends += 1
+        if self.appends <= self.fail:
+            raise RecoverableStoreError("write concern timed out; the write may have applied")
+
+    def get_by_request_id(self, aggregate_id, request_id):
+        if self.unreadable > 0:
+            self.unreadable -= 1
+            raise RecoverableStoreError("no primary")
+        return self.inner.get_by_request_id(aggregate_id, request_id)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("request_id", [None, "reg-1"])
+@pytest.mark.parametrize("unreadable", [0, 1])
+def test_a_write_that_landed_before_a_transient_error_is_a_success(wow_memory, request_id, unreadable):
+    store = LandsThenFails(stores.event_store(), unreadable=unreadable)
+    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_backoff_ms=0)
+    result = gateway.send(RegisterCustomer(username="ada", display_name="Ada"), request_id=request_id)
+    assert result.succeeded and not result.duplicate and result.aggregate_version == 1
+    assert store.appends == 1  # never written twice
+    # The reservation belongs to the stored customer: a second 'ada' is refused.
+    assert stores.prepare_key("username").get("ada").value == result.aggregate_id
+    with pytest.raises(DomainError, match="taken"):
+        gateway.send(RegisterCustomer(username="ada", display_name="Other"))
+    gateway.close()
+
+
+def test_a_reservation_is_released_when_no_attempt_was_written(wow_memory):
+    store = FlakyStore(stores.event_store(), transient, fail=100)
+    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_limit=2,
+                             retry_backoff_ms=0)
+    with pytest.raises(RecoverableStoreError):
+        gateway.send(RegisterCustomer(username="grace", display_name="Grace"))
+    assert stores.prepare_key("username").get("grace") is None
+    gateway.close()
+    place_again = CommandGateway(stores.event_store(), stores.snapshot_store(), context_name="order-service")
+    assert place_again.send(RegisterCustomer(username="grace", display_name="Grace")).succeeded
+    place_again.close()
+
+
+def test_a_reservation_held_by_another_aggregate_is_never_released(wow_memory):
+    gateway = get_gateway()
+    gateway.send(RegisterCustomer(username="linus", display_name="L"), aggregate_id="cust-1")
+    # Same aggregate id and username again: the key is held by cust-1, the
+    # create fails, and the failure must not release cust-1's username.
+    with pytest.raises(DuplicateAggregateId):
+        gateway.send(RegisterCustomer(username="linus", display_name="L2"), aggregate_id="cust-1")
+    assert stores.prepare_key("username").get("linus").value == "cust-1"
+
+
+def test_two_gateways_on_one_store_conflict_and_retry(wow):
+    """Two gateways stand for two processes: their commands really conflict and are retried."""
+    store, snapshots = stores.event_store(), stores.snapshot_store()
+    gateways = [CommandGateway(store, snapshots, context_name="order-service", retry_limit=12,
+                               retry_backoff_ms=0.2) for _ in range(2)]
+    customer = gateways[0].send(RegisterCustomer(username="shared", display_name="s")).aggregate_id
+    conflicts = []
+    real_append = store.append
+
+    def counting_append(stream):
+        try:
+            real_append(stream)
+        except EventVersionConflict:
+            conflicts.append(stream.version)
+            raise
+
+    store.append = counting_append
+    try:
+        def worker(n):
+            gateway = gateways[n % 2]
+            for i in range(25):
+                gateway.send(ChangeDisplayName(display_name=f"{n}-{i}"), aggregate_id=customer)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        del store.append
+        for gateway in gateways:
+            gateway.close()
+    assert versions(customer, "customer") == list(range(1, 152))
+    assert conflicts, "the two gateways never conflicted: the retry path was not exercised"

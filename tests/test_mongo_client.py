@@ -106,3 +106,30 @@ def test_bad_database_setting_is_a_clear_error():
     with override_settings(WOW={"PREPARE_DATABASE": "a/b"}):
         with pytest.raises(ImproperlyConfigured, match=r"WOW\['PREPARE_DATABASE'\].*not a valid"):
             database_name("PREPARE")
+
+
+def test_stores_and_gateway_are_rebuilt_in_a_forked_child():
+    from django.test import override_settings
+
+    from wow_django import stores
+    from wow_django.gateway import get_gateway
+
+    uri = "mongodb://127.0.0.1:1/fork_stores?serverSelectionTimeoutMS=100"
+    with override_settings(WOW={"MONGO_URI": uri}):
+        parent_store, parent_gateway = stores.event_store(), get_gateway()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child_store = stores.event_store()
+                fresh = (child_store is not parent_store, get_gateway() is not parent_gateway,
+                         child_store.connection.client is not parent_store.connection.client)
+                os.write(write, b"".join(b"%d" % f for f in fresh))
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 3)
+        os.waitpid(pid, 0)
+        assert answer == b"111"
+        assert stores.event_store() is parent_store
+    disconnect(uri)

@@ -221,3 +221,43 @@ def test_wow_init_schema_refuses_another_contexts_database(wow, order_registered
         with pytest.raises(CommandError):
             call_command("wow_init_schema", stdout=StringIO(), stderr=err)
         assert "belongs to bounded context 'order-service'" in err.getvalue()
+
+
+def test_a_collection_created_concurrently_on_the_server_is_fine():
+    """Two processes creating one collection: the loser's NamespaceExists (48) is not an error."""
+    from pymongo.errors import OperationFailure
+
+    db = fresh_db()
+
+    class Racing:
+        name = db.name
+
+        def list_collection_names(self):
+            return []  # not there yet when this process looked
+
+        def create_collection(self, name):
+            db.create_collection(name)  # the other process wins...
+            raise OperationFailure("Collection already exists. NS: reconcile.order_snapshot", code=48)
+
+        def __getitem__(self, name):
+            return db[name]
+
+    report = reconcile_collection(Racing(), snapshot_spec("order"))
+    assert not report.problems
+    assert set(indexes(db["order_snapshot"])) == set(SNAPSHOT_INDEXES)
+
+
+def test_other_create_collection_failures_are_not_swallowed():
+    from pymongo.errors import OperationFailure
+
+    class Refusing:
+        name = "x"
+
+        def list_collection_names(self):
+            return []
+
+        def create_collection(self, name):
+            raise OperationFailure("not authorized on x to execute command", code=13)
+
+    with pytest.raises(OperationFailure, match="not authorized"):
+        reconcile_collection(Refusing(), snapshot_spec("order"))

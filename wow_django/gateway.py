@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
+import os
 import random
 import threading
 import time
@@ -324,12 +325,15 @@ class CommandGateway:
         if delay_ms > 0:
             time.sleep(min(delay_ms, 2_000) / 1000.0)
 
-    def _duplicate(self, message: CommandMessage, wait: WaitStage) -> CommandResult | None:
+    def _stored(self, message: CommandMessage, wait: WaitStage) -> CommandResult | None:
+        """The result of this request if its events are already stored (by an earlier request or attempt)."""
         key = AggregateId(message.aggregate_name, message.aggregate_id, self.context_name, message.tenant_id)
         original = self.event_store.get_by_request_id(key, message.request_id)
         if original is None or original.aggregate_id.tenant_id != message.tenant_id:
             return None  # another tenant's command is never answered with, nor revealed
-        return self._result(message, original.version, wait, [e.name for e in original.body], duplicate=True)
+        # Our own earlier attempt (same command id) is this command's first result, not a repeat.
+        return self._result(message, original.version, wait, [e.name for e in original.body],
+                            duplicate=original.command_id != message.command_id)
 
     # --- the command's life -------------------------------------------------------
 
@@ -337,6 +341,15 @@ class CommandGateway:
                  timeout: float | None) -> CommandResult:
         lock = self._lock((cls.aggregate_name, message.aggregate_id))
         attempt = 0
+        # Compensations of attempts whose outcome is unknown (a transient error
+        # after the write may have landed): run only once we know it did not.
+        carried: list = []
+
+        def give_up(ctx: CommandContext) -> None:
+            ctx.compensate()
+            while carried:
+                carried.pop()()
+
         while True:
             ctx = CommandContext(
                 command_id=message.command_id, request_id=message.request_id, aggregate_id=message.aggregate_id,
@@ -348,35 +361,44 @@ class CommandGateway:
                 # dispatch-submit; other processes are kept apart by the
                 # version index and retried below.
                 with lock:
-                    if message.request_id_given:
-                        duplicate = self._duplicate(message, wait)
-                        if duplicate is not None:
-                            return duplicate
+                    if message.request_id_given or carried:
+                        stored = self._stored(message, wait)
+                        if stored is not None:
+                            return stored
                     stream, tracker = self._attempt(cls, command, message, ctx)
                 break
-            except DuplicateRequestId:
-                ctx.compensate()
-                duplicate = self._duplicate(message, wait)
-                if duplicate is not None:
-                    return duplicate
+            except (DuplicateRequestId, DuplicateAggregateId):
+                stored = self._stored(message, wait)
+                if stored is not None:
+                    return stored  # its reservations belong to the stored events: keep them
+                give_up(ctx)
                 raise
-            except DuplicateAggregateId:
-                ctx.compensate()
-                if message.request_id_given:
-                    duplicate = self._duplicate(message, wait)
-                    if duplicate is not None:
-                        return duplicate
-                raise
-            except (EventVersionConflict, RecoverableStoreError) as exc:
+            except RecoverableStoreError as exc:
+                try:
+                    stored = self._stored(message, wait)
+                except RecoverableStoreError:
+                    carried.extend(ctx.take_compensations())  # outcome unknown: keep what was reserved
+                else:
+                    if stored is not None:
+                        return stored  # the write had landed before the error
+                    ctx.compensate()
+                if attempt >= self.retry_limit:
+                    logger.warning("%s on %s %r: giving up after %d retries", type(exc).__name__,
+                                   cls.aggregate_name, message.aggregate_id, attempt)
+                    raise  # carried reservations stay: the write may have landed
+                self._backoff(attempt)
+                attempt += 1
+            except EventVersionConflict as exc:
                 ctx.compensate()
                 if attempt >= self.retry_limit:
                     logger.warning("%s on %s %r: giving up after %d retries", type(exc).__name__,
                                    cls.aggregate_name, message.aggregate_id, attempt)
+                    give_up(ctx)
                     raise
                 self._backoff(attempt)
                 attempt += 1
             except BaseException:
-                ctx.compensate()
+                give_up(ctx)
                 raise
         return self._wait(message, stream, tracker, wait, timeout)
 
@@ -503,6 +525,16 @@ def get_gateway() -> CommandGateway:
                     snapshot_mode=wow_settings.SNAPSHOT_MODE,
                 )
     return _gateway
+
+
+def _forget_gateway_after_fork() -> None:
+    global _gateway, _gateway_lock
+    _gateway_lock = threading.Lock()
+    _gateway = None  # the parent's, with the parent's stores: the child builds its own
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_gateway_after_fork)
 
 
 @on_reload

@@ -6,6 +6,7 @@ instance per process; changing ``WOW`` (``override_settings``) discards them.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from wow_django.conf import on_reload, wow_settings
@@ -105,6 +106,22 @@ def snapshot_store() -> SnapshotStore:
 
 def prepare_key(name: str) -> PrepareKey:
     return _get(("prepare_key", name), lambda: _build_prepare_key(name))
+
+
+def _forget_after_fork() -> None:
+    """In a forked child (Celery prefork), drop the parent's stores without closing them.
+
+    They hold the parent's clients and threads; the child builds its own on
+    first use (``connect`` hands out fresh server clients after fork).
+    """
+    global _lock, _schema_guard
+    _lock = threading.RLock()
+    _instances.clear()
+    _schema_guard = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @on_reload

@@ -21,7 +21,8 @@ from wow_django.exceptions import CommandError, EventVersionConflict, Recoverabl
 
 logger = logging.getLogger("wow_django.tasks")
 
-SNAPSHOT_PENDING_TTL_S = 300
+# How long a pending-snapshot marker lives: the bound on snapshot lag if a task is lost.
+SNAPSHOT_PENDING_TTL_S = 60
 RETRY = {"autoretry_for": (RecoverableStoreError,), "retry_backoff": True, "retry_backoff_max": 60,
          "retry_jitter": True, "max_retries": 5}
 

@@ -73,7 +73,8 @@ def publish_purchase(message) -> None:
     """``order_paid`` → ``order.purchased``."""
     from wow_django.gateway import get_gateway
 
-    order = get_gateway().repository.load(Order, message.aggregate_id.id)
+    # The order as of this event, not as of now.
+    order = get_gateway().repository.load(Order, message.aggregate_id.id, tail_version=message.version)
     state = order.state if order is not None else None
     event: OrderPaid = message.event
     header = message.header or {}

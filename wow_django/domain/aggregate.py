@@ -134,17 +134,29 @@ class CommandContext:
         self._compensations.append(fn)
 
     def prepare(self, name: str, key: str, value: Any, ttl=None) -> bool:
+        """Reserve ``key`` for ``value``; ``False`` when another value holds it.
+
+        A key this same value already holds (an earlier attempt of this
+        command) counts as reserved; only a reservation made here is released
+        on failure.
+        """
         from wow_django.stores import prepare_key
 
         keys = prepare_key(name)
-        if not keys.prepare(key, value, ttl):
-            return False
-        self.on_failure(lambda: keys.rollback(key, value))
-        return True
+        if keys.prepare(key, value, ttl):
+            self.on_failure(lambda: keys.rollback(key, value))
+            return True
+        held = keys.get(key)
+        return held is not None and held.value == value
 
     def compensate(self) -> None:
         while self._compensations:
             self._compensations.pop()()
+
+    def take_compensations(self) -> list[Callable[[], Any]]:
+        """Hand over the pending compensations (the caller runs them later, or never)."""
+        taken, self._compensations = self._compensations, []
+        return taken
 
 
 _aggregates_lock = threading.Lock()

@@ -18,6 +18,7 @@ from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
 from wow_django.mongo.errors import recoverable_errors
 
 METADATA_COLLECTION = "wow_database_metadata"
+NAMESPACE_EXISTS = 48  # server error code when a collection is created twice
 OWNERSHIP_ID = "bounded_context"
 
 
@@ -176,7 +177,11 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
             try:
                 database.create_collection(spec.name)
             except pymongo_errors.CollectionInvalid:
-                pass  # created concurrently by another process
+                pass  # the driver saw it exists: created concurrently by another process
+            except pymongo_errors.OperationFailure as exc:
+                if exc.code != NAMESPACE_EXISTS:
+                    raise
+                # the server saw it exists: another process won the race
             report.add(db_name, spec.name, "collection", "created")
     else:
         report.add(db_name, spec.name, "collection", "verified")

@@ -564,6 +564,8 @@ class _ConditionParser:
                         f"key {key!r}: keys starting with '$' are not allowed inside values (they would act as "
                         "MongoDB operators); use the condition's operator instead",
                     )
+                if "\x00" in key:
+                    raise _fail(path, f"key {key!r}: keys may not contain the NUL character")
                 self._json(item, _join(path, key), depth=depth + 1)
         elif isinstance(value, list | tuple):
             if len(value) > MAX_LIST_SIZE:
@@ -573,7 +575,10 @@ class _ConditionParser:
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise _fail(path, "numbers must be finite (no NaN or Infinity)")
-        elif value is not None and not isinstance(value, str | int | bool):
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -(2**63) <= value < 2**63:
+                raise _fail(path, "integers must fit in 64 bits")
+        elif value is not None and not isinstance(value, str | bool):
             raise _fail(path, f"values must be JSON (got {type(value).__name__})")
 
     def _raw(self, raw: Any, path: str, node_path: str) -> dict:

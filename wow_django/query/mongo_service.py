@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bson import Binary, Decimal128, ObjectId
+from bson import errors as bson_errors
 from pymongo import errors as pymongo_errors
 
 from wow_django.mongo.errors import recoverable_errors
@@ -91,6 +92,9 @@ class MongoQueryService(QueryService):
             if not self.connection.embedded:
                 raise
             raise QueryValidationError("", f"the embedded engine (mongomock) cannot run this query: {exc}") from exc
+        except (bson_errors.BSONError, OverflowError) as exc:
+            # A backstop: the parser refuses what BSON cannot encode, but the driver has the last word.
+            raise QueryValidationError("", f"the query cannot be encoded for MongoDB: {exc}") from exc
 
     def _fetch(self, collection, filter_: dict, projection: dict | None, sort: list, skip: int, limit: int) -> list[dict]:
         with self._reading(collection):

@@ -22,6 +22,7 @@ from sample_project.orders.aggregates import (
     RegisterCustomer,
     ShipOrder,
 )
+from sample_project.orders.integration import configure_topic_consumers
 from wow_django.exceptions import DomainError
 from wow_django.gateway import WaitStage, get_gateway
 
@@ -46,6 +47,8 @@ class Command(BaseCommand):
         rng = random.Random(seed)
         gateway = get_gateway()
         write = self.stdout.write
+        # Paid orders publish order.purchased: its consumers must be configured first.
+        configure_topic_consumers()
 
         write(self.style.MIGRATE_HEADING("Customers (unique usernames through PrepareKey)"))
         customers = []
