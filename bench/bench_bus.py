@@ -7,22 +7,34 @@ In one run, with the same envelopes (``--events`` of them, sent from
   durable topic exchange bound to two durable queues; two consumer threads
   receive and acknowledge every message. Events/s = events / time until both
   queues are drained.
-- **wow_django bus**: ``send`` (validate, store PENDING with two pending
-  feedback rows, publish confirmed, mark SENT); two ``ConsumerWorker``s with
-  no-op handlers (inbox claim, handler, inbox done, feedback row); each
-  feedback queues the rollup, which writes CONSUMED. Events/s = events / time
-  until every event is CONSUMED.
+- **wow_django bus**, once per bus store and rollup mode: ``send`` (validate, store PENDING
+  with two pending feedback rows, publish confirmed, mark SENT); two
+  ``ConsumerWorker``s with no-op handlers (inbox claim, handler, inbox done,
+  feedback row); each feedback queues the rollup, which writes CONSUMED.
+  Events/s = events / time until every event is CONSUMED.
 
-The rollup runs on a Celery worker thread serving the rollup queue on Redis
-(``--rollup worker``, the production shape) or inline (``--rollup eager``).
-Bus records are on the embedded engine (``mongomock://``) unless ``--mongo``
-(or ``WOW_TEST_MONGO_URI``) names a real MongoDB. The embedded engine has no
-indexes: every query and every unique check scans its collection, in Python,
-so the bus side slows down as the run grows and its figure measures the
-engine more than the bus. Everything runs in this one process.
+Bus stores (``--store``, repeatable; default: both):
+
+- ``memory``: the in-memory bus store (``WOW['BUS_STORE'] = "in_memory"``);
+- ``mongomock``: the Mongo bus store on the embedded engine (``mongomock://``),
+  or on the MongoDB that ``--mongo`` (or ``WOW_TEST_MONGO_URI``) names. The
+  embedded engine has no indexes: every query and every unique check scans
+  its collection, in Python, so this variant slows down as the run grows and
+  its figure measures the engine more than the bus.
+
+The rollup (``--rollup``, repeatable) runs on a Celery worker thread serving
+the rollup queue on Redis (``worker``: one task per feedback, the production
+shape) or inline in the consumer (``eager``: Celery's ``task_always_eager``,
+what the sample project uses with stores that live in one process). By default
+the in-memory store is measured both ways and the Mongo store with ``worker``.
+Everything runs in this one process, so the Celery worker thread shares the
+interpreter with the senders and consumers. ``--profile FILE`` samples every
+thread of the first in-memory run and writes the hottest functions to FILE.
 
     python bench/bench_bus.py
+    python bench/bench_bus.py --store memory --events 5000
     python bench/bench_bus.py --events 2000 --senders 4 --rollup eager
+    python bench/bench_bus.py --mongo mongodb://127.0.0.1:27017 --store mongomock
     python bench/bench_bus.py --amqp amqp://guest:guest@127.0.0.1:5672// --redis redis://127.0.0.1:6379/14
 """
 
@@ -35,6 +47,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -55,6 +68,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue, binding  # no
 
 from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread  # noqa: E402
 from wow_django.bus.envelope import build_envelope  # noqa: E402
+from wow_django.bus.store import BusStore, EventQuery  # noqa: E402
 from wow_django.bus.testing import delete_amqp_entities  # noqa: E402
 from wow_django.mongo.client import disconnect  # noqa: E402
 
@@ -140,12 +154,84 @@ def bare_kombu(url: str, messages: list[dict], senders: int) -> float:
 # --- the bus ----------------------------------------------------------------------------------
 
 
+class StoreMeter:
+    """Counts and times the operations of a bus store (its abstract methods; on this instance only)."""
+
+    def __init__(self, store):
+        self.calls = 0
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+        for name in sorted(BusStore.__abstractmethods__):
+            setattr(store, name, self._timed(getattr(store, name)))
+
+    def _timed(self, method):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - started
+                with self._lock:
+                    self.calls += 1
+                    self.seconds += elapsed
+
+        return timed
+
+
+class Sampler:
+    """A sampling profiler of every thread: the innermost frames seen most often, and what is on the stack."""
+
+    def __init__(self, interval: float = 0.001):
+        self.interval = interval
+        self.own: Counter = Counter()
+        self.total: Counter = Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bench-sampler")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                self.samples += 1
+                seen = set()
+                top = True
+                while frame is not None:
+                    code = frame.f_code
+                    key = f"{code.co_filename.split('site-packages/')[-1]}:{code.co_firstlineno} {code.co_name}"
+                    if top:
+                        self.own[key] += 1
+                        top = False
+                    if key not in seen:
+                        seen.add(key)
+                        self.total[key] += 1
+                    frame = frame.f_back
+
+    def report(self, limit: int = 60) -> str:
+        lines = [f"{self.samples} samples of every thread (idle waits included)", "", "own (innermost frame):"]
+        lines += [f"{n:7d}  {key}" for key, n in self.own.most_common(limit)]
+        lines += ["", "total (on the stack):"]
+        lines += [f"{n:7d}  {key}" for key, n in self.total.most_common(limit * 2)]
+        return "\n".join(lines)
+
+
 def bus_end_to_end(url: str, messages: list[dict], senders: int, rollup: str, redis_url: str,
-                   mongo: str) -> tuple[float, dict]:
+                   store: str, mongo: str, profile: str | None = None) -> tuple[float, dict]:
     exchange = f"bench.bus.{uuid.uuid4().hex[:8]}"
     rollup_queue = f"{exchange}.rollup"
     database = f"bench_bus_{uuid.uuid4().hex[:8]}"
     wow = {"CONTEXT_NAME": "bench", "MONGO_URI": mongo, "BUS_DATABASE": database,
+           "BUS_STORE": "in_memory" if store == "memory" else "mongo",
            "BUS_TRANSPORT_URL": url, "BUS_EXCHANGE": exchange, "BUS_ROLLUP_QUEUE": rollup_queue}
     from wow_django.bus import tasks  # noqa: F401  (registers the bus tasks with the app below)
 
@@ -157,22 +243,13 @@ def bus_end_to_end(url: str, messages: list[dict], senders: int, rollup: str, re
     for consumer_id in CONSUMERS:
         consumer(consumer_id, topics=[TOPIC])(lambda event, ctx: None)
     worker_context = None
+    sampler = Sampler() if profile else None
     with override_settings(WOW=wow):
         try:
             bus = get_bus()
             for consumer_id in CONSUMERS:
                 bus.set_topic_consumer(TOPIC, consumer_id)
-            store_time, store_calls, store_run = [0.0], [0], bus.store.run
-
-            def timed_run(collection, action, fn):
-                started = time.perf_counter()
-                try:
-                    return store_run(collection, action, fn)
-                finally:
-                    store_time[0] += time.perf_counter() - started
-                    store_calls[0] += 1
-
-            bus.store.run = timed_run
+            meter = StoreMeter(bus.store)
             if rollup == "worker":
                 from celery.contrib.testing.worker import start_worker
 
@@ -188,40 +265,49 @@ def bus_end_to_end(url: str, messages: list[dict], senders: int, rollup: str, re
                     if result.status is None:
                         raise RuntimeError(result)
 
+            consumed_query = EventQuery(status="CONSUMED")
+            if sampler is not None:
+                sampler.__enter__()
             started = time.perf_counter()
             sender_threads = [threading.Thread(target=send, args=(chunk,)) for chunk in split(messages, senders)]
             for thread in sender_threads:
                 thread.start()
             for thread in sender_threads:
                 thread.join()
-            deadline = time.monotonic() + float(os.environ.get('BENCH_BUS_TIMEOUT', 600))
+            deadline = time.monotonic() + float(os.environ.get("BENCH_BUS_TIMEOUT", 600))
             consumed = 0
             while time.monotonic() < deadline:
-                consumed = bus.store.events.count_documents({"status": "CONSUMED"})
+                consumed = bus.store.count_events(consumed_query)
                 if consumed == len(messages):
                     break
-                time.sleep(0.05)
+                # The in-memory store counts by status from an index; the embedded engine scans every event.
+                time.sleep(0.005 if store == "memory" else 0.05)
             elapsed = time.perf_counter() - started
+            if sampler is not None:
+                sampler.__exit__(None, None, None)
+                with open(profile, "w") as out:
+                    out.write(sampler.report() + "\n")
             for worker in workers:
                 worker.stop()
             for thread in threads:
                 thread.join(30)
             if consumed != len(messages):
-                statuses = {s: bus.store.events.count_documents({"status": s})
+                statuses = {s: bus.store.count_events(EventQuery(status=s))
                             for s in ("PENDING", "SENT", "CONSUMED", "PARTIAL", "FAILED")}
                 raise RuntimeError(f"bus: {consumed} of {len(messages)} events CONSUMED: {statuses}, "
                                    f"consumers {[w.stats.to_json() for w in workers]}")
             stats = {w.consumer_id: w.stats.to_json() for w in workers}
-            stats["store"] = {"calls_per_event": round(store_calls[0] / len(messages), 1),
-                              "mean_call_ms": round(1000 * store_time[0] / max(store_calls[0], 1), 3)}
+            stats["store"] = {"calls_per_event": round(meter.calls / len(messages), 1),
+                              "mean_call_ms": round(1000 * meter.seconds / max(meter.calls, 1), 3)}
         finally:
             if worker_context is not None:
                 worker_context.__exit__(None, None, None)
             delete_amqp_entities(url, exchange, CONSUMERS)
-            from wow_django.mongo import get_connection
+            if store != "memory":
+                from wow_django.mongo import get_connection
 
-            get_connection().client.drop_database(database)
-            disconnect(wow["MONGO_URI"])
+                get_connection().client.drop_database(database)
+                disconnect(wow["MONGO_URI"])
     return elapsed, stats
 
 
@@ -229,25 +315,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1000)
     parser.add_argument("--senders", type=int, default=4)
-    parser.add_argument("--rollup", choices=("worker", "eager"), default="worker")
+    parser.add_argument("--rollup", action="append", choices=("worker", "eager"),
+                        help="where the rollup runs (default: worker and eager for the in-memory store, worker for "
+                             "the Mongo store)")
+    parser.add_argument("--store", action="append", choices=("memory", "mongomock"),
+                        help="the bus store(s) to measure, in this order (default: memory, then mongomock)")
     parser.add_argument("--amqp", default=os.environ.get("WOW_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"))
     parser.add_argument("--redis", default=os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--mongo", default=os.environ.get("WOW_TEST_MONGO_URI", "mongomock://localhost/bench"),
-                        help="where the bus records go: the embedded engine (default) or a real MongoDB "
-                             "(a database bench_bus_* is created and dropped)")
+                        help="where the Mongo bus store keeps its records: the embedded engine (default) or a "
+                             "real MongoDB (a database bench_bus_* is created and dropped)")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="sample every thread during the in-memory bus run and write the hottest functions here")
     args = parser.parse_args()
 
+    stores = args.store or ["memory", "mongomock"]
+    runs = [(store, rollup) for store in stores
+            for rollup in args.rollup or (["worker", "eager"] if store == "memory" else ["worker"])]
     messages = envelopes(args.events)
-    bus_rate_input = [dict(m) for m in messages]
     bare = bare_kombu(args.amqp, messages, args.senders)
-    bus, stats = bus_end_to_end(args.amqp, bus_rate_input, args.senders, args.rollup, args.redis, args.mongo)
-    bare_rate, bus_rate = args.events / bare, args.events / bus
-    print(f"events={args.events} senders={args.senders} consumers={len(CONSUMERS)} rollup={args.rollup} "
-          f"broker={args.amqp.split('@')[-1]} bus records={args.mongo.split('://')[0]}://")
-    print(f"bare kombu (publish confirmed → 2 queues → ack):           {bare_rate:9.1f} events/s  ({bare:.2f} s)")
-    print(f"wow_django bus (send → 2 consumers → feedback → CONSUMED): {bus_rate:9.1f} events/s  ({bus:.2f} s)")
-    print(f"ratio bus / bare: {bus_rate / bare_rate:.2f}  (goal ≥ 0.50)")
-    print(f"consumer stats: {json.dumps(stats)}")
+    bare_rate = args.events / bare
+    mongo_label = f"Mongo store on {args.mongo.split('://')[0]}://"
+    labels = {"memory": "in-memory store", "mongomock": mongo_label}
+    rollups = {"worker": "rollup on a Celery worker", "eager": "rollup inline"}
+    print(f"events={args.events} senders={args.senders} consumers={len(CONSUMERS)} "
+          f"broker={args.amqp.split('@')[-1]} celery broker={args.redis.split('@')[-1]}")
+    print("send → both consumers handle → feedback → rollup to CONSUMED; goal: ratio to bare ≥ 0.50")
+    print(f"{'bare kombu (publish confirmed → 2 queues → ack)':58} {bare_rate:8.1f} events/s  ({bare:6.2f} s)")
+    profile = args.profile
+    for store, rollup in runs:
+        elapsed, stats = bus_end_to_end(args.amqp, [dict(m) for m in messages], args.senders, rollup,
+                                        args.redis, store, args.mongo, profile=profile if store == "memory" else None)
+        if store == "memory":
+            profile = None
+        rate = args.events / elapsed
+        name = f"bus, {labels[store]}, {rollups[rollup]}"
+        print(f"{name:58} {rate:8.1f} events/s  ({elapsed:6.2f} s)  ratio {rate / bare_rate:.2f}")
+        print(f"    stats: {json.dumps(stats)}")
 
 
 if __name__ == "__main__":

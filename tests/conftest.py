@@ -25,6 +25,12 @@ def wow(request):
     disconnect(settings["MONGO_URI"])
 
 
+@pytest.fixture(params=["mongo", "in_memory"])
+def bus_store(request):
+    """WOW['BUS_STORE'] of a bus test: the Mongo store (on mongomock://) and the in-memory store."""
+    return request.param
+
+
 @pytest.fixture
 def wow_memory():
     settings = fresh_wow("in_memory")

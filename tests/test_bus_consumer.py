@@ -1,5 +1,5 @@
-"""The consumer SDK on the in-process transport: handling, inbox, retries, dead letters, ordering,
-children in the trace, and the wow_consume command."""
+"""The consumer SDK on the in-process transport and each bus store: handling, inbox, retries, dead letters,
+ordering, children in the trace, and the wow_consume command."""
 
 from __future__ import annotations
 
@@ -56,13 +56,19 @@ def recorder():
     unregister_consumer(BETA)
 
 
+def configure_consumers():
+    bus = get_bus()
+    for consumer_id in (ALPHA, BETA):
+        bus.set_topic_consumer(TOPIC, consumer_id)
+    return bus
+
+
 @pytest.fixture
-def bus_env():
-    settings = fresh_wow("mongo", SERVICE_NAME="shop", BUS_EXCHANGE=unique_exchange(), BUS_CONSUMER_BACKOFF_S=0.05)
+def bus_env(bus_store):
+    settings = fresh_wow("mongo", SERVICE_NAME="shop", BUS_EXCHANGE=unique_exchange(), BUS_CONSUMER_BACKOFF_S=0.05,
+                         BUS_STORE=bus_store)
     with override_settings(WOW=settings):
-        bus = get_bus()
-        for consumer_id in (ALPHA, BETA):
-            bus.set_topic_consumer(TOPIC, consumer_id)
+        configure_consumers()
         yield settings
         delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], (ALPHA, BETA, "t-gamma", "t-child"))
     disconnect(settings["MONGO_URI"])
@@ -331,16 +337,17 @@ def test_the_relay_and_repush_celery_tasks(bus_env, recorder, monkeypatch):
     from wow_django.bus.errors import RepushRefused, TransportUnavailable
     from wow_django.bus.tasks import relay_pending, repush_event
 
-    bus = get_bus()
-    publish = bus.transport.publish
-
     def down(*args, **kwargs):
         raise TransportUnavailable("down (test)")
 
-    monkeypatch.setattr(bus.transport, "publish", down)
-    bus.send(TOPIC, {}, event_id="evt-task")
-    monkeypatch.setattr(bus.transport, "publish", publish)
+    # Settings first: changing them discards the process's bus (and an in-memory store with its records).
     with override_settings(WOW={**bus_env, "BUS_RELAY_AFTER_S": 0.001}):
+        bus = configure_consumers()
+        publish = bus.transport.publish
+        monkeypatch.setattr(bus.transport, "publish", down)
+        bus.send(TOPIC, {}, event_id="evt-task")
+        monkeypatch.setattr(bus.transport, "publish", publish)
+        assert bus.store.get_event("evt-task")["status"] == "PENDING"
         time.sleep(0.01)
         # .run(): the task's body, without Celery caching a broker pool or result backend on the app
         assert relay_pending.run() == {"published": ["evt-task"], "failed": []}

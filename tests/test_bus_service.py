@@ -1,5 +1,5 @@
-"""The bus on the embedded engine and the in-process transport: send, relay, feedback, rollup, re-push,
-trace, listing, topic consumers, inbox, sequences and the pinned index names."""
+"""The bus on each bus store (Mongo on the embedded engine, in memory) and the in-process transport: send,
+relay, feedback, rollup, re-push, trace, listing, topic consumers, inbox, sequences, and the pinned index names."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from wow_django.bus import (
     TransportUnavailable,
     get_bus,
 )
+from wow_django.bus import service as bus_service
 from wow_django.bus.envelope import utcnow
 from wow_django.bus.inbox import BUSY, CLAIMED, DONE, Inbox
 from wow_django.bus.testing import delete_amqp_entities, take_messages, unique_exchange
@@ -33,13 +34,14 @@ from .conftest import fresh_wow
 CONSUMERS = ("member-service", "message-service")
 
 
-def bus_settings(**extra) -> dict:
-    return fresh_wow("mongo", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(), **extra)
+def bus_settings(bus_store: str, **extra) -> dict:
+    return fresh_wow("mongo", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(), BUS_STORE=bus_store,
+                     **extra)
 
 
 @pytest.fixture
-def bus_env():
-    settings = bus_settings()
+def bus_env(bus_store):
+    settings = bus_settings(bus_store)
     with override_settings(WOW=settings):
         yield settings
         delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS + ("other-service",))
@@ -62,10 +64,6 @@ def rows(bus, event_id):
     return bus.store.consumption_rows([event_id])
 
 
-def count(collection):
-    return collection.count_documents({})
-
-
 # --- send ----------------------------------------------------------------------------
 
 
@@ -79,7 +77,7 @@ def test_send_with_no_enabled_consumer_logs_an_error_and_stores_and_publishes_no
         unknown = bus.send("never.configured", {})
     assert (result.status, result.stored, unknown.stored) == (None, False, False)
     assert published == []
-    assert count(bus.store.events) == 0 and count(bus.store.consumptions) == 0
+    assert bus.store.count_events() == 0 and bus.store.count_consumptions() == 0
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2 and "'order.refunded' has no enabled consumer" in errors[0].getMessage()
     assert "evt-refund-1" in errors[0].getMessage()
@@ -119,7 +117,7 @@ def test_the_same_event_id_twice_keeps_one_record(bus, bus_env):
     first = bus.send("order.purchased", {"n": 1}, event_id="evt-dup")
     second = bus.send("order.purchased", {"n": 2}, event_id="evt-dup")
     assert (first.duplicate, second.duplicate, second.status) == (False, True, "SENT")
-    assert bus.store.events.count_documents({"eventId": "evt-dup"}) == 1
+    assert bus.store.count_events() == 1
     assert bus.store.get_event("evt-dup")["payload"] == {"n": 1}
     assert len(rows(bus, "evt-dup")) == 2
     assert len(messages(bus_env, "member-service")) == 1
@@ -131,7 +129,7 @@ def test_an_invalid_envelope_raises_and_stores_nothing(bus):
     assert {e["name"] for e in caught.value.binding_errors} == {"topic", "payload", "sequence"}
     with pytest.raises(EnvelopeValidationError):
         bus.send_envelope({"topic": "order.purchased", "payload": {}, "status": "CONSUMED"})
-    assert count(bus.store.events) == 0 and count(bus.store.consumptions) == 0
+    assert bus.store.count_events() == 0 and bus.store.count_consumptions() == 0
 
 
 def test_broker_down_leaves_pending_with_the_error_and_the_relay_publishes_later(bus, bus_env, monkeypatch):
@@ -155,7 +153,7 @@ def test_broker_down_leaves_pending_with_the_error_and_the_relay_publishes_later
     assert bus.relay_pending(older_than_s=0).published == ()
 
 
-def test_the_relay_restores_pending_rows_lost_in_a_crash_and_leases_each_event(bus, bus_env):
+def test_the_relay_restores_pending_rows_lost_in_a_crash_and_leases_each_event(bus, bus_env, monkeypatch):
     now = utcnow()
     document = {"eventId": "evt-crash", "traceId": "trace-c", "spanId": "span-c", "parentEventId": None,
                 "topic": "order.purchased", "payload": {}, "payloadType": "application/json",
@@ -167,11 +165,11 @@ def test_the_relay_restores_pending_rows_lost_in_a_crash_and_leases_each_event(b
     assert bus.store.lease_for_relay("evt-crash", now, now + timedelta(seconds=60)) is not None
     assert bus.relay_pending().published == ()  # leased by another relay
     assert bus.store.lease_for_relay("evt-crash", now, now + timedelta(seconds=60)) is None
-    bus.store.events.update_one({"eventId": "evt-crash"}, {"$set": {"relayLeaseUntil": now}})  # lease over
+    monkeypatch.setattr(bus_service, "utcnow", lambda: now + timedelta(seconds=61))  # the lease is over
     assert bus.relay_pending().published == ("evt-crash",)
     assert [(r["consumerId"], r["attemptNo"]) for r in rows(bus, "evt-crash")] == [
         ("member-service", 0), ("message-service", 0)]
-    assert "relayLeaseUntil" not in bus.store.events.find_one({"eventId": "evt-crash"})
+    assert "relayLeaseUntil" not in bus.store.get_event("evt-crash")
 
 
 # --- feedback and rollup -----------------------------------------------------------------
@@ -181,18 +179,20 @@ def test_concurrent_feedback_gets_distinct_attempt_numbers(bus):
     bus.send("order.purchased", {}, event_id="evt-race")
     store = bus.store
     collisions = []
-    latest, taken = store.latest_consumption, store._attempt_taken
+    latest, insert = store.latest_consumption, store.insert_attempt
 
     def slow_latest(*args):
         found = latest(*args)
         time.sleep(0.001)  # widen the read → insert window so writers collide
         return found
 
-    def counting(*args):
-        collisions.append(args)
-        return taken(*args)
+    def counting(row):
+        inserted = insert(row)
+        if not inserted:  # the attempt number was taken
+            collisions.append(row["attemptNo"])
+        return inserted
 
-    store.latest_consumption, store._attempt_taken = slow_latest, counting
+    store.latest_consumption, store.insert_attempt = slow_latest, counting
     barrier = threading.Barrier(12)
     results, errors = [], []
 
@@ -211,7 +211,7 @@ def test_concurrent_feedback_gets_distinct_attempt_numbers(bus):
         thread.join(30)
     assert errors == []
     assert sorted(results) == list(range(1, 49))
-    assert collisions, "the writers never collided: the test did not exercise the unique index"
+    assert collisions, "the writers never collided: the test did not exercise the unique attempt number"
     numbers = [r["attemptNo"] for r in rows(bus, "evt-race") if r["consumerId"] == "member-service"]
     assert sorted(numbers) == list(range(0, 49))
 
@@ -230,6 +230,7 @@ def test_feedback_for_an_unknown_event_or_an_unexpected_consumer_stores_nothing(
 def test_rollup_writes_only_status_and_is_idempotent(bus):
     bus.send("order.purchased", {}, event_id="evt-roll")
     before = bus.store.get_event("evt-roll")
+    time.sleep(0.002)  # times are milliseconds: let statusAt move on
     bus.record_feedback("evt-roll", "member-service", True)
     assert bus.store.get_event("evt-roll")["status"] == "SENT"
     bus.record_feedback("evt-roll", "message-service", False, "template missing")
@@ -289,6 +290,7 @@ def test_repush_a_failed_event_to_every_consumer(bus, bus_env):
     for consumer in CONSUMERS:
         messages(bus_env, consumer)
     before = bus.store.get_event("evt-r")
+    time.sleep(0.002)  # times are milliseconds: let lastSentAt move on
     result = bus.repush("evt-r", requested_by="alice")
     assert (result.retry_count, result.status, result.consumer_id) == (1, "RETRYING", None)
     event = bus.store.get_event("evt-r")
@@ -569,6 +571,7 @@ def unique_indexes(database):
     return {ix["name"] for name in BUS_INDEXES for ix in database[name].list_indexes() if ix.get("unique")}
 
 
+@pytest.mark.parametrize("bus_store", ["mongo"])
 def test_the_bus_collections_get_the_pinned_indexes_on_first_use(bus):
     failed_event(bus)
     bus.repush("evt-r", requested_by="alice")
@@ -579,6 +582,7 @@ def test_the_bus_collections_get_the_pinned_indexes_on_first_use(bus):
     assert unique_indexes(database) == UNIQUE
 
 
+@pytest.mark.parametrize("bus_store", ["mongo"])
 def test_wow_init_schema_creates_the_bus_collections(bus_env):
     out = StringIO()
     call_command("wow_init_schema", stdout=out)
@@ -590,3 +594,21 @@ def test_wow_init_schema_creates_the_bus_collections(bus_env):
     call_command("wow_init_schema", "--check", stdout=check)
     assert "verified  " in check.getvalue() and ".event_consumptions eventId_1_consumerId_1_attemptNo_-1" \
         in check.getvalue()
+
+
+@pytest.mark.parametrize("bus_store", ["in_memory"])
+def test_the_in_memory_bus_store_leaves_mongodb_alone(bus, bus_env):
+    from wow_django.bus.memory_store import InMemoryBusStore
+    from wow_django.mongo import get_connection
+
+    assert isinstance(bus.store, InMemoryBusStore)
+    failed_event(bus)
+    bus.repush("evt-r", requested_by="alice")
+    out = StringIO()
+    call_command("wow_init_schema", stdout=out)
+    assert ".events " not in out.getvalue() and "consumer_inbox" not in out.getvalue()
+    database = get_connection().database(bus_env["MONGO_URI"].rsplit("/", 1)[1])
+    assert not set(BUS_INDEXES) & set(database.list_collection_names())
+    with override_settings(WOW={**bus_env, "BUS_STORE": None, "STORAGE": "in_memory"}):
+        assert isinstance(get_bus().store, InMemoryBusStore)  # None: WOW['STORAGE']
+        assert get_bus().store.get_event("evt-r") is None  # new settings, a new store

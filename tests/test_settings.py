@@ -135,3 +135,11 @@ def test_store_factory_refuses_unknown_storage():
     with override_settings(WOW={"SNAPSHOT_STORE": "sqlite"}):
         with pytest.raises(ImproperlyConfigured, match=r"WOW\['SNAPSHOT_STORE'\]"):
             stores.snapshot_store()
+
+
+def test_celery_snapshots_with_a_process_local_cache_are_a_warning():
+    with override_settings(WOW={"SNAPSHOT_MODE": "celery", "MONGO_URI": "mongodb://db/x"}):
+        assert ids(check_settings()) == ["wow_django.W003"]
+        with override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                                   "LOCATION": "redis://127.0.0.1:6379/1"}}):
+            assert check_settings() == []

@@ -20,7 +20,7 @@ def check_settings(app_configs=None, **kwargs):
     ]
     if messages:
         return messages
-    uses_mongo = any(wow_settings.storage_for(p) == "mongo" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE"))
+    uses_mongo = any(wow_settings.storage_for(p) == "mongo" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE"))
     if uses_mongo:
         from wow_django.mongo import PURPOSES, configured_uri, database_name
         from wow_django.mongo.client import parse_uri
@@ -39,7 +39,15 @@ def check_settings(app_configs=None, **kwargs):
                 hint="Set WOW['MONGO_URI'] to a mongodb:// or mongodb+srv:// URI in production.",
                 id="wow_django.W001",
             ))
-    in_memory = [p for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE") if wow_settings.storage_for(p) == "in_memory"]
+    if wow_settings.SNAPSHOT_MODE == "celery" and _cache_is_process_local():
+        messages.append(checks.Warning(
+            "WOW['SNAPSHOT_MODE'] is 'celery' but the default cache is local to each process: the marker that "
+            "coalesces snapshot requests is set in the web process and cleared in the worker, so they do not see "
+            "each other and snapshots lag by up to the marker's lifetime.",
+            hint="Use a shared cache (e.g. django.core.cache.backends.redis.RedisCache) for CACHES['default'].",
+            id="wow_django.W003",
+        ))
+    in_memory = [p for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE") if wow_settings.storage_for(p) == "in_memory"]
     if in_memory:
         messages.append(checks.Warning(
             f"{', '.join(in_memory)} use the in-memory backend: data is neither persisted nor shared "
@@ -48,3 +56,12 @@ def check_settings(app_configs=None, **kwargs):
             id="wow_django.W002",
         ))
     return messages
+
+
+def _cache_is_process_local() -> bool:
+    from django.conf import settings
+
+    backend = getattr(settings, "CACHES", {}).get("default", {}).get(
+        "BACKEND", "django.core.cache.backends.locmem.LocMemCache"
+    )
+    return backend.rsplit(".", 1)[-1] in ("LocMemCache", "DummyCache")

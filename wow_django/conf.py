@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "EVENT_STORE": None,
     "SNAPSHOT_STORE": None,
     "PREPARE_STORE": None,
+    "BUS_STORE": None,
     # --- MongoDB ----------------------------------------------------------
     # mongodb://, mongodb+srv:// or mongomock:// (the embedded engine).
     # None means the embedded engine on database "wow".
@@ -181,6 +182,7 @@ VALIDATORS = {
     "EVENT_STORE": _choice(STORAGE_CHOICES, optional=True),
     "SNAPSHOT_STORE": _choice(STORAGE_CHOICES, optional=True),
     "PREPARE_STORE": _choice(STORAGE_CHOICES, optional=True),
+    "BUS_STORE": _choice(STORAGE_CHOICES, optional=True),
     "MONGO_URI": _optional_str,
     "EVENT_STREAM_DATABASE": _optional_str,
     "SNAPSHOT_DATABASE": _optional_str,
@@ -299,7 +301,7 @@ class WowSettings:
         return value
 
     def storage_for(self, purpose: str) -> str:
-        """The backend name for ``"EVENT_STORE"``, ``"SNAPSHOT_STORE"`` or ``"PREPARE_STORE"``."""
+        """The backend name for ``"EVENT_STORE"``, ``"SNAPSHOT_STORE"``, ``"PREPARE_STORE"`` or ``"BUS_STORE"``."""
         return getattr(self, purpose) or self.STORAGE
 
     def reload(self) -> None:

@@ -11,6 +11,11 @@ Python API::
     @consumer("member-service", topics=["order.purchased"])
     def add_points(event, ctx): ...
 
+The records live in the bus store that ``WOW['BUS_STORE']`` names (``None``:
+``WOW['STORAGE']``): MongoDB (:mod:`wow_django.bus.mongo_store`) or this
+process's memory (:mod:`wow_django.bus.memory_store`); both keep the contract
+of :mod:`wow_django.bus.store`.
+
 HTTP: include ``wow_django.bus.urls`` (e.g. at ``bus/``). Add
 ``"wow_django.bus"`` to ``INSTALLED_APPS`` for its permissions, its schema in
 ``wow_init_schema``, and the discovery of ``consumers``/``integration`` modules.

@@ -48,16 +48,22 @@ WIRE_FIELDS = (
     "occurredAt", "sentAt", "contractVersion", "partitionKey", "sequence", "expireAt",
 )
 INITIATOR_FIELDS = ("service", "operation", "userId", "clientRequestId")
+_WIRE_NAMES = frozenset(WIRE_FIELDS)
+_INITIATOR_NAMES = frozenset(INITIATOR_FIELDS)
 
 
 def utcnow() -> datetime:
     """Now as a naive UTC datetime at millisecond precision (what BSON stores)."""
-    return to_bson_time(datetime.now(UTC))
+    now = datetime.now(UTC)
+    return now.replace(tzinfo=None, microsecond=now.microsecond // 1000 * 1000)
 
 
 def to_bson_time(moment: datetime) -> datetime:
+    """``moment`` as naive UTC at millisecond precision (an aware one is converted, a naive one is UTC)."""
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC).replace(tzinfo=None)
+    elif not moment.microsecond % 1000:
+        return moment
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
@@ -145,9 +151,14 @@ class Envelope:
 
     def to_document(self) -> dict:
         """The stored form: the wire keys with BSON dates."""
-        doc = self.to_json()
-        doc.update(occurredAt=self.occurred_at, sentAt=self.sent_at, expireAt=self.expire_at)
-        return doc
+        return {
+            "eventId": self.event_id, "traceId": self.trace_id, "spanId": self.span_id,
+            "parentEventId": self.parent_event_id, "topic": self.topic, "payload": self.payload,
+            "payloadType": self.payload_type, "initiator": self.initiator.to_json(),
+            "occurredAt": self.occurred_at, "sentAt": self.sent_at,
+            "contractVersion": self.contract_version, "partitionKey": self.partition_key,
+            "sequence": self.sequence, "expireAt": self.expire_at,
+        }
 
     @classmethod
     def from_document(cls, doc: dict) -> Envelope:
@@ -261,7 +272,7 @@ def build_envelope(data: dict, *, default_service: str) -> Envelope:
         raise EnvelopeValidationError.from_errors("envelope", [{"name": "(body)", "msg": "must be a JSON object"}])
     errors = _Errors()
     for key in data:
-        if key not in WIRE_FIELDS:
+        if key not in _WIRE_NAMES:
             errors.add(str(key), "unknown field: not part of the envelope")
     ctx = current_context()
     event_id = _text(errors, "eventId", data.get("eventId"), required=False, pattern=ID_RE, max_length=128,
@@ -296,7 +307,7 @@ def build_envelope(data: dict, *, default_service: str) -> Envelope:
         errors.add("initiator", "must be an object with service, operation, userId, clientRequestId")
         initiator_in = {}
     for key in initiator_in:
-        if key not in INITIATOR_FIELDS:
+        if key not in _INITIATOR_NAMES:
             errors.add(f"initiator.{key}", "unknown field: not part of the initiator")
     service = _text(errors, "initiator.service", initiator_in.get("service"), required=False)
     operation = _text(errors, "initiator.operation", initiator_in.get("operation"), required=False)

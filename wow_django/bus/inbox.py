@@ -1,7 +1,8 @@
 """The consumers' idempotent inbox (seed 002): one record per (consumerId, eventId).
 
-A worker **claims** an event before running the handler: an insert that the
-unique ``consumerId_1_eventId_1`` index lets only one writer win. The claim has
+A worker **claims** an event before running the handler: an insert that only
+one writer wins ((consumerId, eventId) is unique in every bus store; in MongoDB
+the ``consumerId_1_eventId_1`` index). The claim has
 a lease; a claim whose worker died is taken over once the lease ends. After
 the handler succeeds the claim becomes **done**, and any later delivery of the
 event to that consumer is recognised and not handled again. A failed handler
@@ -20,10 +21,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from pymongo import ReturnDocument
-from pymongo import errors as pymongo_errors
-
-from wow_django.bus import schema
 from wow_django.bus.envelope import utcnow
 from wow_django.bus.store import BusStore
 
@@ -44,9 +41,6 @@ class Inbox:
         self.consumer_id = consumer_id
         self.lease = timedelta(seconds=lease_s)
 
-    def _key(self, event_id: str) -> dict:
-        return {"consumerId": self.consumer_id, "eventId": event_id}
-
     def claim(self, event_id: str) -> Claim:
         """Claim ``event_id`` for this consumer: ``claimed`` (run the handler), ``done`` or ``busy``."""
         for _ in range(3):
@@ -56,44 +50,25 @@ class Inbox:
         return Claim(BUSY)
 
     def _try_claim(self, event_id: str) -> Claim | None:
-        store, key = self.store, self._key(event_id)
+        store = self.store
         token = uuid.uuid4().hex
         now = utcnow()
-        record = {**key, "state": "processing", "owner": token, "leaseUntil": now + self.lease, "claimedAt": now}
-        try:
-            store.acknowledged(store.run(store.inbox, f"claiming {event_id}", lambda c: c.insert_one(record)),
-                               "claiming an inbox entry")
+        if store.inbox_insert(self.consumer_id, event_id, owner=token, now=now, lease_until=now + self.lease):
             return Claim(CLAIMED, token)
-        except pymongo_errors.DuplicateKeyError as exc:
-            if schema.duplicate_on(exc.details, schema.INBOX_UNIQUE) is False:
-                raise
-        taken = store.run(store.inbox, f"taking over {event_id}", lambda c: c.find_one_and_update(
-            {**key, "state": "processing", "leaseUntil": {"$lte": now}},
-            {"$set": {"owner": token, "leaseUntil": now + self.lease, "claimedAt": now}},
-            projection={"_id": 1}, return_document=ReturnDocument.BEFORE))  # BEFORE: see BusStore.lease_for_relay
-        if taken is not None:
+        if store.inbox_take_over(self.consumer_id, event_id, owner=token, now=now, lease_until=now + self.lease):
             return Claim(CLAIMED, token)
-        current = store.run(store.inbox, f"reading inbox of {event_id}", lambda c: c.find_one(key, {"state": 1}))
-        if current is not None:
-            return Claim(DONE if current["state"] == "done" else BUSY)
+        state = store.inbox_state(self.consumer_id, event_id)
+        if state is not None:
+            return Claim(DONE if state == "done" else BUSY)
         return None  # released between our insert and read: try again
 
     def done(self, event_id: str, token: str) -> bool:
         """Mark the claim done; False if the claim was lost (its lease ended and another worker took it)."""
-        store = self.store
-        result = store.run(store.inbox, f"completing {event_id}", lambda c: c.update_one(
-            {**self._key(event_id), "owner": token},
-            {"$set": {"state": "done", "doneAt": utcnow()}, "$unset": {"leaseUntil": ""}}))
-        store.acknowledged(result, "completing an inbox entry")
-        return bool(result.matched_count)
+        return self.store.inbox_done(self.consumer_id, event_id, owner=token, now=utcnow())
 
     def release(self, event_id: str, token: str) -> None:
-        store = self.store
-        store.run(store.inbox, f"releasing {event_id}", lambda c: c.delete_one(
-            {**self._key(event_id), "owner": token, "state": "processing"}))
+        self.store.inbox_release(self.consumer_id, event_id, owner=token)
 
     def state(self, event_id: str) -> str | None:
         """``processing``, ``done`` or None."""
-        doc = self.store.run(self.store.inbox, f"reading inbox of {event_id}",
-                             lambda c: c.find_one(self._key(event_id), {"state": 1}))
-        return doc["state"] if doc else None
+        return self.store.inbox_state(self.consumer_id, event_id)

@@ -60,7 +60,11 @@ BUS_SPECS = (EVENTS_SPEC, TOPIC_CONSUMERS_SPEC, EVENT_CONSUMPTIONS_SPEC, CONSUME
 
 
 def bus_specs() -> list[CollectionSpec]:
-    """What ``wow_init_schema`` creates in the bus database."""
+    """What ``wow_init_schema`` creates in the bus database: nothing when ``WOW['BUS_STORE']`` is in memory."""
+    from wow_django.conf import wow_settings
+
+    if wow_settings.storage_for("BUS_STORE") != "mongo":
+        return []
     return list(BUS_SPECS)
 
 

@@ -16,6 +16,7 @@ event stays PENDING).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -42,7 +43,7 @@ from wow_django.bus.errors import (
     TransportUnavailable,
 )
 from wow_django.bus.rollup import compute_status, consumed_summary, expected_consumers, latest_by_consumer, outcome
-from wow_django.bus.store import BusStore
+from wow_django.bus.store import BusStore, EventQuery
 from wow_django.bus.trace import build_tree
 from wow_django.bus.transport import BusTransport
 from wow_django.conf import on_reload, wow_settings
@@ -53,6 +54,7 @@ MAX_ERROR_LENGTH = 4000
 MAX_TRACE_EVENTS = 1000
 MAX_CHILDREN = 200
 ROLLUP_ROUNDS = 16
+ROLLUP_FIELDS = ("status", "statusAt", "consumers")  # what the rollup reads of an event
 REPUSH_STATUSES = (EventStatus.FAILED.value, EventStatus.PARTIAL.value, EventStatus.RETRYING.value)
 
 _rollup_lock = threading.Lock()
@@ -276,11 +278,11 @@ class EventBus:
         """
         with _rollup_lock:
             for _ in range(ROLLUP_ROUNDS):
-                event = self.store.get_event(event_id)
+                event = self.store.get_event(event_id, fields=ROLLUP_FIELDS)
                 if event is None:
                     logger.warning("bus rollup: no event %s", event_id)
                     return None
-                latest = latest_by_consumer(self.store.consumption_rows([event_id]))
+                latest = self.store.latest_consumptions(event_id)
                 target = compute_status(expected_consumers(event, latest), latest, event["status"])
                 if target == event["status"]:
                     return target
@@ -316,17 +318,9 @@ class EventBus:
                                     f"{consumer_id!r} has already consumed event {event_id!r}; nothing to re-push.")
         now = utcnow()
         self._check_repushable(event, now)
-        timeout_cutoff = now - timedelta(seconds=self.repush_timeout_s)
-        query = {
-            "eventId": event_id,
-            "retryCount": {"$lt": self.repush_max_count},
-            "$and": [
-                {"$or": [{"status": {"$in": list(REPUSH_STATUSES)}},
-                         {"status": EventStatus.SENT.value, "lastSentAt": {"$lte": timeout_cutoff}}]},
-                {"$or": [{"expireAt": None}, {"expireAt": {"$gt": now}}]},
-            ],
-        }
-        claimed = self.store.claim_repush(query, now)
+        claimed = self.store.claim_repush(event_id, now=now, max_count=self.repush_max_count,
+                                          statuses=REPUSH_STATUSES,
+                                          sent_before=now - timedelta(seconds=self.repush_timeout_s))
         if claimed is None:
             fresh = self.store.get_event(event_id)
             if fresh is None:
@@ -445,29 +439,20 @@ class EventBus:
                     trace_id: str | None = None, page: int = 1, size: int = 20) -> dict:
         """``{total, page, size, list}`` of events, newest first, filtered by any of the arguments."""
         errors: list[dict] = []
-        query: dict = {}
-        if status:
-            if status not in EventStatus.__members__:
-                errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}"})
-            query["status"] = status
+        if status and status not in EventStatus.__members__:
+            errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}"})
         if topic:
             try:
-                query["topic"] = check_topic(topic)
+                check_topic(topic)
             except EnvelopeValidationError as exc:
                 errors.extend(exc.binding_errors)
-        if service:
-            query["initiator.service"] = service
-        if trace_id:
-            query["traceId"] = trace_id
-        window: dict = {}
-        for name, value, operator in (("since", since, "$gte"), ("until", until, "$lt")):
+        window: dict[str, datetime | None] = {"since": None, "until": None}
+        for name, value in (("since", since), ("until", until)):
             if value:
                 try:
-                    window[operator] = parse_time(value)
+                    window[name] = parse_time(value)
                 except ValueError as exc:
                     errors.append({"name": name, "msg": str(exc)})
-        if window:
-            query["occurredAt"] = window
         max_size = wow_settings.QUERY_MAX_PAGE_SIZE
         if isinstance(page, bool) or not isinstance(page, int) or page < 1:
             errors.append({"name": "page", "msg": "must be an integer ≥ 1"})
@@ -475,6 +460,8 @@ class EventBus:
             errors.append({"name": "size", "msg": f"must be an integer from 1 to {max_size}"})
         if errors:
             raise EnvelopeValidationError.from_errors("event query", errors)
+        query = EventQuery(status=status or None, topic=topic or None, service=service or None,
+                           trace_id=trace_id or None, since=window["since"], until=window["until"])
         total, events = self.store.find_events(query, skip=(page - 1) * size, limit=size)
         summaries = self.summaries(events)
         return {"total": total, "page": page, "size": size,
@@ -507,17 +494,31 @@ _bus: EventBus | None = None
 _bus_lock = threading.Lock()
 
 
+def build_store() -> BusStore:
+    """A bus store for the current settings: ``WOW['BUS_STORE']``, else ``WOW['STORAGE']``."""
+    if wow_settings.storage_for("BUS_STORE") == "in_memory":
+        from wow_django.bus.memory_store import InMemoryBusStore
+
+        return InMemoryBusStore()
+    from wow_django import stores
+    from wow_django.bus.mongo_store import MongoBusStore
+    from wow_django.mongo import database_name, get_connection
+
+    return MongoBusStore(get_connection(), database_name("BUS"), schema_guard=stores.schema_guard(),
+                         max_time_ms=wow_settings.MONGO_MAX_TIME_MS)
+
+
 def get_bus() -> EventBus:
-    """The process's bus, built from the ``WOW`` settings on first use."""
+    """The process's bus, built from the ``WOW`` settings on first use.
+
+    It holds the process's one bus store; changing ``WOW`` discards both (an
+    in-memory store with its records).
+    """
     global _bus
     if _bus is None:
         with _bus_lock:
             if _bus is None:
-                from wow_django import stores
-                from wow_django.mongo import database_name, get_connection
-
-                store = BusStore(get_connection(), database_name("BUS"), schema_guard=stores.schema_guard(),
-                                 max_time_ms=wow_settings.MONGO_MAX_TIME_MS)
+                store = build_store()
                 transport = BusTransport(wow_settings.BUS_TRANSPORT_URL, wow_settings.BUS_EXCHANGE,
                                          timeout=wow_settings.BUS_PUBLISH_TIMEOUT_S)
                 _bus = EventBus(
@@ -528,6 +529,21 @@ def get_bus() -> EventBus:
                     repush_max_count=wow_settings.BUS_REPUSH_MAX_COUNT,
                 )
     return _bus
+
+
+def _forget_after_fork() -> None:
+    """In a forked child (Celery prefork), drop the parent's bus without closing it.
+
+    It holds the parent's broker connections and store; the child builds its
+    own on first use (an in-memory store starts empty, as in any new process).
+    """
+    global _bus, _bus_lock
+    _bus_lock = threading.Lock()
+    _bus = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @on_reload

@@ -1,0 +1,103 @@
+"""WOW['BUS_STORE']: validation, the fallback to WOW['STORAGE'], the system checks and the process's bus store."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from wow_django.bus import get_bus
+from wow_django.bus.memory_store import InMemoryBusStore
+from wow_django.bus.mongo_store import MongoBusStore
+from wow_django.bus.service import build_store
+from wow_django.checks import check_settings
+from wow_django.conf import DEFAULTS, validate_user_settings, wow_settings
+from wow_django.mongo.client import disconnect
+
+from .conftest import fresh_wow
+
+
+def ids(messages):
+    return [m.id for m in messages]
+
+
+def test_bus_store_defaults_to_storage():
+    assert DEFAULTS["BUS_STORE"] is None
+    with override_settings(WOW={"STORAGE": "in_memory"}):
+        assert wow_settings.storage_for("BUS_STORE") == "in_memory"
+    with override_settings(WOW={"STORAGE": "in_memory", "BUS_STORE": "mongo"}):
+        assert wow_settings.storage_for("BUS_STORE") == "mongo"
+    with override_settings(WOW={"BUS_STORE": "in_memory"}):
+        assert wow_settings.storage_for("BUS_STORE") == "in_memory"
+        assert wow_settings.storage_for("EVENT_STORE") == "mongo"
+
+
+def test_a_bad_bus_store_is_refused_with_the_setting_named():
+    [(key, problem)] = validate_user_settings({"BUS_STORE": "redis"})
+    assert key == "BUS_STORE" and problem == "must be one of 'mongo', 'in_memory' or None (got 'redis')"
+    with override_settings(WOW={"BUS_STORE": "redis"}):
+        with pytest.raises(ImproperlyConfigured, match=r"WOW\['BUS_STORE'\] must be one of 'mongo', 'in_memory'"):
+            build_store()
+        assert ids(check_settings()) == ["wow_django.E001"]
+        with pytest.raises(SystemCheckError, match=r"WOW\['BUS_STORE'\]"):
+            call_command("check")
+
+
+def test_the_in_memory_bus_store_is_a_warning():
+    with override_settings(WOW={"MONGO_URI": "mongodb://db.example:27017/orders", "BUS_STORE": "in_memory"}):
+        messages = check_settings()
+    assert ids(messages) == ["wow_django.W002"]
+    assert messages[0].msg.startswith("BUS_STORE use the in-memory backend")
+    with override_settings(WOW={"STORAGE": "in_memory"}):
+        [warning] = check_settings()
+    assert warning.msg.startswith("EVENT_STORE, SNAPSHOT_STORE, PREPARE_STORE, BUS_STORE use the in-memory backend")
+
+
+def test_a_bus_store_on_the_embedded_engine_is_warned_about_alone():
+    with override_settings(WOW={"STORAGE": "in_memory", "BUS_STORE": "mongo", "MONGO_URI": "mongomock://localhost/b"}):
+        assert ids(check_settings()) == ["wow_django.W001", "wow_django.W002"]
+
+
+def test_the_process_keeps_one_bus_store_until_the_settings_change():
+    settings = fresh_wow("mongo", BUS_STORE="in_memory")
+    with override_settings(WOW=settings):
+        store = get_bus().store
+        assert isinstance(store, InMemoryBusStore) and get_bus().store is store
+        store.set_topic_consumer("order.purchased", "member-service", enabled=True, description=None,
+                                 updated_by=None)
+        assert get_bus().store.enabled_consumers("order.purchased") == ["member-service"]
+        with override_settings(WOW={**settings, "BUS_REPUSH_MAX_COUNT": 9}):
+            fresh = get_bus().store
+            assert isinstance(fresh, InMemoryBusStore) and fresh is not store
+            assert fresh.enabled_consumers("order.purchased") == []
+    with override_settings(WOW={**settings, "BUS_STORE": "mongo"}):
+        assert isinstance(get_bus().store, MongoBusStore)
+    disconnect(settings["MONGO_URI"])
+
+
+def test_a_forked_child_builds_its_own_bus_and_store():
+    settings = fresh_wow("mongo", BUS_STORE="in_memory")
+    with override_settings(WOW=settings):
+        parent = get_bus()
+        parent.store.set_topic_consumer("order.purchased", "member-service", enabled=True, description=None,
+                                        updated_by=None)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child = get_bus()
+                fresh = (child is not parent, child.store is not parent.store,
+                         child.store.enabled_consumers("order.purchased") == [])
+                os.write(write, b"".join(b"%d" % f for f in fresh))
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 3)
+        os.waitpid(pid, 0)
+        assert answer == b"111"
+        assert get_bus() is parent and parent.store.enabled_consumers("order.purchased") == ["member-service"]
+    disconnect(settings["MONGO_URI"])

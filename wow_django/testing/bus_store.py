@@ -1,0 +1,558 @@
+"""The bus-store contract (DESIGN part H): what :class:`~wow_django.bus.store.BusStore` promises."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from wow_django.bus.errors import ConsumerNotExpected
+from wow_django.bus.store import BusStore, EventQuery
+
+T0 = datetime(2024, 2, 28, 10, 0, 0)
+
+
+def make_event(event_id: str | None = None, *, topic: str = "order.purchased", trace_id: str = "trace-1",
+               occurred_at: datetime = T0, status: str = "PENDING", consumers=("member-service",),
+               **fields) -> dict:
+    """An ``events`` document as :meth:`EventBus.send` stores it; ``fields`` override any key."""
+    event = {
+        "eventId": event_id or f"evt-{uuid.uuid4()}", "traceId": trace_id, "spanId": "span-1",
+        "parentEventId": None, "topic": topic, "payload": {"orderId": "o-1", "lines": [{"sku": "a", "qty": 2}]},
+        "payloadType": "application/json",
+        "initiator": {"service": "order-service", "operation": "pay", "userId": "user-A", "clientRequestId": None},
+        "occurredAt": occurred_at, "sentAt": None, "contractVersion": 1, "partitionKey": None, "sequence": None,
+        "expireAt": None, "status": status, "statusAt": occurred_at, "retryCount": 0, "lastSentAt": None,
+        "lastError": None, "consumers": list(consumers), "createdAt": occurred_at,
+    }
+    event.update(fields)
+    return event
+
+
+def feedback_fields(success: bool | None, at: datetime = T0, **extra) -> dict:
+    return {"success": success, "consumedAt": at, "error": None if success else "failed", "source": "sdk",
+            "retrying": False, "deadLettered": False, "createdAt": at, **extra}
+
+
+def run_together(count: int, fn: Callable[[int], object]) -> tuple[list, list]:
+    """Run ``fn(i)`` in ``count`` threads released at once; ``(results, errors)``."""
+    barrier = threading.Barrier(count)
+    results: list = []
+    errors: list = []
+    lock = threading.Lock()
+
+    def run(index: int) -> None:
+        barrier.wait(10)
+        try:
+            value = fn(index)
+        except Exception as exc:  # collected and asserted by the caller
+            with lock:
+                errors.append(exc)
+        else:
+            with lock:
+                results.append(value)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results, errors
+
+
+class BusStoreContract:
+    """Mix into ``unittest.TestCase``; implement :meth:`make_store`."""
+
+    def make_store(self) -> BusStore:  # pragma: no cover - abstract
+        raise NotImplementedError("return the bus store under test")
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.store = self.make_store()
+
+    def insert(self, *events: dict) -> None:
+        for event in events:
+            self.assertTrue(self.store.insert_event(event))
+
+    def ids(self, events: list[dict]) -> list[str]:
+        return [e["eventId"] for e in events]
+
+    # --- topic consumers -----------------------------------------------------------
+
+    def test_set_topic_consumer_creates_then_updates_one_record(self):
+        created = self.store.set_topic_consumer("order.purchased", "member-service", enabled=True, description=None,
+                                                updated_by=None)
+        self.assertEqual(set(created), {"topic", "consumerId", "enabled", "description", "createdAt", "updatedAt",
+                                        "updatedBy"})
+        self.assertEqual((created["topic"], created["consumerId"], created["enabled"], created["description"],
+                          created["updatedBy"]), ("order.purchased", "member-service", True, "", None))
+        self.assertEqual(created["createdAt"], created["updatedAt"])
+        updated = self.store.set_topic_consumer("order.purchased", "member-service", enabled=False,
+                                                description="paused", updated_by="alice")
+        self.assertEqual((updated["enabled"], updated["description"], updated["updatedBy"]), (False, "paused", "alice"))
+        self.assertEqual(updated["createdAt"], created["createdAt"])
+        self.assertGreaterEqual(updated["updatedAt"], created["updatedAt"])
+        again = self.store.set_topic_consumer("order.purchased", "member-service", enabled=True, description=None,
+                                              updated_by="bob")
+        self.assertEqual((again["enabled"], again["description"]), (True, "paused"))  # None keeps the description
+        self.assertEqual(self.store.list_topic_consumers(), [again])
+
+    def test_enabled_consumers_are_those_of_the_topic_sorted(self):
+        for topic, consumer, enabled in (("order.purchased", "message-service", True),
+                                         ("order.purchased", "member-service", True),
+                                         ("order.purchased", "audit-service", False),
+                                         ("order.refunded", "billing-service", True)):
+            self.store.set_topic_consumer(topic, consumer, enabled=enabled, description=None, updated_by=None)
+        self.assertEqual(self.store.enabled_consumers("order.purchased"), ["member-service", "message-service"])
+        self.assertEqual(self.store.enabled_consumers("order.refunded"), ["billing-service"])
+        self.assertEqual(self.store.enabled_consumers("order.unknown"), [])
+
+    def test_list_topic_consumers_filters_and_sorts_by_topic_then_consumer(self):
+        for topic, consumer in (("b.topic", "z-service"), ("a.topic", "z-service"), ("b.topic", "a-service")):
+            self.store.set_topic_consumer(topic, consumer, enabled=True, description=None, updated_by=None)
+        pairs = [(r["topic"], r["consumerId"]) for r in self.store.list_topic_consumers()]
+        self.assertEqual(pairs, [("a.topic", "z-service"), ("b.topic", "a-service"), ("b.topic", "z-service")])
+        self.assertEqual([r["consumerId"] for r in self.store.list_topic_consumers(topic="b.topic")],
+                         ["a-service", "z-service"])
+        self.assertEqual([r["topic"] for r in self.store.list_topic_consumers(consumer_id="z-service")],
+                         ["a.topic", "b.topic"])
+        self.assertEqual(self.store.list_topic_consumers(topic="a.topic", consumer_id="a-service"), [])
+
+    def test_concurrent_saves_of_one_topic_consumer_leave_one_record(self):
+        results, errors = run_together(8, lambda i: self.store.set_topic_consumer(
+            "order.purchased", "member-service", enabled=i % 2 == 0, description=f"d{i}", updated_by=f"u{i}"))
+        self.assertEqual(errors, [])
+        self.assertEqual(len(results), 8)
+        [record] = self.store.list_topic_consumers()
+        self.assertEqual(record["consumerId"], "member-service")
+
+    # --- events ------------------------------------------------------------------------
+
+    def test_an_event_round_trips_as_a_copy_with_millisecond_times(self):
+        event = make_event("evt-1", occurred_at=datetime(2024, 2, 28, 10, 0, 0, 123456))
+        self.insert(event)
+        stored = self.store.get_event("evt-1")
+        self.assertEqual(stored, {**event, "occurredAt": datetime(2024, 2, 28, 10, 0, 0, 123000),
+                                  "statusAt": datetime(2024, 2, 28, 10, 0, 0, 123000),
+                                  "createdAt": datetime(2024, 2, 28, 10, 0, 0, 123000)})
+        event["payload"]["orderId"] = "changed after insert"
+        stored["payload"]["lines"].append("changed after read")
+        stored["status"] = "CONSUMED"
+        again = self.store.get_event("evt-1")
+        self.assertEqual(again["payload"], {"orderId": "o-1", "lines": [{"sku": "a", "qty": 2}]})
+        self.assertEqual(again["status"], "PENDING")
+        self.assertIsNone(self.store.get_event("evt-unknown"))
+
+    def test_tuples_are_stored_as_lists_and_enum_values_as_their_values(self):
+        from wow_django.bus.envelope import EventStatus
+
+        self.insert(make_event("evt-plain", status=EventStatus.SENT, consumers=("b-service", "a-service"),
+                               payload={"pair": (1, 2)}))
+        stored = self.store.get_event("evt-plain")
+        self.assertEqual((stored["status"], stored["consumers"], stored["payload"]),
+                         ("SENT", ["b-service", "a-service"], {"pair": [1, 2]}))
+        self.assertEqual(self.store.count_events(EventQuery(status="SENT")), 1)
+
+    def test_get_event_with_fields_gives_only_those(self):
+        self.insert(make_event("evt-f", status="SENT"))
+        self.assertEqual(self.store.get_event("evt-f", fields=("status", "statusAt", "consumers", "nothing")),
+                         {"status": "SENT", "statusAt": T0, "consumers": ["member-service"]})
+        self.assertEqual(self.store.get_event("evt-f", fields=["eventId"]), {"eventId": "evt-f"})
+        self.assertIsNone(self.store.get_event("evt-none", fields=["status"]))
+
+    def test_event_id_is_unique(self):
+        self.assertTrue(self.store.insert_event(make_event("evt-dup", payload={"n": 1})))
+        self.assertFalse(self.store.insert_event(make_event("evt-dup", payload={"n": 2}, status="SENT")))
+        stored = self.store.get_event("evt-dup")
+        self.assertEqual((stored["payload"], stored["status"]), ({"n": 1}, "PENDING"))
+        self.assertEqual(self.store.count_events(), 1)
+
+    def test_concurrent_inserts_of_one_event_id_store_it_once(self):
+        results, errors = run_together(8, lambda i: self.store.insert_event(make_event("evt-race", payload={"n": i})))
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(results), [False] * 7 + [True])
+        self.assertEqual(self.store.count_events(), 1)
+
+    def test_get_events_keeps_the_order_asked_for(self):
+        self.insert(*(make_event(f"evt-{n}") for n in (1, 2, 3)))
+        self.assertEqual(self.ids(self.store.get_events(["evt-3", "evt-x", "evt-1", "evt-3"])), ["evt-3", "evt-1"])
+        self.assertEqual(self.store.get_events([]), [])
+
+    def test_mark_sent_moves_a_pending_event_to_sent_once(self):
+        self.insert(make_event("evt-s", lastError="broker down"))
+        self.assertIsNotNone(self.store.lease_for_relay("evt-s", T0, T0 + timedelta(minutes=1)))
+        sent_at = T0 + timedelta(seconds=5)
+        self.assertTrue(self.store.mark_sent("evt-s", sent_at))
+        event = self.store.get_event("evt-s")
+        self.assertEqual((event["status"], event["statusAt"], event["sentAt"], event["lastSentAt"], event["lastError"]),
+                         ("SENT", sent_at, sent_at, sent_at, None))
+        self.assertNotIn("relayLeaseUntil", event)
+        self.assertFalse(self.store.mark_sent("evt-s", sent_at + timedelta(seconds=1)))
+        self.assertEqual(self.store.get_event("evt-s"), event)  # the first send time stays
+        self.assertFalse(self.store.mark_sent("evt-unknown", sent_at))
+
+    def test_mark_sent_after_the_rollup_records_the_send_time_and_keeps_the_status(self):
+        self.insert(make_event("evt-fast"))
+        self.assertTrue(self.store.set_status_if("evt-fast", "PENDING", T0, "CONSUMED", T0 + timedelta(seconds=1)))
+        sent_at = T0 + timedelta(seconds=2)
+        self.assertFalse(self.store.mark_sent("evt-fast", sent_at))
+        event = self.store.get_event("evt-fast")
+        self.assertEqual((event["status"], event["sentAt"], event["lastSentAt"]), ("CONSUMED", sent_at, sent_at))
+
+    def test_record_send_error_keeps_2000_characters_and_ends_the_relay_lease(self):
+        self.insert(make_event("evt-e"))
+        self.store.lease_for_relay("evt-e", T0, T0 + timedelta(minutes=1))
+        self.store.record_send_error("evt-e", "x" * 2500)
+        event = self.store.get_event("evt-e")
+        self.assertEqual(event["lastError"], "x" * 2000)
+        self.assertNotIn("relayLeaseUntil", event)
+        self.assertEqual(event["status"], "PENDING")
+        self.store.record_send_error("evt-unknown", "nothing to record")
+        self.assertEqual(self.store.count_events(), 1)
+
+    def test_stale_pending_lists_old_pending_events_oldest_first(self):
+        self.insert(
+            make_event("evt-b", occurred_at=T0 + timedelta(seconds=3), statusAt=T0),
+            make_event("evt-a", occurred_at=T0 + timedelta(seconds=2), statusAt=T0),
+            make_event("evt-c", occurred_at=T0 + timedelta(seconds=1), statusAt=T0),
+            make_event("evt-young", occurred_at=T0, statusAt=T0 + timedelta(minutes=5)),
+            make_event("evt-sent", occurred_at=T0, status="SENT", statusAt=T0),
+        )
+        cutoff = T0 + timedelta(minutes=1)
+        self.assertEqual(self.store.stale_pending(cutoff, 10), ["evt-c", "evt-a", "evt-b"])
+        self.assertEqual(self.store.stale_pending(cutoff, 2), ["evt-c", "evt-a"])
+        self.assertEqual(self.store.stale_pending(T0, 10), ["evt-c", "evt-a", "evt-b"])  # statusAt ≤ cutoff
+        self.assertEqual(self.store.stale_pending(T0 - timedelta(seconds=1), 10), [])
+
+    def test_a_relay_lease_is_given_once_until_it_ends(self):
+        self.insert(make_event("evt-l"), make_event("evt-sent", status="SENT"))
+        until = T0 + timedelta(minutes=1)
+        leased = self.store.lease_for_relay("evt-l", T0, until)
+        self.assertEqual(leased, {**make_event("evt-l"), "relayLeaseUntil": until})
+        self.assertEqual(self.store.get_event("evt-l")["relayLeaseUntil"], until)
+        self.assertIsNone(self.store.lease_for_relay("evt-l", T0 + timedelta(seconds=59), T0 + timedelta(minutes=2)))
+        again = self.store.lease_for_relay("evt-l", until, until + timedelta(minutes=1))
+        self.assertEqual(again["relayLeaseUntil"], until + timedelta(minutes=1))
+        self.assertIsNone(self.store.lease_for_relay("evt-sent", T0, until))
+        self.assertIsNone(self.store.lease_for_relay("evt-unknown", T0, until))
+
+    def test_concurrent_relays_lease_an_event_to_one_of_them(self):
+        self.insert(make_event("evt-lr"))
+        results, errors = run_together(8, lambda i: self.store.lease_for_relay("evt-lr", T0, T0 + timedelta(minutes=1)))
+        self.assertEqual(errors, [])
+        self.assertEqual(sum(1 for r in results if r is not None), 1)
+
+    def test_claim_repush_counts_a_re_push_when_the_conditions_hold(self):
+        now = T0 + timedelta(hours=1)
+        sent_before = now - timedelta(minutes=5)
+        statuses = ("FAILED", "PARTIAL", "RETRYING")
+        self.insert(
+            make_event("evt-failed", status="FAILED", lastSentAt=T0, retryCount=1),
+            make_event("evt-partial", status="PARTIAL", lastSentAt=T0),
+            make_event("evt-old-sent", status="SENT", lastSentAt=sent_before),
+            make_event("evt-new-sent", status="SENT", lastSentAt=sent_before + timedelta(seconds=1)),
+            make_event("evt-consumed", status="CONSUMED", lastSentAt=T0),
+            make_event("evt-pending", status="PENDING"),
+            make_event("evt-limit", status="FAILED", retryCount=3),
+            make_event("evt-expired", status="FAILED", expireAt=now),
+            make_event("evt-expiring", status="FAILED", expireAt=now + timedelta(seconds=1)),
+        )
+
+        def claim(event_id):
+            return self.store.claim_repush(event_id, now=now, max_count=3, statuses=statuses, sent_before=sent_before)
+
+        claimed = claim("evt-failed")
+        self.assertEqual((claimed["retryCount"], claimed["status"], claimed["lastSentAt"], claimed["statusAt"]),
+                         (2, "RETRYING", now, now))
+        self.assertEqual(self.store.get_event("evt-failed"), claimed)
+        for event_id in ("evt-partial", "evt-old-sent", "evt-expiring"):
+            self.assertEqual(claim(event_id)["retryCount"], 1, event_id)
+        for event_id in ("evt-new-sent", "evt-consumed", "evt-pending", "evt-limit", "evt-expired", "evt-unknown"):
+            self.assertIsNone(claim(event_id), event_id)
+        self.assertEqual(self.store.get_event("evt-limit")["status"], "FAILED")
+        self.assertEqual(self.store.get_event("evt-new-sent")["retryCount"], 0)
+        self.assertEqual(claim("evt-failed")["retryCount"], 3)  # RETRYING may be re-pushed again
+        self.assertIsNone(claim("evt-failed"))  # up to max_count
+
+    def test_concurrent_repush_claims_never_exceed_the_maximum(self):
+        self.insert(make_event("evt-many", status="FAILED"))
+        results, errors = run_together(10, lambda i: self.store.claim_repush(
+            "evt-many", now=T0, max_count=3, statuses=("FAILED", "RETRYING"), sent_before=T0))
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(r["retryCount"] for r in results if r is not None), [1, 2, 3])
+        self.assertEqual(self.store.get_event("evt-many")["retryCount"], 3)
+
+    def test_set_status_if_writes_only_status_and_status_at_when_unchanged(self):
+        self.insert(make_event("evt-cas", status="SENT"), make_event("evt-no-time", status="SENT", statusAt=None))
+        before = self.store.get_event("evt-cas")
+        later = T0 + timedelta(seconds=3)
+        self.assertFalse(self.store.set_status_if("evt-cas", "SENT", T0 - timedelta(seconds=1), "FAILED", later))
+        self.assertFalse(self.store.set_status_if("evt-cas", "PARTIAL", T0, "FAILED", later))
+        self.assertEqual(self.store.get_event("evt-cas"), before)
+        self.assertTrue(self.store.set_status_if("evt-cas", "SENT", T0, "PARTIAL", later))
+        self.assertEqual(self.store.get_event("evt-cas"), {**before, "status": "PARTIAL", "statusAt": later})
+        self.assertFalse(self.store.set_status_if("evt-cas", "SENT", T0, "FAILED", later))  # read before the write
+        self.assertTrue(self.store.set_status_if("evt-no-time", "SENT", None, "CONSUMED", later))
+        self.assertFalse(self.store.set_status_if("evt-unknown", "SENT", None, "CONSUMED", later))
+
+    # --- listing --------------------------------------------------------------------------
+
+    def listing_events(self) -> None:
+        self.insert(
+            make_event("evt-1", occurred_at=T0, status="CONSUMED", trace_id="trace-A"),
+            make_event("evt-2", occurred_at=T0 + timedelta(seconds=1), topic="points.added", trace_id="trace-A",
+                       initiator={"service": "member-service"}, parentEventId="evt-1"),
+            make_event("evt-3", occurred_at=T0 + timedelta(seconds=2), status="FAILED", trace_id="trace-B"),
+            make_event("evt-5", occurred_at=T0 + timedelta(seconds=3), topic="points.added", trace_id="trace-A",
+                       initiator={"service": "member-service"}, parentEventId="evt-1"),
+            make_event("evt-4", occurred_at=T0 + timedelta(seconds=3), trace_id="trace-A", parentEventId="evt-2"),
+        )
+
+    def find(self, **query) -> list[str]:
+        total, page = self.store.find_events(EventQuery(**query), skip=0, limit=100)
+        self.assertEqual(total, len(page))
+        return self.ids(page)
+
+    def test_find_events_filters_by_every_field(self):
+        self.listing_events()
+        self.assertEqual(self.find(), ["evt-4", "evt-5", "evt-3", "evt-2", "evt-1"])  # newest first, then eventId
+        self.assertEqual(self.find(status="FAILED"), ["evt-3"])
+        self.assertEqual(self.find(topic="points.added"), ["evt-5", "evt-2"])
+        self.assertEqual(self.find(service="member-service"), ["evt-5", "evt-2"])
+        self.assertEqual(self.find(service="order-service"), ["evt-4", "evt-3", "evt-1"])
+        self.assertEqual(self.find(trace_id="trace-A"), ["evt-4", "evt-5", "evt-2", "evt-1"])
+        self.assertEqual(self.find(since=T0 + timedelta(seconds=2)), ["evt-4", "evt-5", "evt-3"])  # inclusive
+        self.assertEqual(self.find(until=T0 + timedelta(seconds=2)), ["evt-2", "evt-1"])  # exclusive
+        self.assertEqual(self.find(trace_id="trace-A", topic="order.purchased", status="PENDING",
+                                   since=T0 + timedelta(seconds=1), until=T0 + timedelta(seconds=4)), ["evt-4"])
+        self.assertEqual(self.find(trace_id="trace-none"), [])
+
+    def test_find_events_pages_with_the_total(self):
+        self.listing_events()
+        total, page = self.store.find_events(EventQuery(), skip=1, limit=2)
+        self.assertEqual((total, self.ids(page)), (5, ["evt-5", "evt-3"]))
+        total, page = self.store.find_events(EventQuery(trace_id="trace-A"), skip=3, limit=2)
+        self.assertEqual((total, self.ids(page)), (4, ["evt-1"]))
+        total, page = self.store.find_events(EventQuery(), skip=10, limit=2)
+        self.assertEqual((total, page), (5, []))
+
+    def test_count_events(self):
+        self.assertEqual(self.store.count_events(), 0)
+        self.listing_events()
+        self.assertEqual(self.store.count_events(), 5)
+        self.assertEqual(self.store.count_events(EventQuery(status="PENDING")), 3)
+        self.assertEqual(self.store.count_events(EventQuery(topic="points.added", trace_id="trace-A")), 2)
+
+    def test_status_filters_follow_status_changes(self):
+        self.insert(*(make_event(f"evt-{n}", occurred_at=T0 + timedelta(seconds=n)) for n in range(4)))
+        self.store.mark_sent("evt-0", T0)
+        self.store.mark_sent("evt-1", T0)
+        self.store.set_status_if("evt-1", "SENT", T0, "FAILED", T0)
+        self.store.claim_repush("evt-1", now=T0, max_count=5, statuses=("FAILED",), sent_before=T0)
+        self.store.set_status_if("evt-2", "PENDING", T0 + timedelta(seconds=2), "CONSUMED", T0)
+        counts = {s: self.store.count_events(EventQuery(status=s))
+                  for s in ("PENDING", "SENT", "CONSUMED", "FAILED", "RETRYING")}
+        self.assertEqual(counts, {"PENDING": 1, "SENT": 1, "CONSUMED": 1, "FAILED": 0, "RETRYING": 1})
+        self.assertEqual(self.find(status="RETRYING"), ["evt-1"])
+        self.assertEqual(self.find(status="PENDING"), ["evt-3"])
+        self.assertEqual(self.store.stale_pending(T0 + timedelta(minutes=1), 10), ["evt-3"])
+        self.assertEqual(self.store.count_events(EventQuery(status="SENT", since=T0 + timedelta(seconds=1))), 0)
+
+    def test_trace_events_in_time_order_then_by_event_id(self):
+        self.listing_events()
+        self.assertEqual(self.ids(self.store.trace_events("trace-A", 10)), ["evt-1", "evt-2", "evt-4", "evt-5"])
+        self.assertEqual(self.ids(self.store.trace_events("trace-A", 2)), ["evt-1", "evt-2"])
+        self.assertEqual(self.ids(self.store.trace_events("trace-B", 10)), ["evt-3"])
+        self.assertEqual(self.store.trace_events("trace-none", 10), [])
+        self.assertEqual(self.store.trace_events("trace-A", 10)[0], self.store.get_event("evt-1"))
+
+    def test_children_of_an_event_in_time_order(self):
+        self.listing_events()
+        self.assertEqual(self.ids(self.store.children("evt-1", 10)), ["evt-2", "evt-5"])
+        self.assertEqual(self.ids(self.store.children("evt-1", 1)), ["evt-2"])
+        self.assertEqual(self.ids(self.store.children("evt-2", 10)), ["evt-4"])
+        self.assertEqual(self.store.children("evt-4", 10), [])
+
+    # --- consumptions ------------------------------------------------------------------
+
+    def test_init_consumptions_adds_one_pending_row_per_consumer_and_keeps_existing_rows(self):
+        self.insert(make_event("evt-c", consumers=("member-service", "message-service")))
+        self.store.init_consumptions("evt-c", ["message-service", "member-service"], T0)
+        rows = self.store.consumption_rows(["evt-c"])
+        self.assertEqual(rows, [
+            {"eventId": "evt-c", "consumerId": c, "attemptNo": 0, "success": None, "consumedAt": None,
+             "error": None, "source": "send", "createdAt": T0} for c in ("member-service", "message-service")])
+        self.store.insert_feedback("evt-c", "member-service", feedback_fields(True))
+        self.store.init_consumptions("evt-c", ["member-service", "message-service", "audit-service"],
+                                     T0 + timedelta(minutes=1))  # a relay after a crash
+        after = self.store.consumption_rows(["evt-c"])
+        self.assertEqual([(r["consumerId"], r["attemptNo"], r["createdAt"]) for r in after], [
+            ("audit-service", 0, T0 + timedelta(minutes=1)), ("member-service", 0, T0), ("member-service", 1, T0),
+            ("message-service", 0, T0)])
+        self.assertEqual(self.store.count_consumptions(), 4)
+        self.store.init_consumptions("evt-c", [], T0)
+        self.assertEqual(self.store.count_consumptions(), 4)
+
+    def test_latest_consumption_and_rows_ordered_by_event_consumer_attempt(self):
+        for event_id in ("evt-b", "evt-a"):
+            self.store.init_consumptions(event_id, ["z-service", "a-service"], T0)
+        for n in range(3):
+            self.store.insert_feedback("evt-b", "z-service", feedback_fields(n == 2, T0 + timedelta(seconds=n)))
+        self.store.insert_feedback("evt-a", "a-service", feedback_fields(False))
+        latest = self.store.latest_consumption("evt-b", "z-service")
+        self.assertEqual((latest["attemptNo"], latest["success"], latest["consumedAt"]),
+                         (3, True, T0 + timedelta(seconds=2)))
+        self.assertEqual(self.store.latest_consumption("evt-b", "a-service")["attemptNo"], 0)
+        self.assertIsNone(self.store.latest_consumption("evt-b", "other-service"))
+        self.assertIsNone(self.store.latest_consumption("evt-none", "z-service"))
+        rows = self.store.consumption_rows(["evt-b", "evt-a", "evt-b", "evt-none"])
+        self.assertEqual([(r["eventId"], r["consumerId"], r["attemptNo"]) for r in rows], [
+            ("evt-a", "a-service", 0), ("evt-a", "a-service", 1), ("evt-a", "z-service", 0),
+            ("evt-b", "a-service", 0), ("evt-b", "z-service", 0), ("evt-b", "z-service", 1),
+            ("evt-b", "z-service", 2), ("evt-b", "z-service", 3)])
+        self.assertEqual(self.store.consumption_rows([]), [])
+        self.assertEqual(self.store.count_consumptions(), 8)
+        latest = self.store.latest_consumptions("evt-b")
+        self.assertEqual(latest, {"a-service": rows[3], "z-service": rows[7]})
+        self.assertEqual({c: r["attemptNo"] for c, r in self.store.latest_consumptions("evt-a").items()},
+                         {"a-service": 1, "z-service": 0})
+        self.assertEqual(self.store.latest_consumptions("evt-none"), {})
+
+    def test_insert_feedback_takes_the_next_attempt_number(self):
+        self.store.init_consumptions("evt-f", ["member-service"], T0)
+        first = self.store.insert_feedback("evt-f", "member-service", feedback_fields(False, retrying=True))
+        self.assertEqual(first, {"eventId": "evt-f", "consumerId": "member-service", "attemptNo": 1,
+                                 **feedback_fields(False, retrying=True)})
+        self.assertEqual(self.store.latest_consumption("evt-f", "member-service"), first)
+        known = self.store.insert_feedback("evt-f", "member-service", feedback_fields(False), known_latest=1)
+        self.assertEqual(known["attemptNo"], 2)
+        stale = self.store.insert_feedback("evt-f", "member-service", feedback_fields(True), known_latest=0)
+        self.assertEqual(stale["attemptNo"], 3)  # 1 was taken: it read again
+        self.assertEqual([r["attemptNo"] for r in self.store.consumption_rows(["evt-f"])], [0, 1, 2, 3])
+        with self.assertRaises(ConsumerNotExpected):
+            self.store.insert_feedback("evt-f", "other-service", feedback_fields(True))
+        with self.assertRaises(ConsumerNotExpected):
+            self.store.insert_feedback("evt-none", "member-service", feedback_fields(True))
+        self.assertEqual(self.store.count_consumptions(), 4)
+
+    def test_insert_attempt_refuses_a_taken_attempt_number(self):
+        self.store.init_consumptions("evt-u", ["member-service"], T0)
+        row = {"eventId": "evt-u", "consumerId": "member-service", "attemptNo": 0, **feedback_fields(True)}
+        self.assertFalse(self.store.insert_attempt(row))
+        self.assertIsNone(self.store.latest_consumption("evt-u", "member-service")["success"])
+        self.assertTrue(self.store.insert_attempt({**row, "attemptNo": 1}))
+        self.assertTrue(self.store.insert_attempt({**row, "consumerId": "message-service"}))
+        self.assertEqual(self.store.count_consumptions(), 3)
+
+    def test_concurrent_feedback_gets_distinct_contiguous_attempt_numbers(self):
+        self.store.init_consumptions("evt-race", ["member-service", "message-service"], T0)
+
+        def report(index):
+            consumer = ("member-service", "message-service")[index % 2]
+            return [self.store.insert_feedback("evt-race", consumer, feedback_fields(n % 2 == 0))["attemptNo"]
+                    for n in range(5)]
+
+        results, errors = run_together(8, report)
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(n for numbers in results for n in numbers), sorted(list(range(1, 21)) * 2))
+        for consumer in ("member-service", "message-service"):
+            numbers = [r["attemptNo"] for r in self.store.consumption_rows(["evt-race"]) if r["consumerId"] == consumer]
+            self.assertEqual(numbers, list(range(21)))
+
+    # --- inbox --------------------------------------------------------------------------------
+
+    def test_an_inbox_entry_is_created_once_per_consumer_and_event(self):
+        lease = T0 + timedelta(minutes=1)
+        self.assertIsNone(self.store.inbox_state("member-service", "evt-1"))
+        self.assertTrue(self.store.inbox_insert("member-service", "evt-1", owner="w1", now=T0, lease_until=lease))
+        self.assertFalse(self.store.inbox_insert("member-service", "evt-1", owner="w2", now=T0, lease_until=lease))
+        self.assertEqual(self.store.inbox_state("member-service", "evt-1"), "processing")
+        self.assertTrue(self.store.inbox_insert("message-service", "evt-1", owner="w3", now=T0, lease_until=lease))
+        self.assertTrue(self.store.inbox_insert("member-service", "evt-2", owner="w4", now=T0, lease_until=lease))
+        self.assertFalse(self.store.inbox_done("member-service", "evt-1", owner="w2", now=T0))  # not its claim
+        self.assertTrue(self.store.inbox_done("member-service", "evt-1", owner="w1", now=T0))
+        self.assertEqual(self.store.inbox_state("member-service", "evt-1"), "done")
+        self.assertEqual(self.store.inbox_state("message-service", "evt-1"), "processing")
+
+    def test_an_inbox_claim_is_taken_over_only_after_its_lease(self):
+        lease = T0 + timedelta(seconds=30)
+        self.store.inbox_insert("member-service", "evt-1", owner="crashed", now=T0, lease_until=lease)
+        self.assertFalse(self.store.inbox_take_over("member-service", "evt-1", owner="w2", now=lease - timedelta(
+            seconds=1), lease_until=lease + timedelta(minutes=1)))
+        self.assertTrue(self.store.inbox_take_over("member-service", "evt-1", owner="w2", now=lease,
+                                                   lease_until=lease + timedelta(minutes=1)))
+        self.assertFalse(self.store.inbox_take_over("member-service", "evt-1", owner="w3", now=lease,
+                                                    lease_until=lease + timedelta(minutes=1)))
+        self.assertFalse(self.store.inbox_done("member-service", "evt-1", owner="crashed", now=lease))
+        self.assertTrue(self.store.inbox_done("member-service", "evt-1", owner="w2", now=lease))
+        later = lease + timedelta(days=1)
+        self.assertFalse(self.store.inbox_take_over("member-service", "evt-1", owner="w4", now=later,
+                                                    lease_until=later))  # done: nothing to take over
+        self.assertFalse(self.store.inbox_take_over("member-service", "evt-none", owner="w4", now=later,
+                                                    lease_until=later))
+        self.assertEqual(self.store.inbox_state("member-service", "evt-1"), "done")
+
+    def test_an_inbox_claim_is_released_only_by_its_owner_while_processing(self):
+        lease = T0 + timedelta(minutes=1)
+        self.store.inbox_insert("member-service", "evt-1", owner="w1", now=T0, lease_until=lease)
+        self.store.inbox_release("member-service", "evt-1", owner="w2")
+        self.assertEqual(self.store.inbox_state("member-service", "evt-1"), "processing")
+        self.store.inbox_release("member-service", "evt-1", owner="w1")
+        self.assertIsNone(self.store.inbox_state("member-service", "evt-1"))
+        self.assertTrue(self.store.inbox_insert("member-service", "evt-1", owner="w3", now=T0, lease_until=lease))
+        self.store.inbox_done("member-service", "evt-1", owner="w3", now=T0)
+        self.store.inbox_release("member-service", "evt-1", owner="w3")
+        self.assertEqual(self.store.inbox_state("member-service", "evt-1"), "done")  # done is never released
+
+    def test_concurrent_inbox_claims_have_one_winner(self):
+        results, errors = run_together(8, lambda i: self.store.inbox_insert(
+            "member-service", "evt-race", owner=f"w{i}", now=T0, lease_until=T0 + timedelta(minutes=1)))
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(results), [False] * 7 + [True])
+
+    # --- sequences -----------------------------------------------------------------------------
+
+    def test_sequences_are_accepted_when_newer_and_never_lowered(self):
+        store = self.store
+        self.assertIsNone(store.last_sequence("member-service", "o-1"))
+        self.assertTrue(store.accept_sequence("member-service", "o-1", 5, T0))
+        self.assertFalse(store.accept_sequence("member-service", "o-1", 4, T0))
+        self.assertFalse(store.accept_sequence("member-service", "o-1", 5, T0))
+        self.assertTrue(store.accept_sequence("member-service", "o-1", 6, T0))
+        self.assertEqual(store.last_sequence("member-service", "o-1"), 6)
+        store.advance_sequence("member-service", "o-1", 3, T0)
+        self.assertEqual(store.last_sequence("member-service", "o-1"), 6)
+        store.advance_sequence("member-service", "o-1", 9, T0)
+        self.assertEqual(store.last_sequence("member-service", "o-1"), 9)
+        store.advance_sequence("member-service", "o-2", 2, T0)
+        self.assertEqual(store.last_sequence("member-service", "o-2"), 2)
+        self.assertIsNone(store.last_sequence("message-service", "o-1"))
+        self.assertTrue(store.accept_sequence("message-service", "o-1", 0, T0))
+
+    def test_concurrent_accepts_of_one_sequence_have_one_winner(self):
+        results, errors = run_together(8, lambda i: self.store.accept_sequence("member-service", "o-r", 7, T0))
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(results), [False] * 7 + [True])
+        _, errors = run_together(8, lambda i: self.store.advance_sequence("member-service", "o-new", i, T0))
+        self.assertEqual(errors, [])
+        self.assertEqual(self.store.last_sequence("member-service", "o-new"), 7)
+
+    # --- re-push audit --------------------------------------------------------------------------
+
+    def test_repush_history_is_newest_first_per_event(self):
+        for n in (2, 0, 1):
+            self.store.insert_repush({"eventId": "evt-r", "consumerId": None, "requestedBy": f"user-{n}",
+                                      "requestedAt": T0 + timedelta(seconds=n), "retryCount": n + 1,
+                                      "previousStatus": "FAILED", "outcome": "published", "error": None})
+        self.store.insert_repush({"eventId": "evt-other", "consumerId": "member-service", "requestedBy": "ops",
+                                  "requestedAt": T0, "retryCount": 1, "previousStatus": "PARTIAL",
+                                  "outcome": "failed", "error": "broker down"})
+        history = self.store.repush_history("evt-r")
+        self.assertEqual([r["requestedBy"] for r in history], ["user-2", "user-1", "user-0"])
+        self.assertEqual(history[0], {"eventId": "evt-r", "consumerId": None, "requestedBy": "user-2",
+                                      "requestedAt": T0 + timedelta(seconds=2), "retryCount": 3,
+                                      "previousStatus": "FAILED", "outcome": "published", "error": None})
+        self.assertEqual([r["requestedBy"] for r in self.store.repush_history("evt-r", limit=2)], ["user-2", "user-1"])
+        self.assertEqual([r["outcome"] for r in self.store.repush_history("evt-other")], ["failed"])
+        self.assertEqual(self.store.repush_history("evt-none"), [])
