@@ -69,7 +69,7 @@ def error(response):
 
 def test_reading_needs_authentication_and_the_view_permission(bus_env):
     response = APIClient().get("/bus/events/")
-    assert response.status_code == 401 and error(response)["errorCode"] == "UNAUTHENTICATED"
+    assert response.status_code == 401 and error(response)["errorCode"] == "NOT_AUTHENTICATED"
     staff_only = client_with(staff=True, name="staff")
     response = staff_only.get("/bus/events/")
     assert response.status_code == 403 and "wow_bus.view_busevent" in error(response)["errorMsg"]
@@ -111,7 +111,7 @@ def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_env, oper
     assert response.status_code == 400 and error(response)["bindingErrors"] == [
         {"name": "(body)", "msg": "must be a JSON object"}]
     response = operator.post("/bus/events/", "{not json", content_type="application/json")
-    assert response.status_code == 400 and error(response)["errorCode"] == "BAD_REQUEST"
+    assert response.status_code == 400 and error(response)["errorCode"] == "PARSE_ERROR"
     response = viewer.get("/bus/events/", {"status": "DONE", "page": "x"})
     assert response.status_code == 400 and error(response)["bindingErrors"] == [
         {"name": "page", "msg": "must be an integer"}]
@@ -196,7 +196,9 @@ def test_an_unauthenticated_or_foreign_callback_is_refused_and_stores_nothing(bu
         response = callback(token, body)
         assert response.status_code == 401, token
         assert response["WWW-Authenticate"] == 'Bearer realm="wow-bus"'
-        assert error(response)["errorCode"] == "UNAUTHENTICATED"
+        # No credentials: NOT_AUTHENTICATED; a token that is not a consumer's: AUTHENTICATION_FAILED.
+        expected = "NOT_AUTHENTICATED" if not token else "AUTHENTICATION_FAILED"
+        assert error(response)["errorCode"] == expected
     response = APIClient().post("/bus/callback/", body, format="json", HTTP_AUTHORIZATION="Bearer two tokens")
     assert response.status_code == 401
     get_user_model().objects.create_superuser("root", "root@example.com", "pw")
@@ -233,3 +235,38 @@ def test_weak_or_misnamed_callback_tokens_are_reported_by_checks():
     assert set(messages) == {"wow_django.W102", "wow_django.E101"}
     with override_settings(WOW={"BUS_CALLBACK_TOKENS": TOKENS}):
         assert check_callback_tokens() == []
+
+
+@pytest.mark.parametrize(("body", "status_code", "code"), [
+    ('{"topic": "order.purchased", "payload": {"a": 1e400}}', 400, "PARSE_ERROR"),
+    ('{"topic": "order.purchased", "payload": {"a": 100000000000000000000000}}', 400, "PARSE_ERROR"),
+    ('{"topic": "order.purchased", "payload": {}, "occurredAt": "0001-01-01T00:00:00+01:00"}', 400, "BUS_VALIDATION"),
+    ('{"topic": "order.purchased", "payload": {}, "expireAt": "9999-12-31T23:59:59-01:00"}', 400, "BUS_VALIDATION"),
+])
+def test_client_input_bson_or_json_cannot_hold_is_a_400_and_stores_nothing(bus_env, operator, body, status_code,
+                                                                           code):
+    response = operator.post("/bus/events/", body, content_type="application/json")
+    assert response.status_code == status_code and error(response)["errorCode"] == code
+    assert get_bus().store.count_events() == 0
+
+
+def test_a_form_post_is_refused_so_no_cross_site_form_can_send(bus_env, operator):
+    response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": "x"})  # form-encoded
+    assert response.status_code == 415 and error(response)["errorCode"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert get_bus().store.count_events() == 0
+
+
+def test_an_oversized_body_is_a_json_413(bus_env, operator, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"x": "y" * 2000}},
+                             format="json")
+    assert response.status_code == 413 and error(response)["errorCode"] == "REQUEST_TOO_LARGE"
+    assert get_bus().store.count_events() == 0
+
+
+@pytest.mark.parametrize("params", [{"page": "99999999999999999999"}, {"since": "0001-01-01T00:00:00+01:00"},
+                                    {"until": "9999-12-31T23:59:59-01:00"}])
+def test_listing_parameters_out_of_range_are_a_400(bus_env, viewer, params):
+    response = viewer.get("/bus/events/", params)
+    assert response.status_code == 400 and error(response)["errorCode"] == "BUS_VALIDATION"
+    assert list(params) == [e["name"] for e in error(response)["bindingErrors"]]

@@ -397,3 +397,53 @@ def test_a_requeued_message_goes_back_to_its_own_queue_only(bus_env, recorder, m
     assert beta.stats.received == 1  # the requeued copy did not reach beta
     assert recorder.effects == {(ALPHA, "evt-requeue"): 1, (BETA, "evt-requeue"): 1}
     assert wire["eventId"] == "evt-requeue"
+
+
+def test_a_dead_lettered_ordered_message_gives_its_sequence_back_so_a_repush_applies(bus_env):
+    seen, failing = [], {"evt-q2"}
+    consumer("t-delta", topics=["stock.counted"], drop_stale=True)(
+        lambda event, ctx: (_ for _ in ()).throw(RuntimeError("count failed")) if event.event_id in failing
+        else seen.append(event.sequence))
+    try:
+        bus = get_bus()
+        bus.set_topic_consumer("stock.counted", "t-delta")
+        bus.send("stock.counted", {}, event_id="evt-q1", partition_key="sku-9", sequence=1)
+        bus.send("stock.counted", {}, event_id="evt-q2", partition_key="sku-9", sequence=2)
+        with Running("t-delta") as [worker]:
+            wait_for(lambda: status("evt-q2") == "FAILED", what="sequence 2 dead-lettered")
+            assert bus.store.last_sequence("t-delta", "sku-9") == 1  # 2 was not applied: given back
+            failing.clear()
+            bus.repush("evt-q2", requested_by="ops", consumer_id="t-delta")
+            wait_for(lambda: status("evt-q2") == "CONSUMED", what="the re-push applied")
+        assert seen == [1, 2] and worker.stats.stale == 0
+        assert bus.store.last_sequence("t-delta", "sku-9") == 2
+    finally:
+        unregister_consumer("t-delta")
+
+
+def test_of_two_messages_of_one_partition_handled_at_once_the_older_is_dropped(bus_env):
+    """Two workers hold sequences 5 and 4 at the same time: 4 must never be applied after 5."""
+    started, release = threading.Event(), threading.Event()
+    applied = []
+
+    def handler(event, ctx):
+        if event.sequence == 5:
+            started.set()
+            release.wait(10)  # 5 is being handled when 4 arrives at the other worker
+        applied.append(event.sequence)
+
+    consumer("t-eps", topics=["stock.moved"], drop_stale=True)(handler)
+    try:
+        bus = get_bus()
+        bus.set_topic_consumer("stock.moved", "t-eps")
+        with Running("t-eps", "t-eps") as workers:
+            bus.send("stock.moved", {}, event_id="evt-m5", partition_key="sku-7", sequence=5)
+            assert started.wait(10)
+            bus.send("stock.moved", {}, event_id="evt-m4", partition_key="sku-7", sequence=4)
+            wait_for(lambda: status("evt-m4") == "CONSUMED", what="4 settled")
+            release.set()
+            wait_for(lambda: status("evt-m5") == "CONSUMED", what="5 settled")
+        assert applied == [5] and sum(w.stats.stale for w in workers) == 1
+    finally:
+        release.set()
+        unregister_consumer("t-eps")

@@ -233,9 +233,10 @@ def test_bad_input_over_http_stores_and_publishes_nothing(rabbit, db):
     ok = client.post("/bus/events/", {"topic": TOPIC, "payload": {"x": 1}, "eventId": "evt-http"}, format="json")
     assert ok.status_code == 201
     anonymous = APIClient()
-    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer wrong-token"}, {"HTTP_AUTHORIZATION": "Basic x"}):
+    for headers, code in (({}, "NOT_AUTHENTICATED"), ({"HTTP_AUTHORIZATION": "Bearer wrong-token"}, "AUTHENTICATION_FAILED"),
+                          ({"HTTP_AUTHORIZATION": "Basic x"}, "NOT_AUTHENTICATED")):
         response = anonymous.post("/bus/callback/", {"eventId": "evt-http", "success": True}, format="json", **headers)
-        assert response.status_code == 401 and response.json()["errorCode"] == "UNAUTHENTICATED"
+        assert response.status_code == 401 and response.json()["errorCode"] == code
     bus = get_bus()
     assert bus.store.count_events() == 1
     assert [r["attemptNo"] for r in bus.store.consumption_rows(["evt-http"])] == [0, 0]
@@ -321,3 +322,26 @@ def test_feedback_rolls_up_on_a_celery_worker_of_the_rollup_queue(rabbit, record
         assert bus.rollup("evt-callbacks") == expected  # rerunning changes nothing
     finally:
         task_postrun.disconnect(record)
+
+
+def test_the_first_send_after_a_broker_restart_is_published(recorder, bus_store):
+    """A pooled connection that died with the broker is replaced at once, not left to the relay."""
+    target = urlparse(amqp_url())
+    proxy = TcpProxy(target.hostname, target.port or 5672)
+    proxy.start()
+    settings = rabbit_settings(proxy.url(), BUS_STORE=bus_store)
+    try:
+        with override_settings(WOW=settings):
+            bus = get_bus()
+            bus.set_topic_consumer(TOPIC, ALPHA)
+            assert bus.send(TOPIC, {"n": 1}, event_id="evt-before").status == "SENT"
+            proxy.stop()  # the broker restarts: the pooled connection dies
+            proxy.start()
+            result = bus.send(TOPIC, {"n": 2}, event_id="evt-after")
+            assert result.status == "SENT", result.error
+            ids = {m.payload["eventId"] for m in take_messages(amqp_url(), settings["BUS_EXCHANGE"], ALPHA)}
+            assert ids == {"evt-before", "evt-after"}
+    finally:
+        proxy.stop()
+        delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA,))
+        disconnect(settings["MONGO_URI"])

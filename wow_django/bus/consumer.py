@@ -336,7 +336,10 @@ class ConsumerWorker:
                      dead_lettered=True)
             return ACK
         ordered = handler.drop_stale and event.partition_key is not None and event.sequence is not None
-        if ordered and self.sequences.is_stale(event.partition_key, event.sequence):
+        previous = self.sequences.last(event.partition_key) if ordered else None
+        # Taken before handling, atomically: of two messages of one partition
+        # handled at once, the older one is dropped, never applied after the newer.
+        if ordered and not self.sequences.accept(event.partition_key, event.sequence):
             self.inbox.done(event_id, claim.token)
             self.stats.stale += 1
             feedback(True, note=f"stale: sequence {event.sequence} of {event.partition_key!r} is not newer "
@@ -359,17 +362,19 @@ class ConsumerWorker:
                     break
                 feedback(False, error, retrying=True)
                 if self._stop.wait(self.backoff_s * 2 ** (attempt - 1)):
+                    if ordered:
+                        self.sequences.restore(event.partition_key, event.sequence, previous)
                     self.inbox.release(event_id, claim.token)  # stopping: another worker takes it over
                     return REQUEUE
                 continue
-            if ordered:
-                self.sequences.advance(event.partition_key, event.sequence)
             if not self.inbox.done(event_id, claim.token):
                 logger.warning("consumer %s: the inbox claim on %s expired while handling it (raise "
                                "WOW['BUS_INBOX_LEASE_S'])", self.consumer_id, event_id)
             self.stats.handled += 1
             feedback(True)
             return ACK
+        if ordered:  # not applied: a re-push of this event must not be dropped as stale
+            self.sequences.restore(event.partition_key, event.sequence, previous)
         self.inbox.release(event_id, claim.token)
         self.stats.failed += 1
         feedback(False, error, dead_lettered=True)

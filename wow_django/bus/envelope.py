@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, replace
@@ -85,7 +86,10 @@ def parse_time(value: Any) -> datetime:
         parsed = datetime.fromisoformat(value.replace("z", "Z"))
     except ValueError:
         raise ValueError("must be an ISO 8601 date-time such as 2024-02-28T10:00:00Z") from None
-    return to_bson_time(parsed)
+    try:
+        return to_bson_time(parsed)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise ValueError("must be a date-time between the years 1 and 9999 in UTC") from None
 
 
 def new_event_id() -> str:
@@ -246,8 +250,10 @@ def _payload_problem(value: Any, depth: int = 0) -> str | None:
             problem = _payload_problem(item, depth + 1)
             if problem:
                 return problem
-    elif isinstance(value, float) and value != value:  # NaN is not JSON
-        return "holds NaN, which is not JSON"
+    elif isinstance(value, float) and not math.isfinite(value):  # NaN and Infinity are not JSON
+        return "holds NaN or Infinity, which is not JSON"
+    elif isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return "holds an integer that does not fit in 64 bits (send it as a string)"
     elif not isinstance(value, (str, int, float, bool, type(None))):
         return f"holds a {type(value).__name__}, which is not JSON (convert it, e.g. Decimal to str)"
     return None

@@ -419,6 +419,20 @@ class InMemoryBusStore(BusStore):
             record.update(sequence=sequence, updatedAt=now)
             return True
 
+    def restore_sequence(self, consumer_id: str, partition_key: str, *, accepted: int, previous: int | None,
+                         now: datetime) -> bool:
+        key = (consumer_id, partition_key)
+        now = to_bson_time(now)
+        with self._lock:
+            record = self._sequences.get(key)
+            if record is None or record.get("sequence") != accepted:
+                return False
+            if previous is None:
+                del self._sequences[key]
+            else:
+                record.update(sequence=previous, updatedAt=now)
+            return True
+
     # --- re-push audit -----------------------------------------------------------------
 
     def insert_repush(self, record: dict) -> None:

@@ -375,6 +375,18 @@ class MongoBusStore(BusStore):
             return False
         return True
 
+    def restore_sequence(self, consumer_id: str, partition_key: str, *, accepted: int, previous: int | None,
+                         now: datetime) -> bool:
+        match = {"consumerId": consumer_id, "partitionKey": partition_key, "sequence": accepted}
+        if previous is None:
+            result = self.run(self.sequences, f"restoring {partition_key}", lambda c: c.delete_one(match))
+            self.acknowledged(result, "restoring a sequence")
+            return result.deleted_count == 1
+        result = self.run(self.sequences, f"restoring {partition_key}", lambda c: c.update_one(
+            match, {"$set": {"sequence": previous, "updatedAt": now}}))
+        self.acknowledged(result, "restoring a sequence")
+        return result.matched_count == 1
+
     # --- re-push audit -----------------------------------------------------------------
 
     def insert_repush(self, record: dict) -> None:

@@ -39,3 +39,8 @@ class SequenceTracker:
     def accept(self, partition_key: str, sequence: int) -> bool:
         """Atomically advance to ``sequence`` if it is newer; False (and no change) if it is stale."""
         return self.store.accept_sequence(self.consumer_id, partition_key, sequence, utcnow())
+
+    def restore(self, partition_key: str, accepted: int, previous: int | None) -> bool:
+        """Undo :meth:`accept` after the handling failed, unless a newer sequence was accepted since."""
+        return self.store.restore_sequence(self.consumer_id, partition_key, accepted=accepted, previous=previous,
+                                           now=utcnow())

@@ -48,6 +48,9 @@ from wow_django.bus.trace import build_tree
 from wow_django.bus.transport import BusTransport
 from wow_django.conf import on_reload, wow_settings
 
+# Pages beyond this would skip more rows than a server should walk (and overflow its skip).
+MAX_PAGE = 100_000
+
 logger = logging.getLogger("wow_django.bus")
 
 MAX_ERROR_LENGTH = 4000
@@ -454,8 +457,8 @@ class EventBus:
                 except ValueError as exc:
                     errors.append({"name": name, "msg": str(exc)})
         max_size = wow_settings.QUERY_MAX_PAGE_SIZE
-        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
-            errors.append({"name": "page", "msg": "must be an integer ≥ 1"})
+        if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_PAGE:
+            errors.append({"name": "page", "msg": f"must be an integer from 1 to {MAX_PAGE}"})
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_size:
             errors.append({"name": "size", "msg": f"must be an integer from 1 to {max_size}"})
         if errors:

@@ -245,6 +245,15 @@ class BusStore(ABC):
     def accept_sequence(self, consumer_id: str, partition_key: str, sequence: int, now: datetime) -> bool:
         """Store ``sequence`` if it is above the stored one (or none is stored); whether it did (atomic)."""
 
+    @abstractmethod
+    def restore_sequence(self, consumer_id: str, partition_key: str, *, accepted: int, previous: int | None,
+                         now: datetime) -> bool:
+        """Undo an ``accept_sequence`` whose handling failed: back to ``previous`` (None: no record).
+
+        Only while the stored sequence is still ``accepted`` (no newer one came
+        since); whether it did (atomic).
+        """
+
     # --- re-push audit (§5) ------------------------------------------------------------------------
 
     @abstractmethod

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 from collections.abc import Iterable
@@ -68,6 +69,7 @@ class BusTransport:
         self._idle: queue.LifoQueue[_Publisher] = queue.LifoQueue()
         self._closed = False
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     @property
     def is_amqp(self) -> bool:
@@ -98,28 +100,40 @@ class BusTransport:
         """
         consumers = list(consumers)
         body = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-        publisher = self._acquire()
-        try:
-            self._declare(publisher, topic, consumers if target is None else [target])
-            headers = {"wow-topic": topic}
-            if target is not None:
-                headers[TARGET_HEADER] = target
-                # The default exchange routes by queue name: only this consumer's queue gets it.
-                exchange, routing_key = DEFAULT_EXCHANGE, queue_name(self.exchange_name, target)
-            else:
-                exchange, routing_key = self.exchange, topic
-            publisher.producer.publish(
-                body, exchange=exchange, routing_key=routing_key, content_type=CONTENT_TYPE,
-                content_encoding="utf-8", delivery_mode=PERSISTENT, message_id=message.get("eventId"),
-                headers=headers, retry=False, timeout=self.timeout, confirm_timeout=self.timeout,
-            )
-        except Exception as exc:
-            publisher.close()
-            raise TransportUnavailable(
-                f"publishing {message.get('eventId')!r} to {self.exchange_name!r} failed "
-                f"({type(exc).__name__}: {exc}); the event stays stored and the relay retries it"
-            ) from exc
-        self._release(publisher)
+        publisher, pooled = self._acquire()
+        while True:
+            try:
+                self._publish(publisher, body, message, topic=topic, consumers=consumers, target=target)
+            except Exception as exc:
+                publisher.close()
+                if pooled:
+                    # An idle pooled connection may have died with the broker
+                    # (restart, failover): try once more on a fresh one. A
+                    # duplicate at worst, which every consumer's inbox absorbs.
+                    publisher, pooled = self._connect(), False
+                    continue
+                raise TransportUnavailable(
+                    f"publishing {message.get('eventId')!r} to {self.exchange_name!r} failed "
+                    f"({type(exc).__name__}: {exc}); the event stays stored and the relay retries it"
+                ) from exc
+            self._release(publisher)
+            return
+
+    def _publish(self, publisher: _Publisher, body: str, message: dict, *, topic: str, consumers: list[str],
+                 target: str | None) -> None:
+        self._declare(publisher, topic, consumers if target is None else [target])
+        headers = {"wow-topic": topic}
+        if target is not None:
+            headers[TARGET_HEADER] = target
+            # The default exchange routes by queue name: only this consumer's queue gets it.
+            exchange, routing_key = DEFAULT_EXCHANGE, queue_name(self.exchange_name, target)
+        else:
+            exchange, routing_key = self.exchange, topic
+        publisher.producer.publish(
+            body, exchange=exchange, routing_key=routing_key, content_type=CONTENT_TYPE,
+            content_encoding="utf-8", delivery_mode=PERSISTENT, message_id=message.get("eventId"),
+            headers=headers, retry=False, timeout=self.timeout, confirm_timeout=self.timeout,
+        )
 
     def _declare(self, publisher: _Publisher, topic: str, consumers: list[str]) -> None:
         if "exchange" not in publisher.declared:
@@ -132,11 +146,19 @@ class BusTransport:
             self.queue(consumer, [topic])(publisher.channel).declare()
             publisher.declared.add(key)
 
-    def _acquire(self) -> _Publisher:
+    def _acquire(self) -> tuple[_Publisher, bool]:
+        """An idle pooled publisher (``True``) or a new one (``False``)."""
+        if self._pid != os.getpid():
+            # Forked: the pooled sockets are the parent's. Forget them unclosed
+            # (closing would talk on the parent's connections).
+            self._idle = queue.LifoQueue()
+            self._pid = os.getpid()
         try:
-            return self._idle.get_nowait()
+            return self._idle.get_nowait(), True
         except queue.Empty:
-            pass
+            return self._connect(), False
+
+    def _connect(self) -> _Publisher:
         try:
             return _Publisher(self)
         except Exception as exc:

@@ -7,66 +7,29 @@ Errors are ``{errorCode, errorMsg, bindingErrors}`` with 400 (bad input),
 
 from __future__ import annotations
 
-from django.http import Http404
 from django.utils.module_loading import import_string
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.views import APIView
-from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import APIView, set_rollback
 
+from wow_django.api.errors import error_body, error_response
+from wow_django.api.parsers import WowJSONParser
 from wow_django.bus.authentication import ConsumerTokenAuthentication
 from wow_django.bus.context import bus_context
 from wow_django.bus.errors import BusError, EnvelopeValidationError
 from wow_django.bus.permissions import CanManageConsumers, CanRepush, CanSendEvents, CanViewBus, IsConsumer
 from wow_django.bus.service import get_bus
 from wow_django.conf import wow_settings
-from wow_django.exceptions import RecoverableStoreError
-
-DRF_CODES = {
-    exceptions.NotAuthenticated: "UNAUTHENTICATED",
-    exceptions.AuthenticationFailed: "UNAUTHENTICATED",
-    exceptions.PermissionDenied: "FORBIDDEN",
-    exceptions.NotFound: "NOT_FOUND",
-    exceptions.ParseError: "BAD_REQUEST",
-    exceptions.ValidationError: "BUS_VALIDATION",
-    exceptions.MethodNotAllowed: "METHOD_NOT_ALLOWED",
-    exceptions.UnsupportedMediaType: "UNSUPPORTED_MEDIA_TYPE",
-    exceptions.NotAcceptable: "NOT_ACCEPTABLE",
-    exceptions.Throttled: "THROTTLED",
-}
-
-
-def error_body(code: str, message: str, binding_errors=None) -> dict:
-    return {"errorCode": code, "errorMsg": message, "bindingErrors": list(binding_errors or [])}
-
-
-def _flatten(detail, prefix: str = "") -> list[dict]:
-    if isinstance(detail, dict):
-        out = []
-        for key, value in detail.items():
-            out.extend(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    if isinstance(detail, list):
-        return [e for item in detail for e in _flatten(item, prefix)]
-    return [{"name": prefix or "(body)", "msg": str(detail)}]
 
 
 def bus_exception_handler(exc, context):
+    """Bus errors carry their own status; everything else is answered like the API's errors."""
     if isinstance(exc, BusError):
         return Response(error_body(exc.error_code, str(exc), exc.binding_errors), status=exc.http_status)
-    if isinstance(exc, RecoverableStoreError):
-        return Response(error_body(exc.error_code, str(exc)), status=status.HTTP_503_SERVICE_UNAVAILABLE)
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
-    if isinstance(exc, Http404):
-        exc = exceptions.NotFound()
-    code = next((c for cls, c in DRF_CODES.items() if isinstance(exc, cls)), "ERROR")
-    binding = _flatten(exc.detail) if isinstance(exc, exceptions.ValidationError) else []
-    detail = getattr(exc, "detail", None)
-    message = "; ".join(f"{e['name']}: {e['msg']}" for e in binding) if binding else str(detail or exc)
-    response.data = error_body(code, message, binding)
+    response = error_response(exc)
+    if response is not None:
+        set_rollback()
     return response
 
 
@@ -74,6 +37,9 @@ class BusView(APIView):
     """Base of the bus endpoints: the bus error format and the project's authentication."""
 
     schema = None  # not part of the aggregates' OpenAPI document
+    # JSON only: numbers checked (finite, 64-bit), size capped, and no form
+    # posts, so a cross-site HTML form cannot act with a browser's credentials.
+    parser_classes = [WowJSONParser]
 
     def get_exception_handler(self):
         return bus_exception_handler

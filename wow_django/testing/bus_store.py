@@ -538,6 +538,18 @@ class BusStoreContract:
         self.assertEqual(errors, [])
         self.assertEqual(self.store.last_sequence("member-service", "o-new"), 7)
 
+    def test_an_accepted_sequence_is_restored_only_while_unchanged(self):
+        store = self.store
+        self.assertTrue(store.accept_sequence("member-service", "o-u", 5, T0))
+        self.assertTrue(store.accept_sequence("member-service", "o-u", 6, T0))
+        self.assertFalse(store.restore_sequence("member-service", "o-u", accepted=5, previous=None, now=T0))
+        self.assertEqual(store.last_sequence("member-service", "o-u"), 6)  # a newer one came since: kept
+        self.assertTrue(store.restore_sequence("member-service", "o-u", accepted=6, previous=5, now=T0))
+        self.assertEqual(store.last_sequence("member-service", "o-u"), 5)
+        self.assertTrue(store.restore_sequence("member-service", "o-u", accepted=5, previous=None, now=T0))
+        self.assertIsNone(store.last_sequence("member-service", "o-u"))
+        self.assertTrue(store.accept_sequence("member-service", "o-u", 5, T0))  # accepted again after the undo
+
     # --- re-push audit --------------------------------------------------------------------------
 
     def test_repush_history_is_newest_first_per_event(self):
