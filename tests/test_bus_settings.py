@@ -21,6 +21,12 @@ from wow_django.mongo.client import disconnect
 from .conftest import fresh_wow
 
 
+@pytest.fixture(autouse=True)
+def debug_on(settings):
+    """The tenant-resolver warning (W004) only speaks outside DEBUG; these checks are about the bus."""
+    settings.DEBUG = True
+
+
 def ids(messages):
     return [m.id for m in messages]
 

@@ -20,6 +20,12 @@ def ids(messages):
     return [m.id for m in messages]
 
 
+@pytest.fixture(autouse=True)
+def debug_on(settings):
+    """The tenant-resolver warning (W004) only speaks outside DEBUG; its own test turns DEBUG off."""
+    settings.DEBUG = True
+
+
 def test_defaults_apply_under_user_values():
     assert wow_settings.CONTEXT_NAME == "order-service"  # from the sample project's WOW
     assert wow_settings.STORAGE == "mongo"
@@ -143,3 +149,13 @@ def test_celery_snapshots_with_a_process_local_cache_are_a_warning():
         with override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                                                    "LOCATION": "redis://127.0.0.1:6379/1"}}):
             assert check_settings() == []
+
+
+def test_the_header_tenant_resolver_is_a_warning_outside_debug():
+    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x"}):
+        assert ids(check_settings()) == ["wow_django.W004"]
+    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x",
+                                             "TENANT_RESOLVER": "wow_django.api.tenancy.UserTenantResolver"}):
+        assert check_settings() == []
+    with override_settings(DEBUG=True, WOW={"MONGO_URI": "mongodb://db/x"}):
+        assert check_settings() == []

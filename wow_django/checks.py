@@ -39,6 +39,14 @@ def check_settings(app_configs=None, **kwargs):
                 hint="Set WOW['MONGO_URI'] to a mongodb:// or mongodb+srv:// URI in production.",
                 id="wow_django.W001",
             ))
+    if not settings.DEBUG and wow_settings.TENANT_RESOLVER.__name__ == "HeaderTenantResolver":
+        messages.append(checks.Warning(
+            "WOW['TENANT_RESOLVER'] takes the tenant from the Wow-Tenant-Id request header: any client can "
+            "act for any tenant unless a trusted proxy sets that header.",
+            hint="Use wow_django.api.tenancy.UserTenantResolver (tenant from the authenticated user) or your "
+                 "own resolver; silence wow_django.W004 if a gateway sets the header.",
+            id="wow_django.W004",
+        ))
     if wow_settings.SNAPSHOT_MODE == "celery" and _cache_is_process_local():
         messages.append(checks.Warning(
             "WOW['SNAPSHOT_MODE'] is 'celery' but the default cache is local to each process: the marker that "

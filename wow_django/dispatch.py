@@ -104,15 +104,10 @@ class Tracker:
     errors: list[str] = field(default_factory=list)
 
 
-def completed_tracker() -> Tracker:
-    """A tracker whose stages are already done (nothing to dispatch)."""
-    tracker = Tracker()
-    tracker.snapshot_done.set()
-    tracker.projected_done.set()
-    return tracker
-
-
-COMPLETED = completed_tracker()  # shared, never written to
+# A tracker whose stages are already done (nothing to dispatch); shared, never written to.
+COMPLETED = Tracker()
+COMPLETED.snapshot_done.set()
+COMPLETED.projected_done.set()
 
 
 @dataclass

@@ -180,10 +180,6 @@ class Envelope:
     def with_sent_at(self, moment: datetime) -> Envelope:
         return replace(self, sent_at=moment)
 
-    @property
-    def expired(self) -> bool:
-        return self.expire_at is not None and self.expire_at <= utcnow()
-
 
 # --- validation -------------------------------------------------------------------
 
