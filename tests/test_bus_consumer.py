@@ -18,7 +18,9 @@ from django.test import override_settings
 from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
 from wow_django.bus.consumer import unregister_consumer
 from wow_django.bus.inbox import Inbox
+from wow_django.bus.testing import RunningConsumers as Running
 from wow_django.bus.testing import delete_amqp_entities, unique_exchange, wait_for
+from wow_django.bus.testing import event_status as status
 from wow_django.mongo.client import disconnect
 
 from .conftest import fresh_wow
@@ -72,27 +74,6 @@ def bus_env(bus_store):
         yield settings
         delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], (ALPHA, BETA, "t-gamma", "t-child"))
     disconnect(settings["MONGO_URI"])
-
-
-class Running:
-    def __init__(self, *consumer_ids, **kwargs):
-        self.workers = [ConsumerWorker(c, **kwargs) for c in consumer_ids]
-        self.threads = []
-
-    def __enter__(self):
-        self.threads = [run_in_thread(w) for w in self.workers]
-        return self.workers
-
-    def __exit__(self, *exc):
-        for worker in self.workers:
-            worker.stop()
-        for thread in self.threads:
-            thread.join(10)
-            assert not thread.is_alive()
-
-
-def status(event_id):
-    return get_bus().store.get_event(event_id)["status"]
 
 
 def attempts(event_id, consumer_id):

@@ -21,9 +21,12 @@ from django.test import override_settings
 from kombu import Connection, Exchange, Queue
 from rest_framework.test import APIClient
 
-from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
+from wow_django.bus import consumer, get_bus
 from wow_django.bus.consumer import unregister_consumer
 from wow_django.bus.envelope import Envelope
+from wow_django.bus.testing import (
+    RunningConsumers as Running,
+)
 from wow_django.bus.testing import (
     TcpProxy,
     amqp_url,
@@ -32,6 +35,9 @@ from wow_django.bus.testing import (
     take_messages,
     unique_exchange,
     wait_for,
+)
+from wow_django.bus.testing import (
+    event_status as status,
 )
 from wow_django.bus.transport import queue_name
 from wow_django.mongo.client import disconnect
@@ -87,27 +93,6 @@ def rabbit(bus_store):
         yield settings
     delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA, BETA))
     disconnect(settings["MONGO_URI"])
-
-
-class Running:
-    def __init__(self, *consumer_ids, **kwargs):
-        self.workers = [ConsumerWorker(c, **kwargs) for c in consumer_ids]
-        self.threads = []
-
-    def __enter__(self):
-        self.threads = [run_in_thread(w) for w in self.workers]
-        return self.workers
-
-    def __exit__(self, *exc):
-        for worker in self.workers:
-            worker.stop()
-        for thread in self.threads:
-            thread.join(15)
-            assert not thread.is_alive()
-
-
-def status(event_id):
-    return get_bus().store.get_event(event_id)["status"]
 
 
 def test_durable_topic_exchange_durable_queues_persistent_confirmed_messages(rabbit):

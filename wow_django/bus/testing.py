@@ -171,3 +171,37 @@ def take_messages(url: str, exchange: str, consumer_id: str, limit: int = 1000) 
                 break
             taken.append(message)
     return taken
+
+
+class RunningConsumers:
+    """``with RunningConsumers("member-service", ...) as workers:`` runs consumer workers in threads.
+
+    Leaving the block stops them and waits for their threads (failing if one hangs).
+    """
+
+    def __init__(self, *consumer_ids: str, join_timeout: float = 15.0, **kwargs):
+        from wow_django.bus.consumer import ConsumerWorker
+
+        self.workers = [ConsumerWorker(c, **kwargs) for c in consumer_ids]
+        self.join_timeout = join_timeout
+        self.threads: list[threading.Thread] = []
+
+    def __enter__(self):
+        from wow_django.bus.consumer import run_in_thread
+
+        self.threads = [run_in_thread(w) for w in self.workers]
+        return self.workers
+
+    def __exit__(self, *exc) -> None:
+        for worker in self.workers:
+            worker.stop()
+        for thread in self.threads:
+            thread.join(self.join_timeout)
+            assert not thread.is_alive(), f"consumer thread {thread.name} did not stop"
+
+
+def event_status(event_id: str) -> str:
+    """The stored status of an event of the process's bus."""
+    from wow_django.bus.service import get_bus
+
+    return get_bus().store.get_event(event_id)["status"]
