@@ -21,6 +21,8 @@ reads in the OpenAPI schema.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from rest_framework.exceptions import NotAuthenticated, PermissionDenied
 
 from wow_django.api.errors import InvalidRequest
@@ -38,11 +40,12 @@ def check_tenant_id(value, name: str) -> str:
     return value
 
 
-class TenantResolver:
+class TenantResolver(ABC):
     """Base class: ``resolve(request)`` returns the tenant id the request acts for."""
 
+    @abstractmethod
     def resolve(self, request) -> str:
-        raise NotImplementedError(f"{type(self).__name__} must implement resolve(request)")
+        """The tenant id of ``request``; raise ``InvalidRequest`` (400) or ``PermissionDenied`` (403) to refuse."""
 
     def schema_parameters(self) -> list[dict]:
         """OpenAPI parameter objects for the inputs this resolver reads (headers)."""
