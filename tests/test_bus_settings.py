@@ -107,3 +107,40 @@ def test_a_forked_child_builds_its_own_bus_and_store():
         assert answer == b"111"
         assert get_bus() is parent and parent.store.enabled_consumers("order.purchased") == ["member-service"]
     disconnect(settings["MONGO_URI"])
+
+
+def test_services_share_one_bus_database_but_not_their_own():
+    """The bus database is common to the services on the bus (seed 004 §2.1); their event databases are not."""
+    import uuid
+    from io import StringIO
+
+    from wow_django import stores
+    from wow_django.exceptions import DatabaseOwnershipError
+    from wow_django.mongo import get_connection
+    from wow_django.records import AggregateId
+    from wow_django.testing import make_stream
+
+    uri = f"mongomock://localhost/own_{uuid.uuid4().hex[:8]}"
+    shared = {"MONGO_URI": uri, "BUS_DATABASE": "shared_bus", "STORAGE": "mongo"}
+    try:
+        with override_settings(WOW={**shared, "CONTEXT_NAME": "order-service", "EVENT_STREAM_DATABASE": "orders"}):
+            bus = get_bus()
+            bus.set_topic_consumer("order.purchased", "member-service")
+            assert bus.send("order.purchased", {"n": 1}, event_id="evt-from-orders").stored
+            stores.event_store().append(make_stream(AggregateId("order", "o-1"), 1))
+        with override_settings(WOW={**shared, "CONTEXT_NAME": "member-service", "EVENT_STREAM_DATABASE": "members"}):
+            bus = get_bus()
+            assert bus.store.get_event("evt-from-orders")["topic"] == "order.purchased"
+            bus.set_topic_consumer("points.added", "message-service")
+            assert bus.send("points.added", {"n": 2}, event_id="evt-from-members").stored
+            call_command("wow_init_schema", stdout=StringIO(), stderr=StringIO())  # the shared bus is no conflict
+        with override_settings(WOW={**shared, "CONTEXT_NAME": "member-service", "EVENT_STREAM_DATABASE": "orders"}):
+            with pytest.raises(DatabaseOwnershipError):  # another service's event database stays refused
+                stores.event_store().load(AggregateId("order", "o-1"))
+        with override_settings(WOW=shared):
+            # The events databases are claimed; the shared bus database is not.
+            claims = {name: get_connection().database(name)["wow_database_metadata"].find_one()
+                      for name in ("orders", "shared_bus")}
+        assert claims["orders"]["contextName"] == "order-service" and claims["shared_bus"] is None
+    finally:
+        disconnect(uri)

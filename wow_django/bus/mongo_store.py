@@ -62,7 +62,9 @@ class MongoBusStore(BusStore):
     def collection(self, spec: CollectionSpec):
         collection = self._collections.get(spec.name)
         if collection is None:
-            self.schema_guard.ensure(self.database, spec)
+            # The bus database is shared by the services that talk over the bus
+            # (seed 004 §2.1): it is not claimed for one bounded context.
+            self.schema_guard.ensure(self.database, spec, claim=False)
             collection = self._collections[spec.name] = self.database[spec.name]
         return collection
 

@@ -49,6 +49,9 @@ def initialize(*, check_only: bool = False) -> SchemaReport:
     refused: set[str] = set()  # owned by another context: touch nothing there
     for purpose, spec in planned_specs():
         db = connection.database(database_name(purpose))
+        if purpose == "BUS":  # shared by the services on the bus: reconciled, never claimed
+            report.merge(reconcile_collection(db, spec, check_only=check_only))
+            continue
         if db.name not in claimed:
             claimed.add(db.name)
             ownership = claim_database(db, wow_settings.CONTEXT_NAME, check_only=check_only)

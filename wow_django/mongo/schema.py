@@ -279,14 +279,15 @@ class SchemaGuard:
         self._claimed: set[str] = set()
         self._lock = threading.Lock()
 
-    def ensure(self, database, spec: CollectionSpec) -> None:
+    def ensure(self, database, spec: CollectionSpec, *, claim: bool = True) -> None:
+        """Claim ``database`` (unless ``claim`` is False: a store shared by design) and reconcile ``spec``."""
         key = (database.name, spec.name)
         if key in self._done:
             return
         with self._lock:
             if key in self._done:
                 return
-            if database.name not in self._claimed:
+            if claim and database.name not in self._claimed:
                 raise_problems(claim_database(database, self.context_name))
                 self._claimed.add(database.name)
             if self.auto_init:
