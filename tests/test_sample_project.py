@@ -80,3 +80,14 @@ def test_the_readme_demo_command_serves_the_site(tmp_path):
             process.kill()
             output, _ = process.communicate()
     assert "orders by status:" in output
+
+
+def test_no_model_change_lacks_a_migration(db):
+    call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
+
+
+def test_the_admin_index_renders_for_a_superuser(db, client, django_user_model):
+    admin = django_user_model.objects.create_superuser("root", "root@example.invalid", "pw")
+    client.force_login(admin)
+    response = client.get("/admin/")
+    assert response.status_code == 200
