@@ -57,6 +57,13 @@ def check_aggregate_id(value: str, name: str = "id") -> str:
     return value
 
 
+def default_authentication_classes() -> list[type]:
+    """``WOW["API_AUTHENTICATION_CLASSES"]``, else DRF's ``DEFAULT_AUTHENTICATION_CLASSES`` (the bus uses it too)."""
+    if wow_settings.API_AUTHENTICATION_CLASSES is not None:
+        return import_classes(wow_settings.API_AUTHENTICATION_CLASSES)
+    return list(api_settings.DEFAULT_AUTHENTICATION_CLASSES)
+
+
 class AggregateGone(NotFound):
     error_code = "AGGREGATE_DELETED"
 
@@ -77,9 +84,7 @@ class WowAPIView(APIView):
         own = getattr(self.aggregate, "api_authentication_classes", None)
         if own is not None:
             return import_classes(own)
-        if wow_settings.API_AUTHENTICATION_CLASSES is not None:
-            return import_classes(wow_settings.API_AUTHENTICATION_CLASSES)
-        return list(api_settings.DEFAULT_AUTHENTICATION_CLASSES)
+        return default_authentication_classes()
 
     def get_permission_classes(self) -> list[type]:
         own = getattr(self.aggregate, "api_permission_classes", None)

@@ -7,20 +7,18 @@ Errors are ``{errorCode, errorMsg, bindingErrors}`` with 400 (bad input),
 
 from __future__ import annotations
 
-from django.utils.module_loading import import_string
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 from rest_framework.views import APIView, set_rollback
 
 from wow_django.api.errors import error_body, error_response
 from wow_django.api.parsers import WowJSONParser
+from wow_django.api.views import default_authentication_classes
 from wow_django.bus.authentication import ConsumerTokenAuthentication
 from wow_django.bus.context import bus_context
 from wow_django.bus.errors import BusError, EnvelopeValidationError
 from wow_django.bus.permissions import CanManageConsumers, CanRepush, CanSendEvents, CanViewBus, IsConsumer
 from wow_django.bus.service import get_bus
-from wow_django.conf import wow_settings
 
 
 def bus_exception_handler(exc, context):
@@ -45,9 +43,7 @@ class BusView(APIView):
         return bus_exception_handler
 
     def get_authenticators(self):
-        names = wow_settings.API_AUTHENTICATION_CLASSES
-        classes = [import_string(n) for n in names] if names is not None else api_settings.DEFAULT_AUTHENTICATION_CLASSES
-        return [cls() for cls in classes]
+        return [cls() for cls in default_authentication_classes()]
 
     def get_authenticate_header(self, request):
         # DRF asks only the first authenticator; session authentication has no
