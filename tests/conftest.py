@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -63,3 +64,19 @@ def queued_commands(monkeypatch):
 
     monkeypatch.setattr(process_command, "delay", enqueue)
     return queued
+
+
+def in_forked_child(probe) -> tuple[bool, ...]:
+    """Run ``probe()`` (returning a tuple of bools) in a forked child; its answer, read back in the parent."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child answers, then leaves at once (no test teardown runs twice)
+        try:
+            os.write(write, b"".join(b"1" if flag else b"0" for flag in probe()))
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 64)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return tuple(c == ord("1") for c in answer)

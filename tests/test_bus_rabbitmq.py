@@ -115,35 +115,42 @@ def test_durable_topic_exchange_durable_queues_persistent_confirmed_messages(rab
         assert message.payload["eventId"] == "evt-durable"
 
 
-def test_broker_unreachable_during_send_leaves_pending_then_the_relay_delivers(recorder, bus_store):
+@pytest.fixture
+def proxied_broker(bus_store):
+    """``(proxy, settings)``: the bus talks to RabbitMQ through a TCP proxy the test can take down."""
     target = urlparse(amqp_url())
     proxy = TcpProxy(target.hostname, target.port or 5672)
     proxy.start()
     settings = rabbit_settings(proxy.url(), BUS_STORE=bus_store)
     try:
-        with override_settings(WOW=settings):
-            bus = get_bus()
-            for consumer_id in (ALPHA, BETA):
-                bus.set_topic_consumer(TOPIC, consumer_id)
-            with Running(ALPHA, BETA) as workers:
-                proxy.stop()  # the broker goes away
-                result = bus.send(TOPIC, {"orderId": "o-down"}, event_id="evt-outage")
-                assert result.stored and result.status == "PENDING" and "cannot connect" in result.error
-                event = bus.store.get_event("evt-outage")
-                assert event["status"] == "PENDING" and "cannot connect" in event["lastError"]
-                assert bus.relay_pending(older_than_s=0).failed == ("evt-outage",)
-                assert recorder.deliveries == {}
-                proxy.start()  # back
-                wait_for(lambda: bus.relay_pending(older_than_s=0).published == ("evt-outage",), timeout=20,
-                         interval=0.2, what="relay published")
-                wait_for(lambda: status("evt-outage") == "CONSUMED", timeout=30, what="CONSUMED")
-            assert all(w.stats.errors for w in workers)  # they lost the broker and reconnected
-            assert recorder.effects == {(ALPHA, "evt-outage"): 1, (BETA, "evt-outage"): 1}
-            assert bus.store.get_event("evt-outage")["lastError"] is None
+        yield proxy, settings
     finally:
         proxy.stop()
         delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA, BETA))
         disconnect(settings["MONGO_URI"])
+
+
+def test_broker_unreachable_during_send_leaves_pending_then_the_relay_delivers(recorder, proxied_broker):
+    proxy, settings = proxied_broker
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer_id in (ALPHA, BETA):
+            bus.set_topic_consumer(TOPIC, consumer_id)
+        with Running(ALPHA, BETA) as workers:
+            proxy.stop()  # the broker goes away
+            result = bus.send(TOPIC, {"orderId": "o-down"}, event_id="evt-outage")
+            assert result.stored and result.status == "PENDING" and "cannot connect" in result.error
+            event = bus.store.get_event("evt-outage")
+            assert event["status"] == "PENDING" and "cannot connect" in event["lastError"]
+            assert bus.relay_pending(older_than_s=0).failed == ("evt-outage",)
+            assert recorder.deliveries == {}
+            proxy.start()  # back
+            wait_for(lambda: bus.relay_pending(older_than_s=0).published == ("evt-outage",), timeout=20,
+                     interval=0.2, what="relay published")
+            wait_for(lambda: status("evt-outage") == "CONSUMED", timeout=30, what="CONSUMED")
+        assert all(w.stats.errors for w in workers)  # they lost the broker and reconnected
+        assert recorder.effects == {(ALPHA, "evt-outage"): 1, (BETA, "evt-outage"): 1}
+        assert bus.store.get_event("evt-outage")["lastError"] is None
 
 
 class SimulatedCrash(BaseException):
@@ -309,24 +316,16 @@ def test_feedback_rolls_up_on_a_celery_worker_of_the_rollup_queue(rabbit, record
         task_postrun.disconnect(record)
 
 
-def test_the_first_send_after_a_broker_restart_is_published(recorder, bus_store):
+def test_the_first_send_after_a_broker_restart_is_published(recorder, proxied_broker):
     """A pooled connection that died with the broker is replaced at once, not left to the relay."""
-    target = urlparse(amqp_url())
-    proxy = TcpProxy(target.hostname, target.port or 5672)
-    proxy.start()
-    settings = rabbit_settings(proxy.url(), BUS_STORE=bus_store)
-    try:
-        with override_settings(WOW=settings):
-            bus = get_bus()
-            bus.set_topic_consumer(TOPIC, ALPHA)
-            assert bus.send(TOPIC, {"n": 1}, event_id="evt-before").status == "SENT"
-            proxy.stop()  # the broker restarts: the pooled connection dies
-            proxy.start()
-            result = bus.send(TOPIC, {"n": 2}, event_id="evt-after")
-            assert result.status == "SENT", result.error
-            ids = {m.payload["eventId"] for m in take_messages(amqp_url(), settings["BUS_EXCHANGE"], ALPHA)}
-            assert ids == {"evt-before", "evt-after"}
-    finally:
-        proxy.stop()
-        delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA,))
-        disconnect(settings["MONGO_URI"])
+    proxy, settings = proxied_broker
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        bus.set_topic_consumer(TOPIC, ALPHA)
+        assert bus.send(TOPIC, {"n": 1}, event_id="evt-before").status == "SENT"
+        proxy.stop()  # the broker restarts: the pooled connection dies
+        proxy.start()
+        result = bus.send(TOPIC, {"n": 2}, event_id="evt-after")
+        assert result.status == "SENT", result.error
+        ids = {m.payload["eventId"] for m in take_messages(amqp_url(), settings["BUS_EXCHANGE"], ALPHA)}
+        assert ids == {"evt-before", "evt-after"}

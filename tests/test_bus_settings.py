@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
@@ -18,7 +16,7 @@ from wow_django.checks import check_settings
 from wow_django.conf import DEFAULTS, validate_user_settings, wow_settings
 from wow_django.mongo.client import disconnect
 
-from .conftest import fresh_wow
+from .conftest import fresh_wow, in_forked_child
 
 
 @pytest.fixture(autouse=True)
@@ -91,20 +89,13 @@ def test_a_forked_child_builds_its_own_bus_and_store():
         parent = get_bus()
         parent.store.set_topic_consumer("order.purchased", "member-service", enabled=True, description=None,
                                         updated_by=None)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                child = get_bus()
-                fresh = (child is not parent, child.store is not parent.store,
-                         child.store.enabled_consumers("order.purchased") == [])
-                os.write(write, b"".join(b"%d" % f for f in fresh))
-            finally:
-                os._exit(0)
-        os.close(write)
-        answer = os.read(read, 3)
-        os.waitpid(pid, 0)
-        assert answer == b"111"
+
+        def probe():
+            child = get_bus()
+            return (child is not parent, child.store is not parent.store,
+                    child.store.enabled_consumers("order.purchased") == [])
+
+        assert in_forked_child(probe) == (True, True, True)
         assert get_bus() is parent and parent.store.enabled_consumers("order.purchased") == ["member-service"]
     disconnect(settings["MONGO_URI"])
 

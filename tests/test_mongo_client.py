@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from wow_django.mongo import database_name
 from wow_django.mongo.client import connect, disconnect, parse_uri, redact
+
+from .conftest import in_forked_child
 
 
 @pytest.mark.parametrize(
@@ -64,19 +64,9 @@ def test_server_client_is_lazy_and_recreated_after_fork():
     parent = connect(uri)
     assert parent.embedded is False
     embedded = connect("mongomock://localhost/fork_embedded")
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: report whether it got fresh objects, then leave at once
-        try:
-            fresh_server = connect(uri) is not parent
-            same_embedded = connect("mongomock://localhost/fork_embedded") is embedded
-            os.write(write, b"%d%d" % (fresh_server, same_embedded))
-        finally:
-            os._exit(0)
-    os.close(write)
-    answer = os.read(read, 2)
-    os.waitpid(pid, 0)
-    assert answer == b"11"
+    fresh_server, same_embedded = in_forked_child(
+        lambda: (connect(uri) is not parent, connect("mongomock://localhost/fork_embedded") is embedded))
+    assert fresh_server and same_embedded
     assert connect(uri) is parent
     disconnect(uri)
     disconnect("mongomock://localhost/fork_embedded")
@@ -117,19 +107,12 @@ def test_stores_and_gateway_are_rebuilt_in_a_forked_child():
     uri = "mongodb://127.0.0.1:1/fork_stores?serverSelectionTimeoutMS=100"
     with override_settings(WOW={"MONGO_URI": uri}):
         parent_store, parent_gateway = stores.event_store(), get_gateway()
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                child_store = stores.event_store()
-                fresh = (child_store is not parent_store, get_gateway() is not parent_gateway,
-                         child_store.connection.client is not parent_store.connection.client)
-                os.write(write, b"".join(b"%d" % f for f in fresh))
-            finally:
-                os._exit(0)
-        os.close(write)
-        answer = os.read(read, 3)
-        os.waitpid(pid, 0)
-        assert answer == b"111"
+
+        def probe():
+            child_store = stores.event_store()
+            return (child_store is not parent_store, get_gateway() is not parent_gateway,
+                    child_store.connection.client is not parent_store.connection.client)
+
+        assert in_forked_child(probe) == (True, True, True)
         assert stores.event_store() is parent_store
     disconnect(uri)
