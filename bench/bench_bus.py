@@ -66,11 +66,11 @@ from celery import Celery  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 from kombu import Connection, Consumer, Exchange, Producer, Queue, binding  # noqa: E402
 
+from wow_django.backends.mongo.client import disconnect  # noqa: E402
 from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread  # noqa: E402
 from wow_django.bus.envelope import build_envelope  # noqa: E402
-from wow_django.bus.store import BusStore, EventQuery  # noqa: E402
-from wow_django.bus.testing import delete_amqp_entities  # noqa: E402
-from wow_django.mongo.client import disconnect  # noqa: E402
+from wow_django.persistence.bus import BusStore, EventQuery  # noqa: E402
+from wow_django.testing.bus import delete_amqp_entities  # noqa: E402
 
 TOPIC = "bench.purchased"
 CONSUMERS = ("bench-member", "bench-message")
@@ -304,7 +304,7 @@ def bus_end_to_end(url: str, messages: list[dict], senders: int, rollup: str, re
                 worker_context.__exit__(None, None, None)
             delete_amqp_entities(url, exchange, CONSUMERS)
             if store != "memory":
-                from wow_django.mongo import get_connection
+                from wow_django.backends.mongo import get_connection
 
                 get_connection().client.drop_database(database)
                 disconnect(wow["MONGO_URI"])

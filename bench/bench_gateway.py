@@ -39,14 +39,14 @@ settings.configure(
 )
 django.setup()
 
+from wow_django.application.gateway import CommandGateway  # noqa: E402
+from wow_django.application.repository import snapshot_of  # noqa: E402
+from wow_django.backends.memory.stores import InMemoryEventStore, InMemorySnapshotStore  # noqa: E402
+from wow_django.backends.mongo.client import MongoConnection  # noqa: E402
+from wow_django.backends.mongo.event_store import MongoEventStore  # noqa: E402
+from wow_django.backends.mongo.schema import SchemaGuard  # noqa: E402
+from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore  # noqa: E402
 from wow_django.domain import Aggregate, Command, Event, State, creates, handles, sourcing  # noqa: E402
-from wow_django.gateway import CommandGateway  # noqa: E402
-from wow_django.mongo.client import MongoConnection  # noqa: E402
-from wow_django.mongo.event_store import MongoEventStore  # noqa: E402
-from wow_django.mongo.schema import SchemaGuard  # noqa: E402
-from wow_django.mongo.snapshot_store import MongoSnapshotStore  # noqa: E402
-from wow_django.repository import snapshot_of  # noqa: E402
-from wow_django.store.memory import InMemoryEventStore, InMemorySnapshotStore  # noqa: E402
 
 
 class RegisterDog(Command, name="bench_register_dog"):

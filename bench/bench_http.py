@@ -10,7 +10,7 @@ embedded engine ``mongomock://``):
       (``--live``: through a WSGI server on 127.0.0.1, one connection per
       request) - URL routing, middleware, DRF, JSON parsing, query parsing,
       tenant resolution, the query, JSON rendering;
-   b. as ``snapshot_query_service("order").paged(query, tenant_id="t1")``
+   b. as ``get_runtime().snapshot_queries("order").paged(query, tenant_id="t1")``
       with the query parsed once - the query alone;
 3. it prints both rates and their ratio (the share of time the HTTP layer
    leaves to the query), after checking that both return the same page.
@@ -44,16 +44,16 @@ django.setup()
 from django.core.wsgi import get_wsgi_application  # noqa: E402
 from django.test import Client, override_settings  # noqa: E402
 
-from wow_django import stores  # noqa: E402
-from wow_django.mongo.client import disconnect  # noqa: E402
-from wow_django.query.factory import parse_paged_query, snapshot_query_service  # noqa: E402
-from wow_django.records import AggregateId, Snapshot  # noqa: E402
+from wow_django.application.queries import parse_paged_query  # noqa: E402
+from wow_django.application.runtime import get_runtime  # noqa: E402
+from wow_django.backends.mongo.client import disconnect  # noqa: E402
+from wow_django.persistence.records import AggregateId, Snapshot  # noqa: E402
 
 STATUSES = ("PLACED", "PAID", "SHIPPED", "CANCELLED")
 
 
 def seed(count: int) -> None:
-    store = stores.snapshot_store()
+    store = get_runtime().snapshot_store
     for n in range(count):
         tenant = "t1" if n % 4 else "t2"
         state = {"status": STATUSES[n % len(STATUSES) if n % 3 else 1], "amount": (n * 37) % 1000,
@@ -120,7 +120,7 @@ def run(backend: str, args) -> dict:
     try:
         with override_settings(WOW=wow, ALLOWED_HOSTS=["*"], DEBUG=False):
             seed(args.snapshots)
-            service = snapshot_query_service("order")
+            service = get_runtime().snapshot_queries("order")
             query = parse_paged_query(body)
 
             def direct():

@@ -32,12 +32,12 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from wow_django.mongo.client import MongoConnection  # noqa: E402
-from wow_django.mongo.event_store import MongoEventStore  # noqa: E402
-from wow_django.mongo.schema import SchemaGuard  # noqa: E402
-from wow_django.records import AggregateId  # noqa: E402
-from wow_django.store.batching import BatchingEventStore  # noqa: E402
-from wow_django.store.memory import InMemoryEventStore  # noqa: E402
+from wow_django.backends.memory.stores import InMemoryEventStore  # noqa: E402
+from wow_django.backends.mongo.client import MongoConnection  # noqa: E402
+from wow_django.backends.mongo.event_store import MongoEventStore  # noqa: E402
+from wow_django.backends.mongo.schema import SchemaGuard  # noqa: E402
+from wow_django.persistence.batching import BatchingEventStore  # noqa: E402
+from wow_django.persistence.records import AggregateId  # noqa: E402
 from wow_django.testing.event_store import make_stream  # noqa: E402
 
 

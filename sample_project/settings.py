@@ -88,7 +88,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- HTTP API (wow_django.api) and its OpenAPI schema -------------------------------
+# --- HTTP API (wow_django.http) and its OpenAPI schema -------------------------------
 REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Order service",

@@ -4,9 +4,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("bus/", include("wow_django.bus.urls")),
+    path("bus/", include("wow_django.http.bus_urls")),
     # Before the API include: its last route answers every other api/ path with a JSON 404.
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    path("api/", include("wow_django.api.urls")),
+    path("api/", include("wow_django.http.urls")),
 ]

@@ -8,7 +8,8 @@ import uuid
 import pytest
 from django.test import override_settings
 
-from wow_django.mongo.client import disconnect
+from wow_django.backends.mongo.client import disconnect
+from wow_django.testing import isolated_registry
 
 
 def fresh_wow(storage: str, **extra) -> dict:
@@ -80,3 +81,10 @@ def in_forked_child(probe) -> tuple[bool, ...]:
     os.close(read)
     os.waitpid(pid, 0)
     return tuple(c == ord("1") for c in answer)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_declarations():
+    """Aggregates, events, projections and consumers a test declares vanish after it."""
+    with isolated_registry():
+        yield

@@ -17,10 +17,8 @@ from rest_framework import exceptions as drf
 from rest_framework.test import APIClient
 
 from sample_project.orders.aggregates import Customer, Order
-from wow_django import stores
-from wow_django.api.errors import InvalidRequest, NotFound, error_response
-from wow_django.api.tenancy import UserTenantResolver
-from wow_django.api.urls import aggregate_urlpatterns
+from wow_django.application.gateway import derived_aggregate_id
+from wow_django.application.runtime import get_runtime
 from wow_django.domain.aggregate import CommandHandler
 from wow_django.exceptions import (
     AggregateIsDeleted,
@@ -36,9 +34,11 @@ from wow_django.exceptions import (
     UnknownAggregate,
     UnknownCommand,
 )
-from wow_django.gateway import derived_aggregate_id
+from wow_django.http.errors import InvalidRequest, ResourceNotFound, error_response
+from wow_django.http.tenancy import UserTenantResolver
+from wow_django.http.urls import aggregate_urlpatterns
+from wow_django.persistence.records import AggregateId
 from wow_django.query.errors import QueryValidationError
-from wow_django.records import AggregateId
 
 # Wait stage SENT queues through the queued_commands fixture, not Celery.
 pytestmark = pytest.mark.usefixtures("queued_commands")
@@ -94,7 +94,7 @@ def assert_error(response, status: int, code: str, names=None) -> dict:
 
 
 def versions(order_id, name="order"):
-    return [s.version for s in stores.event_store().load(AggregateId(name, order_id))]
+    return [s.version for s in get_runtime().event_store.load(AggregateId(name, order_id))]
 
 
 # --- commands ----------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_sent_is_queued_and_answers_202(api, queued_commands):
 
 
 def test_a_stage_not_confirmed_answers_202(api, monkeypatch):
-    from wow_django.gateway import CommandGateway
+    from wow_django.application.gateway import CommandGateway
 
     monkeypatch.setattr(CommandGateway, "_wait", lambda self, message, stream, tracker, wait, timeout: self._result(
         message, stream.version, wait, error_code="WAIT_TIMEOUT", error_msg="did not finish"))
@@ -196,7 +196,7 @@ def test_store_errors_are_mapped(api, monkeypatch, error, status, code):
     def refuse(stream):
         raise error
 
-    monkeypatch.setattr(stores.event_store(), "append", refuse)
+    monkeypatch.setattr(get_runtime().event_store, "append", refuse)
     response = post(api, "order/place_order", ORDER)
     assert_error(response, status, code)
     if status == 503:
@@ -209,11 +209,11 @@ def test_delete_and_recover(api):
     assert deleted.status_code == 200
     assert (deleted.json()["aggregateVersion"], deleted.json()["events"]) == (2, ["aggregate_deleted"])
     assert get(api, f"order/{order_id}/snapshot", tenant="t1").json()["deleted"] is True
-    assert_error(get(api, f"order/{order_id}/state", tenant="t1"), 404, "AGGREGATE_DELETED")
+    assert_error(get(api, f"order/{order_id}/state", tenant="t1"), 410, "AGGREGATE_DELETED")
     assert post(api, "order/snapshot/count", {}, tenant="t1").json() == 0
     assert post(api, "order/snapshot/count", {"operator": "DELETED", "value": "DELETED"}, tenant="t1").json() == 1
-    assert_error(pay(api, order_id), 409, "AGGREGATE_DELETED")
-    assert_error(api.delete(f"/api/order/{order_id}", **headers(tenant="t1")), 409, "AGGREGATE_DELETED")
+    assert_error(pay(api, order_id), 410, "AGGREGATE_DELETED")
+    assert_error(api.delete(f"/api/order/{order_id}", **headers(tenant="t1")), 410, "AGGREGATE_DELETED")
     recovered = api.put(f"/api/order/{order_id}/recover", **headers(tenant="t1", stage="SNAPSHOT"))
     assert recovered.status_code == 200 and recovered.json()["events"] == ["aggregate_recovered"]
     assert get(api, f"order/{order_id}/state", tenant="t1").json()["status"] == "PLACED"
@@ -378,7 +378,7 @@ def test_a_tenant_header_is_validated(api):
 def test_unsafe_or_invalid_queries_are_refused_before_any_read(api, wow, monkeypatch, body, names):
     reads = []
     if wow["STORAGE"] == "mongo":
-        store = stores.snapshot_store()
+        store = get_runtime().snapshot_store
         monkeypatch.setattr(store, "collection", lambda name: reads.append(name))
     response = post(api, "order/snapshot/paged", body)
     assert_error(response, 400, "INVALID_QUERY", names)
@@ -561,7 +561,7 @@ def test_an_aggregate_can_have_its_own_policy(api, monkeypatch):
 
 def test_commands_only_for_authenticated_users(api):
     with override_settings(WOW={**stores_settings(),
-                                "API_PERMISSION_CLASSES": ["wow_django.api.permissions.IsAuthenticatedForCommands"]}):
+                                "API_PERMISSION_CLASSES": ["wow_django.http.permissions.IsAuthenticatedForCommands"]}):
         assert post(api, "order/snapshot/count", {}).status_code == 200
         assert get(api, "order/x/state").status_code == 404
         assert_error(post(api, "order/place_order", ORDER), 403, "NOT_AUTHENTICATED")
@@ -613,7 +613,7 @@ class ProfileTenantResolver(UserTenantResolver):
 
 
 def test_the_tenant_from_the_user(api):
-    resolver = {"TENANT_RESOLVER": "wow_django.api.tenancy.UserTenantResolver"}
+    resolver = {"TENANT_RESOLVER": "wow_django.http.tenancy.UserTenantResolver"}
     with override_settings(WOW={**stores_settings(), **resolver}):
         assert_error(post(api, "order/place_order", ORDER), 403, "NOT_AUTHENTICATED")
         api.force_authenticate(TenantUser(pk=1, username="u", tenant_id="acme"))
@@ -671,9 +671,9 @@ def test_aggregates_without_delete_have_no_delete_routes(monkeypatch):
     (UnknownAggregate("no"), 404, "UNKNOWN_AGGREGATE"),
     (UnknownCommand("no"), 404, "UNKNOWN_COMMAND"),
     (AggregateNotFound("no"), 404, "NOT_FOUND"),
-    (NotFound("no"), 404, "NOT_FOUND"),
+    (ResourceNotFound("no"), 404, "NOT_FOUND"),
     (DomainError("ORDER_CANCELLED", "no"), 409, "ORDER_CANCELLED"),
-    (AggregateIsDeleted("no"), 409, "AGGREGATE_DELETED"),
+    (AggregateIsDeleted("no"), 410, "AGGREGATE_DELETED"),
     (DuplicateAggregateId("order", "x"), 409, "DUPLICATE_AGGREGATE_ID"),
     (EventVersionConflict("order", "x", 3), 409, "EVENT_VERSION_CONFLICT"),
     (DuplicateRequestId("order", "x", "r"), 409, "DUPLICATE_REQUEST_ID"),

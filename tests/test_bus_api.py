@@ -9,10 +9,10 @@ from django.contrib.auth.models import Permission
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
-from wow_django.bus.authentication import consumer_for_token
-from wow_django.bus.testing import delete_amqp_entities, unique_exchange
-from wow_django.mongo.client import disconnect
+from wow_django.http.bus_authentication import consumer_for_token
+from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
 from .conftest import fresh_wow
 

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
 from io import StringIO
 
 import pytest
@@ -15,13 +14,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
-from wow_django.bus.consumer import unregister_consumer
 from wow_django.bus.inbox import Inbox
-from wow_django.bus.testing import RunningConsumers as Running
-from wow_django.bus.testing import delete_amqp_entities, unique_exchange, wait_for
-from wow_django.bus.testing import event_status as status
-from wow_django.mongo.client import disconnect
+from wow_django.testing.bus import ConsumerRecorder, delete_amqp_entities, unique_exchange, wait_for
+from wow_django.testing.bus import RunningConsumers as Running
+from wow_django.testing.bus import event_status as status
 
 from .conftest import fresh_wow
 
@@ -29,33 +27,10 @@ ALPHA, BETA = "t-alpha", "t-beta"
 TOPIC = "shop.purchased"
 
 
-class Recorder:
-    """Handlers for two test consumers; ``effects`` counts what a handler did per event."""
-
-    def __init__(self):
-        self.effects: Counter = Counter()
-        self.calls: list[tuple[str, str, int]] = []
-        self.fail: dict[str, int] = {}  # consumer → attempts that fail before it succeeds (-1: always)
-        self.lock = threading.Lock()
-
-    def handle(self, consumer_id, event, ctx):
-        with self.lock:
-            self.calls.append((consumer_id, event.event_id, ctx.attempt))
-            remaining = self.fail.get(consumer_id, 0)
-            if remaining:
-                self.fail[consumer_id] = remaining - 1 if remaining > 0 else -1
-                raise RuntimeError(f"{consumer_id} is down")
-            self.effects[(consumer_id, event.event_id)] += 1
-
-
 @pytest.fixture
 def recorder():
-    rec = Recorder()
-    consumer(ALPHA, topics=[TOPIC])(lambda event, ctx: rec.handle(ALPHA, event, ctx))
-    consumer(BETA, topics=[TOPIC])(lambda event, ctx: rec.handle(BETA, event, ctx))
-    yield rec
-    unregister_consumer(ALPHA)
-    unregister_consumer(BETA)
+    """Consumers ALPHA and BETA on TOPIC, recording what they did (declarations end with the test)."""
+    return ConsumerRecorder().declare(TOPIC, ALPHA, BETA)
 
 
 def configure_consumers():
@@ -185,21 +160,18 @@ def test_stale_sequences_are_dropped(bus_env):
     seen = []
     consumer("t-gamma", topics=["stock.changed"], drop_stale=True)(
         lambda event, ctx: seen.append(event.sequence))
-    try:
-        bus = get_bus()
-        bus.set_topic_consumer("stock.changed", "t-gamma")
-        for sequence in (1, 3, 2, 4):  # 2 arrives after 3: stale
-            bus.send("stock.changed", {"qty": sequence}, event_id=f"evt-s{sequence}", partition_key="sku-1",
-                     sequence=sequence)
-        bus.send("stock.changed", {}, event_id="evt-other-sku", partition_key="sku-2", sequence=1)
-        with Running("t-gamma") as [worker]:
-            wait_for(lambda: worker.stats.received == 5, what="5 deliveries")
-            wait_for(lambda: all(status(f"evt-s{n}") == "CONSUMED" for n in (1, 2, 3, 4)), what="CONSUMED")
-        assert seen == [1, 3, 4, 1] and worker.stats.stale == 1
-        [_, dropped] = attempts("evt-s2", "t-gamma")
-        assert dropped["success"] is True and dropped["note"].startswith("stale: sequence 2")
-    finally:
-        unregister_consumer("t-gamma")
+    bus = get_bus()
+    bus.set_topic_consumer("stock.changed", "t-gamma")
+    for sequence in (1, 3, 2, 4):  # 2 arrives after 3: stale
+        bus.send("stock.changed", {"qty": sequence}, event_id=f"evt-s{sequence}", partition_key="sku-1",
+                 sequence=sequence)
+    bus.send("stock.changed", {}, event_id="evt-other-sku", partition_key="sku-2", sequence=1)
+    with Running("t-gamma") as [worker]:
+        wait_for(lambda: worker.stats.received == 5, what="5 deliveries")
+        wait_for(lambda: all(status(f"evt-s{n}") == "CONSUMED" for n in (1, 2, 3, 4)), what="CONSUMED")
+    assert seen == [1, 3, 4, 1] and worker.stats.stale == 1
+    [_, dropped] = attempts("evt-s2", "t-gamma")
+    assert dropped["success"] is True and dropped["note"].startswith("stale: sequence 2")
 
 
 def test_children_carry_the_trace_and_the_parent(bus_env):
@@ -208,32 +180,29 @@ def test_children_carry_the_trace_and_the_parent(bus_env):
         get_bus().send("shop.points", {"points": 1}, event_id=f"{event.event_id}-plain")  # context fills it
 
     consumer("t-child", topics=[TOPIC])(parent_handler)
-    try:
-        bus = get_bus()
-        bus.set_topic_consumer(TOPIC, ALPHA, enabled=False)
-        bus.set_topic_consumer(TOPIC, BETA, enabled=False)
-        bus.set_topic_consumer(TOPIC, "t-child")
-        bus.set_topic_consumer("shop.points", "t-other")
-        with Running("t-child"):
-            bus.send(TOPIC, {}, event_id="evt-parent", trace_id="trace-kids",
-                     initiator={"userId": "user-A", "clientRequestId": "req-1"})
-            wait_for(lambda: status("evt-parent") == "CONSUMED", what="CONSUMED")
-        children = bus.trace("trace-kids")["tree"][0]["children"]
-        assert len(children) == 2
-        for child in children:
-            assert child["traceId"] == "trace-kids" and child["parentEventId"] == "evt-parent"
-            assert child["initiator"]["service"] == "t-child" and child["initiator"]["userId"] == "user-A"
-            assert child["initiator"]["clientRequestId"] == "req-1"
-        derived = next(c for c in children if c["initiator"]["operation"] == "addPoints")
-        from wow_django.bus.consumer import ConsumerContext
-        from wow_django.bus.envelope import Envelope
+    bus = get_bus()
+    bus.set_topic_consumer(TOPIC, ALPHA, enabled=False)
+    bus.set_topic_consumer(TOPIC, BETA, enabled=False)
+    bus.set_topic_consumer(TOPIC, "t-child")
+    bus.set_topic_consumer("shop.points", "t-other")
+    with Running("t-child"):
+        bus.send(TOPIC, {}, event_id="evt-parent", trace_id="trace-kids",
+                 initiator={"userId": "user-A", "clientRequestId": "req-1"})
+        wait_for(lambda: status("evt-parent") == "CONSUMED", what="CONSUMED")
+    children = bus.trace("trace-kids")["tree"][0]["children"]
+    assert len(children) == 2
+    for child in children:
+        assert child["traceId"] == "trace-kids" and child["parentEventId"] == "evt-parent"
+        assert child["initiator"]["service"] == "t-child" and child["initiator"]["userId"] == "user-A"
+        assert child["initiator"]["clientRequestId"] == "req-1"
+    derived = next(c for c in children if c["initiator"]["operation"] == "addPoints")
+    from wow_django.bus.consumer import ConsumerContext
+    from wow_django.bus.envelope import Envelope
 
-        parent = Envelope.from_document(bus.store.get_event("evt-parent"))
-        ctx = ConsumerContext(bus, "t-child", parent, attempt=1, redelivered=False, operation="x")
-        assert derived["eventId"] == ctx.child_event_id("shop.points", 1)  # the same on every redelivery
-        assert ctx.idempotency_key == "t-child:evt-parent"
-    finally:
-        unregister_consumer("t-child")
+    parent = Envelope.from_document(bus.store.get_event("evt-parent"))
+    ctx = ConsumerContext(bus, "t-child", parent, attempt=1, redelivered=False, operation="x")
+    assert derived["eventId"] == ctx.child_event_id("shop.points", 1)  # the same on every redelivery
+    assert ctx.idempotency_key == "t-child:evt-parent"
 
 
 def test_an_invalid_message_is_rejected(bus_env, recorder):
@@ -249,7 +218,7 @@ def test_an_unknown_consumer_id_is_a_clear_error(bus_env):
     from django.core.exceptions import ImproperlyConfigured
 
     with pytest.raises(ImproperlyConfigured, match="no consumer 'nobody' is declared"):
-        ConsumerWorker("nobody")
+        ConsumerWorker("nobody", bus=get_bus())
     with pytest.raises(CommandError, match="no consumer 'nobody'"):
         call_command("wow_consume", "nobody")
     with pytest.raises(CommandError, match="--idle-timeout must be greater than 0"):
@@ -299,7 +268,7 @@ def test_an_event_held_by_another_worker_is_requeued_and_one_without_a_handler_i
 
     event = Envelope.from_document(bus.store.get_event("evt-held"))
     other = Inbox(bus.store, ALPHA).claim("evt-held")  # another worker of alpha is on it
-    worker = ConsumerWorker(ALPHA)
+    worker = ConsumerWorker(ALPHA, bus=get_bus())
     assert worker.process(event) == "requeue" and recorder.calls == []
     Inbox(bus.store, ALPHA).done("evt-held", other.token)
     assert worker.process(event) == "ack" and recorder.calls == []  # done by the other worker
@@ -315,8 +284,8 @@ def test_an_event_held_by_another_worker_is_requeued_and_one_without_a_handler_i
 
 
 def test_the_relay_and_repush_celery_tasks(bus_env, recorder, monkeypatch):
-    from wow_django.bus.errors import RepushRefused, TransportUnavailable
-    from wow_django.bus.tasks import relay_pending, repush_event
+    from wow_django.exceptions import RepushRefused, TransportUnavailable
+    from wow_django.tasks import relay_pending, repush_event
 
     def down(*args, **kwargs):
         raise TransportUnavailable("down (test)")
@@ -342,7 +311,7 @@ def test_the_relay_and_repush_celery_tasks(bus_env, recorder, monkeypatch):
 
 def test_the_middleware_fills_the_bus_context_from_the_request(rf, django_user_model):
     from wow_django.bus.context import current_context
-    from wow_django.bus.middleware import BusContextMiddleware
+    from wow_django.http.bus_middleware import BusContextMiddleware
 
     seen = []
     middleware = BusContextMiddleware(lambda request: seen.append(current_context()) or "response")
@@ -365,7 +334,7 @@ def test_a_requeued_message_goes_back_to_its_own_queue_only(bus_env, recorder, m
     from wow_django.bus.envelope import Envelope
 
     wire = Envelope.from_document(bus.store.get_event("evt-requeue")).to_json()
-    alpha = ConsumerWorker(ALPHA)
+    alpha = ConsumerWorker(ALPHA, bus=get_bus())
     verdicts = iter(["requeue"])
     process = alpha.process
     monkeypatch.setattr(alpha, "process", lambda event, **kw: next(verdicts, None) or process(event, **kw))
@@ -385,21 +354,18 @@ def test_a_dead_lettered_ordered_message_gives_its_sequence_back_so_a_repush_app
     consumer("t-delta", topics=["stock.counted"], drop_stale=True)(
         lambda event, ctx: (_ for _ in ()).throw(RuntimeError("count failed")) if event.event_id in failing
         else seen.append(event.sequence))
-    try:
-        bus = get_bus()
-        bus.set_topic_consumer("stock.counted", "t-delta")
-        bus.send("stock.counted", {}, event_id="evt-q1", partition_key="sku-9", sequence=1)
-        bus.send("stock.counted", {}, event_id="evt-q2", partition_key="sku-9", sequence=2)
-        with Running("t-delta") as [worker]:
-            wait_for(lambda: status("evt-q2") == "FAILED", what="sequence 2 dead-lettered")
-            assert bus.store.last_sequence("t-delta", "sku-9") == 1  # 2 was not applied: given back
-            failing.clear()
-            bus.repush("evt-q2", requested_by="ops", consumer_id="t-delta")
-            wait_for(lambda: status("evt-q2") == "CONSUMED", what="the re-push applied")
-        assert seen == [1, 2] and worker.stats.stale == 0
-        assert bus.store.last_sequence("t-delta", "sku-9") == 2
-    finally:
-        unregister_consumer("t-delta")
+    bus = get_bus()
+    bus.set_topic_consumer("stock.counted", "t-delta")
+    bus.send("stock.counted", {}, event_id="evt-q1", partition_key="sku-9", sequence=1)
+    bus.send("stock.counted", {}, event_id="evt-q2", partition_key="sku-9", sequence=2)
+    with Running("t-delta") as [worker]:
+        wait_for(lambda: status("evt-q2") == "FAILED", what="sequence 2 dead-lettered")
+        assert bus.store.last_sequence("t-delta", "sku-9") == 1  # 2 was not applied: given back
+        failing.clear()
+        bus.repush("evt-q2", requested_by="ops", consumer_id="t-delta")
+        wait_for(lambda: status("evt-q2") == "CONSUMED", what="the re-push applied")
+    assert seen == [1, 2] and worker.stats.stale == 0
+    assert bus.store.last_sequence("t-delta", "sku-9") == 2
 
 
 def test_of_two_messages_of_one_partition_handled_at_once_the_older_is_dropped(bus_env):
@@ -427,4 +393,3 @@ def test_of_two_messages_of_one_partition_handled_at_once_the_older_is_dropped(b
         assert applied == [5] and sum(w.stats.stale for w in workers) == 1
     finally:
         release.set()
-        unregister_consumer("t-eps")

@@ -12,13 +12,14 @@ from django.test import override_settings
 from sample_project.orders import integration
 from sample_project.orders.aggregates import OrderLine, PayOrder, PlaceOrder
 from sample_project.orders.demo_bus import run_bus_demo
+from wow_django.application.gateway import WaitStage
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
 from wow_django.bus.consumer import ConsumerContext
 from wow_django.bus.envelope import Envelope
-from wow_django.bus.store import EventQuery
-from wow_django.bus.testing import delete_amqp_entities, unique_exchange
-from wow_django.gateway import WaitStage, get_gateway
-from wow_django.mongo.client import disconnect
+from wow_django.persistence.bus import EventQuery
+from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
 from .conftest import fresh_wow
 
@@ -34,7 +35,7 @@ def sample_bus(bus_store):
 
 
 def pay_an_order(amount="25.50", quantity=2):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     placed = gateway.send(PlaceOrder(customer_id="user-A", items=[OrderLine(sku="SKU-1", quantity=quantity,
                                                                             unit_price=Decimal(amount))]),
                           operator="user-A")

@@ -12,6 +12,7 @@ from wow_django.bus import EnvelopeValidationError, EventStatus, bus_context, cu
 from wow_django.bus.envelope import Envelope, build_envelope, iso, parse_time
 from wow_django.bus.rollup import compute_status, consumed_summary, latest_by_consumer
 from wow_django.bus.trace import build_tree, render_tree
+from wow_django.http.errors import error_response
 
 
 def names(exc: EnvelopeValidationError) -> set[str]:
@@ -86,7 +87,8 @@ def test_invalid_envelopes_name_every_bad_field(data, bad):
     with pytest.raises(EnvelopeValidationError) as caught:
         build_envelope(data, default_service="orders")
     assert names(caught.value) == bad
-    assert caught.value.error_code == "BUS_VALIDATION" and caught.value.http_status == 400
+    assert caught.value.error_code == "BUS_VALIDATION"
+    assert error_response(caught.value).status_code == 400
     assert str(caught.value).startswith("Invalid envelope: ")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import Counter
 from urllib.parse import urlparse
 
 import kombu.pools
@@ -21,13 +20,12 @@ from django.test import override_settings
 from kombu import Connection, Exchange, Queue
 from rest_framework.test import APIClient
 
-from wow_django.bus import consumer, get_bus
-from wow_django.bus.consumer import unregister_consumer
+from wow_django.backends.mongo.client import disconnect
+from wow_django.bus import get_bus
 from wow_django.bus.envelope import Envelope
-from wow_django.bus.testing import (
-    RunningConsumers as Running,
-)
-from wow_django.bus.testing import (
+from wow_django.bus.transport import queue_name
+from wow_django.testing.bus import (
+    ConsumerRecorder,
     TcpProxy,
     amqp_url,
     delete_amqp_entities,
@@ -36,11 +34,10 @@ from wow_django.bus.testing import (
     unique_exchange,
     wait_for,
 )
-from wow_django.bus.testing import (
+from wow_django.testing.bus import RunningConsumers as Running
+from wow_django.testing.bus import (
     event_status as status,
 )
-from wow_django.bus.transport import queue_name
-from wow_django.mongo.client import disconnect
 
 from .conftest import fresh_wow
 
@@ -52,29 +49,10 @@ REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 TOKENS = {ALPHA: "alpha-token-0123456789abcdef", BETA: "beta-token-0123456789abcdef"}
 
 
-class Recorder:
-    def __init__(self):
-        self.effects: Counter = Counter()
-        self.deliveries: Counter = Counter()
-        self.failing: set[str] = set()
-        self.lock = threading.Lock()
-
-    def handle(self, consumer_id, event, ctx):
-        with self.lock:
-            self.deliveries[(consumer_id, event.event_id)] += 1
-            if consumer_id in self.failing:
-                raise RuntimeError(f"{consumer_id} cannot handle it")
-            self.effects[(consumer_id, event.event_id)] += 1
-
-
 @pytest.fixture
 def recorder():
-    rec = Recorder()
-    consumer(ALPHA, topics=[TOPIC])(lambda event, ctx: rec.handle(ALPHA, event, ctx))
-    consumer(BETA, topics=[TOPIC])(lambda event, ctx: rec.handle(BETA, event, ctx))
-    yield rec
-    unregister_consumer(ALPHA)
-    unregister_consumer(BETA)
+    """Consumers ALPHA and BETA on TOPIC, recording what they did (declarations end with the test)."""
+    return ConsumerRecorder().declare(TOPIC, ALPHA, BETA)
 
 
 def rabbit_settings(url: str | None = None, **extra) -> dict:

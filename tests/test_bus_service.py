@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
+from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import (
     ConsumerNotExpected,
     EnvelopeValidationError,
@@ -26,8 +27,8 @@ from wow_django.bus import (
 from wow_django.bus import service as bus_service
 from wow_django.bus.envelope import utcnow
 from wow_django.bus.inbox import BUSY, CLAIMED, DONE, Inbox
-from wow_django.bus.testing import delete_amqp_entities, take_messages, unique_exchange
-from wow_django.mongo.client import disconnect
+from wow_django.http.errors import error_response
+from wow_django.testing.bus import delete_amqp_entities, take_messages, unique_exchange
 
 from .conftest import fresh_wow
 
@@ -255,7 +256,7 @@ def test_a_rollup_that_read_a_stale_status_cannot_overwrite(bus):
 
 
 def test_each_feedback_queues_the_rollup_on_its_queue_and_rolls_up_inline_if_it_cannot(bus, monkeypatch):
-    from wow_django.bus.tasks import rollup_event
+    from wow_django.tasks import rollup_event
 
     bus.send("order.purchased", {}, event_id="evt-queue")
     monkeypatch.setitem(rollup_event.app.conf, "task_always_eager", False)  # as with a real broker
@@ -341,7 +342,7 @@ def test_repush_conditions(bus_env):
         bus.record_feedback("evt-sent", "message-service", True)
         with pytest.raises(RepushRefused, match="every consumer has consumed it") as caught:
             bus.repush("evt-sent", requested_by="alice")
-        assert caught.value.error_code == "REPUSH_NOT_ALLOWED" and caught.value.http_status == 409
+        assert caught.value.error_code == "REPUSH_NOT_ALLOWED" and error_response(caught.value).status_code == 409
         failed_event(bus, "evt-limit")
         bus.repush("evt-limit", requested_by="alice")
         bus.repush("evt-limit", requested_by="alice")  # RETRYING may be re-pushed again
@@ -598,8 +599,8 @@ def test_wow_init_schema_creates_the_bus_collections(bus_env):
 
 @pytest.mark.parametrize("bus_store", ["in_memory"])
 def test_the_in_memory_bus_store_leaves_mongodb_alone(bus, bus_env):
-    from wow_django.bus.memory_store import InMemoryBusStore
-    from wow_django.mongo import get_connection
+    from wow_django.backends.memory.bus_store import InMemoryBusStore
+    from wow_django.backends.mongo import get_connection
 
     assert isinstance(bus.store, InMemoryBusStore)
     failed_event(bus)

@@ -8,13 +8,13 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.memory.bus_store import InMemoryBusStore
+from wow_django.backends.mongo.bus_store import MongoBusStore
+from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
-from wow_django.bus.memory_store import InMemoryBusStore
-from wow_django.bus.mongo_store import MongoBusStore
-from wow_django.bus.service import build_store
 from wow_django.checks import check_settings
 from wow_django.conf import DEFAULTS, validate_user_settings, wow_settings
-from wow_django.mongo.client import disconnect
 
 from .conftest import fresh_wow, in_forked_child
 
@@ -45,7 +45,7 @@ def test_a_bad_bus_store_is_refused_with_the_setting_named():
     assert key == "BUS_STORE" and problem == "must be one of 'mongo', 'in_memory' or None (got 'redis')"
     with override_settings(WOW={"BUS_STORE": "redis"}):
         with pytest.raises(ImproperlyConfigured, match=r"WOW\['BUS_STORE'\] must be one of 'mongo', 'in_memory'"):
-            build_store()
+            _ = get_runtime().bus_store
         assert ids(check_settings()) == ["wow_django.E001"]
         with pytest.raises(SystemCheckError, match=r"WOW\['BUS_STORE'\]"):
             call_command("check")
@@ -105,10 +105,10 @@ def test_services_share_one_bus_database_but_not_their_own():
     import uuid
     from io import StringIO
 
-    from wow_django import stores
+    from wow_django.application.runtime import get_runtime
+    from wow_django.backends.mongo import get_connection
     from wow_django.exceptions import DatabaseOwnershipError
-    from wow_django.mongo import get_connection
-    from wow_django.records import AggregateId
+    from wow_django.persistence.records import AggregateId
     from wow_django.testing import make_stream
 
     uri = f"mongomock://localhost/own_{uuid.uuid4().hex[:8]}"
@@ -118,7 +118,7 @@ def test_services_share_one_bus_database_but_not_their_own():
             bus = get_bus()
             bus.set_topic_consumer("order.purchased", "member-service")
             assert bus.send("order.purchased", {"n": 1}, event_id="evt-from-orders").stored
-            stores.event_store().append(make_stream(AggregateId("order", "o-1"), 1))
+            get_runtime().event_store.append(make_stream(AggregateId("order", "o-1"), 1))
         with override_settings(WOW={**shared, "CONTEXT_NAME": "member-service", "EVENT_STREAM_DATABASE": "members"}):
             bus = get_bus()
             assert bus.store.get_event("evt-from-orders")["topic"] == "order.purchased"
@@ -127,7 +127,7 @@ def test_services_share_one_bus_database_but_not_their_own():
             call_command("wow_init_schema", stdout=StringIO(), stderr=StringIO())  # the shared bus is no conflict
         with override_settings(WOW={**shared, "CONTEXT_NAME": "member-service", "EVENT_STREAM_DATABASE": "orders"}):
             with pytest.raises(DatabaseOwnershipError):  # another service's event database stays refused
-                stores.event_store().load(AggregateId("order", "o-1"))
+                get_runtime().event_store.load(AggregateId("order", "o-1"))
         with override_settings(WOW=shared):
             # The events databases are claimed; the shared bus database is not.
             claims = {name: get_connection().database(name)["wow_database_metadata"].find_one()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import unittest
 
-from wow_django.bus.memory_store import InMemoryBusStore
-from wow_django.bus.mongo_store import MongoBusStore
+from wow_django.backends.memory.bus_store import InMemoryBusStore
+from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.testing import BusStoreContract, requires_real_mongo
 
 from .test_conformance import MongoBackend, RealMongoBackend

@@ -20,9 +20,9 @@ from django.core.cache import cache
 from django.test import override_settings
 
 from sample_project.orders.aggregates import ChangeDisplayName, OrderLine, PayOrder, PlaceOrder, RegisterCustomer
-from wow_django import stores
-from wow_django.gateway import WaitStage, get_gateway
-from wow_django.records import AggregateId
+from wow_django.application.gateway import WaitStage
+from wow_django.application.runtime import get_runtime
+from wow_django.persistence.records import AggregateId
 
 from .conftest import fresh_wow
 
@@ -43,6 +43,7 @@ def worker():
     app = Celery("wow-tests", set_as_current=False)
     app.conf.update(broker_url=REDIS_URL, result_backend=REDIS_URL, task_default_queue=queue,
                     task_serializer="json", accept_content=["json"], broker_connection_retry_on_startup=True)
+    app.autodiscover_tasks(["wow_django"], force=True)  # what a project's Celery app does
     previous_current = current_app._get_current_object()
     previous_default = celery_state.default_app
     app.set_current()
@@ -70,17 +71,17 @@ def wait_for(predicate, timeout=20.0):
 
 def test_sent_commands_are_processed_by_the_worker(worker):
     with override_settings(WOW=fresh_wow("mongo")):
-        gateway = get_gateway()
+        gateway = get_runtime().gateway
         items = [OrderLine(sku="A", quantity=2, unit_price=Decimal("5"))]
         sent = gateway.send(PlaceOrder(customer_id="c-1", items=items), request_id="celery-req-1",
                             wait=WaitStage.SENT)
         assert sent.stage is WaitStage.SENT and sent.aggregate_version is None
         key = AggregateId("order", sent.aggregate_id)
-        stream = wait_for(lambda: stores.event_store().last(key))
+        stream = wait_for(lambda: get_runtime().event_store.last(key))
         assert stream.version == 1 and stream.request_id == "celery-req-1"
         paid = gateway.send(PayOrder(amount=Decimal("10"), payment_id="p"), aggregate_id=sent.aggregate_id,
                             wait=WaitStage.SENT)
-        wait_for(lambda: stores.event_store().last(key).version == 2)
+        wait_for(lambda: get_runtime().event_store.last(key).version == 2)
         # Queue the first command again (a redelivery): recognised, nothing appended.
         from wow_django.tasks import process_command
 
@@ -94,7 +95,7 @@ def test_sent_commands_are_processed_by_the_worker(worker):
         # The stored events are this very command's (same command id): its first result, nothing appended.
         assert redelivered["aggregateVersion"] == 1 and redelivered["errorCode"] == "Ok"
         assert redelivered["commandId"] == sent.command_id
-        assert [s.version for s in stores.event_store().load(key)] == [1, 2]
+        assert [s.version for s in get_runtime().event_store.load(key)] == [1, 2]
         assert paid.request_id != sent.request_id
 
 
@@ -112,31 +113,30 @@ def test_refused_queued_command_reports_its_error(worker):
 def test_snapshot_tasks_run_on_the_worker_and_coalesce(worker):
     cache.clear()
     with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_MODE="celery")):
-        gateway = get_gateway()
+        gateway = get_runtime().gateway
         customer = gateway.send(RegisterCustomer(username="worker", display_name="w")).aggregate_id
         for n in range(5):
             gateway.send(ChangeDisplayName(display_name=f"n{n}"), aggregate_id=customer)
         key = AggregateId("customer", customer)
-        snapshot = wait_for(lambda: (s := stores.snapshot_store().load(key)) and s.version == 6 and s)
+        snapshot = wait_for(lambda: (s := get_runtime().snapshot_store.load(key)) and s.version == 6 and s)
         assert snapshot.state["display_name"] == "n4"
 
 
 def test_rebuild_task_on_the_worker(worker):
     with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_STRATEGY="none")):
-        gateway = get_gateway()
+        gateway = get_runtime().gateway
         ids = [gateway.send(RegisterCustomer(username=f"rb{n}", display_name="x")).aggregate_id for n in range(3)]
         from wow_django.tasks import rebuild_snapshots
 
         assert rebuild_snapshots.delay("customer").get(timeout=20) == 3
-        assert all(stores.snapshot_store().load(AggregateId("customer", i)).version == 1 for i in ids)
+        assert all(get_runtime().snapshot_store.load(AggregateId("customer", i)).version == 1 for i in ids)
 
 
 def test_recoverable_store_errors_are_retried_by_the_worker(worker, monkeypatch):
-    import wow_django.snapshots as snapshots
     from wow_django import tasks
     from wow_django.exceptions import RecoverableStoreError
 
-    real = snapshots.refresh_snapshot
+    real = tasks.refresh_snapshot
     calls = []
 
     def flaky(*args):
@@ -145,12 +145,12 @@ def test_recoverable_store_errors_are_retried_by_the_worker(worker, monkeypatch)
             raise RecoverableStoreError("primary stepped down")
         return real(*args)
 
-    monkeypatch.setattr(snapshots, "refresh_snapshot", flaky)
+    monkeypatch.setattr(tasks, "refresh_snapshot", flaky)
     # Keep the test fast: retry at once instead of exponential backoff.
     monkeypatch.setattr(tasks.save_snapshot, "retry_backoff", False)
     monkeypatch.setattr(tasks.save_snapshot, "default_retry_delay", 0)
     with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_STRATEGY="none")):
-        customer = get_gateway().send(RegisterCustomer(username="flaky", display_name="f")).aggregate_id
+        customer = get_runtime().gateway.send(RegisterCustomer(username="flaky", display_name="f")).aggregate_id
         assert tasks.save_snapshot.delay("customer", customer).get(timeout=20) == 1
         assert len(calls) == 3
-        assert stores.snapshot_store().load(AggregateId("customer", customer)).version == 1
+        assert get_runtime().snapshot_store.load(AggregateId("customer", customer)).version == 1

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import unittest
 
-from wow_django.mongo.event_store import MongoEventStore
-from wow_django.mongo.prepare_key import MongoPrepareKey
-from wow_django.mongo.schema import SchemaGuard
-from wow_django.mongo.snapshot_store import MongoSnapshotStore
-from wow_django.store.batching import BatchingEventStore
-from wow_django.store.memory import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
+from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
+from wow_django.backends.mongo.event_store import MongoEventStore
+from wow_django.backends.mongo.prepare_key import MongoPrepareKey
+from wow_django.backends.mongo.schema import SchemaGuard
+from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
+from wow_django.persistence.batching import BatchingEventStore
 from wow_django.testing import (
     EventStoreContract,
     PrepareKeyContract,

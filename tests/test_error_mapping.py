@@ -12,6 +12,10 @@ import mongomock
 import pytest
 from pymongo import errors as pymongo_errors
 
+from wow_django.backends.mongo.errors import duplicate_key_kind, is_recoverable
+from wow_django.backends.mongo.event_store import MongoEventStore
+from wow_django.backends.mongo.schema import SchemaGuard
+from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore, version_guarded_pipeline
 from wow_django.exceptions import (
     DuplicateAggregateId,
     DuplicateEventStreamId,
@@ -20,11 +24,7 @@ from wow_django.exceptions import (
     RecoverableStoreError,
     UnacknowledgedWriteError,
 )
-from wow_django.mongo.errors import duplicate_key_kind, is_recoverable
-from wow_django.mongo.event_store import MongoEventStore
-from wow_django.mongo.schema import SchemaGuard
-from wow_django.mongo.snapshot_store import MongoSnapshotStore, version_guarded_pipeline
-from wow_django.records import AggregateId
+from wow_django.persistence.records import AggregateId
 from wow_django.testing import make_snapshot, make_stream
 from wow_django.testing.mongo import embedded_connection
 

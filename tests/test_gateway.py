@@ -17,9 +17,9 @@ from sample_project.orders.aggregates import (
     RegisterCustomer,
     ShipOrder,
 )
-from wow_django import stores
-from wow_django.dispatch import projection, unregister
-from wow_django.domain import DeleteAggregate, RecoverAggregate
+from wow_django.application.gateway import CommandGateway, WaitStage, derived_aggregate_id
+from wow_django.application.runtime import get_runtime
+from wow_django.domain import DeleteAggregate, RecoverAggregate, projection
 from wow_django.exceptions import (
     AggregateIsDeleted,
     AggregateNotFound,
@@ -31,22 +31,21 @@ from wow_django.exceptions import (
     UnknownAggregate,
     UnknownCommand,
 )
-from wow_django.gateway import CommandGateway, WaitStage, derived_aggregate_id, get_gateway
-from wow_django.records import AggregateId
+from wow_django.persistence.records import AggregateId
 
 
 def place(gateway=None, amount="9.99", quantity=2, **kwargs):
-    gateway = gateway or get_gateway()
+    gateway = gateway or get_runtime().gateway
     items = [OrderLine(sku="SKU-1", quantity=quantity, unit_price=Decimal(amount))]
     return gateway.send(PlaceOrder(customer_id="c-1", items=items), **kwargs)
 
 
 def versions(aggregate_id, name="order"):
-    return [s.version for s in stores.event_store().load(AggregateId(name, aggregate_id))]
+    return [s.version for s in get_runtime().event_store.load(AggregateId(name, aggregate_id))]
 
 
 def test_place_pay_ship(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     placed = place()
     assert placed.aggregate_version == 1 and placed.events == ("order_placed",)
     assert placed.stage is WaitStage.PROCESSED and placed.succeeded
@@ -54,7 +53,7 @@ def test_place_pay_ship(wow):
     shipped = gateway.send(ShipOrder(tracking_number="T-1"), aggregate_id=placed.aggregate_id,
                            wait=WaitStage.SNAPSHOT)
     assert (paid.aggregate_version, shipped.aggregate_version) == (2, 3)
-    snapshot = stores.snapshot_store().load(AggregateId("order", placed.aggregate_id))
+    snapshot = get_runtime().snapshot_store.load(AggregateId("order", placed.aggregate_id))
     assert snapshot.version == 3
     assert snapshot.state["status"] == "SHIPPED" and snapshot.state["total_amount"] == "19.98"
 
@@ -62,7 +61,7 @@ def test_place_pay_ship(wow):
 def test_json_commands_are_validated_with_field_errors_and_nothing_appended(wow):
     placed = place()
     with pytest.raises(CommandValidationError) as caught:
-        get_gateway().send_json("order", "pay_order", {"amount": "-1", "payment_idx": "p"},
+        get_runtime().gateway.send_json("order", "pay_order", {"amount": "-1", "payment_idx": "p"},
                                 aggregate_id=placed.aggregate_id)
     names = {e["name"] for e in caught.value.binding_errors}
     assert names == {"amount", "payment_id", "payment_idx"}
@@ -70,7 +69,7 @@ def test_json_commands_are_validated_with_field_errors_and_nothing_appended(wow)
 
 
 def test_unknown_command_and_aggregate(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     with pytest.raises(UnknownCommand, match="no command named 'refund_order'"):
         gateway.send_json("order", "refund_order", {}, aggregate_id="x")
     with pytest.raises(UnknownAggregate, match="no aggregate named 'invoice'"):
@@ -81,17 +80,17 @@ def test_unknown_command_and_aggregate(wow):
 
 def test_command_for_a_missing_aggregate(wow):
     with pytest.raises(AggregateNotFound, match="order 'nope' does not exist"):
-        get_gateway().send(PayOrder(amount=Decimal("1"), payment_id="p"), aggregate_id="nope")
+        get_runtime().gateway.send(PayOrder(amount=Decimal("1"), payment_id="p"), aggregate_id="nope")
     assert versions("nope") == []
 
 
 def test_aggregate_id_is_required_for_non_create_commands(wow):
     with pytest.raises(CommandValidationError, match="aggregate id is required"):
-        get_gateway().send(PayOrder(amount=Decimal("1"), payment_id="p"))
+        get_runtime().gateway.send(PayOrder(amount=Decimal("1"), payment_id="p"))
 
 
 def test_domain_rules_refuse_and_append_nothing(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     order = place().aggregate_id
     with pytest.raises(DomainError) as caught:
         gateway.send(PayOrder(amount=Decimal("1.00"), payment_id="p"), aggregate_id=order)
@@ -113,7 +112,7 @@ def test_create_twice_with_one_id_is_a_conflict(wow):
 
 
 def test_repeated_request_returns_the_first_result_and_appends_nothing(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     first = place(request_id="client-req-1")
     again = place(request_id="client-req-1")
     assert again.duplicate and not first.duplicate
@@ -127,33 +126,33 @@ def test_repeated_request_returns_the_first_result_and_appends_nothing(wow):
 
 
 def test_tenants_cannot_reach_each_others_aggregates(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     order = place(tenant_id="tenant-a").aggregate_id
     with pytest.raises(AggregateNotFound):
         gateway.send(CancelOrder(reason="x"), aggregate_id=order, tenant_id="tenant-b")
     gateway.send(CancelOrder(reason="x"), aggregate_id=order, tenant_id="tenant-a")
-    stream = stores.event_store().last(AggregateId("order", order))
+    stream = get_runtime().event_store.last(AggregateId("order", order))
     assert stream.aggregate_id.tenant_id == "tenant-a"
 
 
 def test_owner_and_operator_are_recorded(wow):
     order = place(owner_id="user-9", operator="alice", wait=WaitStage.SNAPSHOT).aggregate_id
-    get_gateway().send(CancelOrder(reason="x"), aggregate_id=order, operator="bob", wait=WaitStage.SNAPSHOT)
-    snapshot = stores.snapshot_store().load(AggregateId("order", order))
+    get_runtime().gateway.send(CancelOrder(reason="x"), aggregate_id=order, operator="bob", wait=WaitStage.SNAPSHOT)
+    snapshot = get_runtime().snapshot_store.load(AggregateId("order", order))
     assert (snapshot.owner_id, snapshot.first_operator, snapshot.operator) == ("user-9", "alice", "bob")
 
 
 def test_soft_delete_and_recover(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     order = place().aggregate_id
     gateway.send(DeleteAggregate(), aggregate="order", aggregate_id=order, wait=WaitStage.SNAPSHOT)
-    assert stores.snapshot_store().load(AggregateId("order", order)).deleted
+    assert get_runtime().snapshot_store.load(AggregateId("order", order)).deleted
     with pytest.raises(AggregateIsDeleted, match="recover it before sending 'cancel_order'"):
         gateway.send(CancelOrder(reason="x"), aggregate_id=order)
     with pytest.raises(AggregateIsDeleted, match="already deleted"):
         gateway.send(DeleteAggregate(), aggregate="order", aggregate_id=order)
     gateway.send(RecoverAggregate(), aggregate="order", aggregate_id=order, wait=WaitStage.SNAPSHOT)
-    assert not stores.snapshot_store().load(AggregateId("order", order)).deleted
+    assert not get_runtime().snapshot_store.load(AggregateId("order", order)).deleted
     with pytest.raises(DomainError, match="not deleted"):
         gateway.send(RecoverAggregate(), aggregate="order", aggregate_id=order)
     gateway.send(CancelOrder(reason="x"), aggregate_id=order)
@@ -163,23 +162,23 @@ def test_soft_delete_and_recover(wow):
 
 
 def test_unique_username_through_prepare_key(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     alice = gateway.send(RegisterCustomer(username=" Alice ", display_name="Alice A"))
     with pytest.raises(DomainError) as caught:
         gateway.send(RegisterCustomer(username="alice", display_name="Impostor"))
     assert caught.value.error_code == "USERNAME_TAKEN"
-    assert stores.prepare_key("username").get("alice").value == alice.aggregate_id
+    assert get_runtime().prepare_key("username").get("alice").value == alice.aggregate_id
     gateway.send(ChangeDisplayName(display_name="Alice B"), aggregate_id=alice.aggregate_id)
 
 
 def test_prepared_username_is_released_when_the_append_fails(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     gateway.send(RegisterCustomer(username="bob", display_name="Bob"), aggregate_id="customer-1")
     # Same aggregate id again: the handler reserves 'carol', then the append
     # fails (the id exists): the reservation must be released.
     with pytest.raises(DuplicateAggregateId):
         gateway.send(RegisterCustomer(username="carol", display_name="Carol"), aggregate_id="customer-1")
-    assert stores.prepare_key("username").get("carol") is None
+    assert get_runtime().prepare_key("username").get("carol") is None
     gateway.send(RegisterCustomer(username="carol", display_name="Carol"))
 
 
@@ -195,18 +194,14 @@ def test_wait_projected_waits_for_projections_and_reports_failures(wow):
     def explode(message):
         raise RuntimeError("read model is down")
 
-    try:
-        result = place(wait=WaitStage.PROJECTED)
-        assert result.stage is WaitStage.PROJECTED and result.succeeded
-        assert seen == [("order_placed", 1)]
-        cancelled = get_gateway().send(CancelOrder(reason="x"), aggregate_id=result.aggregate_id,
-                                       wait=WaitStage.PROJECTED)
-        assert cancelled.error_code == "DISPATCH_FAILED" and "read model is down" in cancelled.error_msg
-        assert cancelled.aggregate_version == 2  # appended all the same
-        assert seen[-1] == ("order_cancelled", 2)
-    finally:
-        unregister(record)
-        unregister(explode)
+    result = place(wait=WaitStage.PROJECTED)
+    assert result.stage is WaitStage.PROJECTED and result.succeeded
+    assert seen == [("order_placed", 1)]
+    cancelled = get_runtime().gateway.send(CancelOrder(reason="x"), aggregate_id=result.aggregate_id,
+                                   wait=WaitStage.PROJECTED)
+    assert cancelled.error_code == "DISPATCH_FAILED" and "read model is down" in cancelled.error_msg
+    assert cancelled.aggregate_version == 2  # appended all the same
+    assert seen[-1] == ("order_cancelled", 2)
 
 
 def test_projections_see_each_aggregate_in_version_order(wow):
@@ -218,31 +213,28 @@ def test_projections_see_each_aggregate_in_version_order(wow):
         with lock:
             seen.setdefault(message.aggregate_id.id, []).append(message.version)
 
-    try:
-        gateway = get_gateway()
-        customers = [gateway.send(RegisterCustomer(username=f"user{n}", display_name="x")).aggregate_id
-                     for n in range(4)]
+    gateway = get_runtime().gateway
+    customers = [gateway.send(RegisterCustomer(username=f"user{n}", display_name="x")).aggregate_id
+                 for n in range(4)]
 
-        def worker(customer, n):
-            for i in range(10):
-                gateway.send(ChangeDisplayName(display_name=f"{n}-{i}"), aggregate_id=customer)
+    def worker(customer, n):
+        for i in range(10):
+            gateway.send(ChangeDisplayName(display_name=f"{n}-{i}"), aggregate_id=customer)
 
-        threads = [threading.Thread(target=worker, args=(c, n)) for c in customers for n in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        gateway.dispatcher.close()  # drains every lane
-        for customer in customers:
-            assert seen[customer] == list(range(1, 22))
-            assert seen[customer] == versions(customer, "customer")
-    finally:
-        unregister(record)
+    threads = [threading.Thread(target=worker, args=(c, n)) for c in customers for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gateway.dispatcher.close()  # drains every lane
+    for customer in customers:
+        assert seen[customer] == list(range(1, 22))
+        assert seen[customer] == versions(customer, "customer")
 
 
 def test_eight_threads_fifty_commands_each_on_one_aggregate(wow):
     """Every accepted command applied exactly once; version equals their count."""
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     customer = gateway.send(RegisterCustomer(username="racer", display_name="start")).aggregate_id
     accepted: list[str] = []
     refused: list[Exception] = []
@@ -266,7 +258,7 @@ def test_eight_threads_fifty_commands_each_on_one_aggregate(wow):
     for t in threads:
         t.join()
     assert refused == []
-    streams = stores.event_store().load(AggregateId("customer", customer))
+    streams = get_runtime().event_store.load(AggregateId("customer", customer))
     assert len(accepted) == 400
     assert [s.version for s in streams] == list(range(1, 402))
     assert sorted(s.request_id for s in streams[1:]) == sorted(accepted)
@@ -299,8 +291,8 @@ def transient(stream):
 
 @pytest.mark.parametrize("error", [conflict, transient])
 def test_conflicts_and_transient_errors_are_retried_with_backoff(wow_memory, error):
-    store = FlakyStore(stores.event_store(), error, fail=3)
-    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_limit=5,
+    store = FlakyStore(get_runtime().event_store, error, fail=3)
+    gateway = CommandGateway(store, get_runtime().snapshot_store, context_name="order-service", prepare_keys=get_runtime().prepare_key, retry_limit=5,
                              retry_backoff_ms=1)
     result = place(gateway)
     assert result.aggregate_version == 1 and store.appends == 4
@@ -308,8 +300,8 @@ def test_conflicts_and_transient_errors_are_retried_with_backoff(wow_memory, err
 
 
 def test_retries_stop_at_the_limit(wow_memory):
-    store = FlakyStore(stores.event_store(), conflict, fail=100)
-    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_limit=2,
+    store = FlakyStore(get_runtime().event_store, conflict, fail=100)
+    gateway = CommandGateway(store, get_runtime().snapshot_store, context_name="order-service", prepare_keys=get_runtime().prepare_key, retry_limit=2,
                              retry_backoff_ms=0)
     with pytest.raises(EventVersionConflict):
         place(gateway)
@@ -327,7 +319,7 @@ def test_bad_wait_stage_and_ids_are_validation_errors(wow):
 
 
 def test_load_uses_the_snapshot_and_later_events(wow):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     order = place(wait=WaitStage.SNAPSHOT).aggregate_id
     repository = gateway.repository
     from sample_project.orders.aggregates import Order
@@ -335,7 +327,7 @@ def test_load_uses_the_snapshot_and_later_events(wow):
     loaded = repository.load(Order, order)
     assert (loaded.version, loaded.snapshot_version) == (1, 1)
     # An event appended behind the snapshot's back is applied on top of it.
-    other = CommandGateway(stores.event_store(), None, context_name="order-service")
+    other = CommandGateway(get_runtime().event_store, None, context_name="order-service", prepare_keys=get_runtime().prepare_key)
     other.send(CancelOrder(reason="late"), aggregate_id=order)
     other.close()
     loaded = repository.load(Order, order)
@@ -349,7 +341,7 @@ def test_one_request_id_in_two_tenants_makes_two_aggregates(wow):
     assert place(request_id="shared", tenant_id="tenant-b").duplicate
     # An explicit id of another tenant's aggregate with a used request id reveals nothing.
     with pytest.raises(AggregateNotFound):
-        get_gateway().send(CancelOrder(reason="x"), aggregate_id=first.aggregate_id, request_id="shared",
+        get_runtime().gateway.send(CancelOrder(reason="x"), aggregate_id=first.aggregate_id, request_id="shared",
                            tenant_id="tenant-b")
 
 
@@ -379,39 +371,39 @@ class LandsThenFails:
 @pytest.mark.parametrize("request_id", [None, "reg-1"])
 @pytest.mark.parametrize("unreadable", [0, 1])
 def test_a_write_that_landed_before_a_transient_error_is_a_success(wow_memory, request_id, unreadable):
-    store = LandsThenFails(stores.event_store(), unreadable=unreadable)
-    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_backoff_ms=0)
+    store = LandsThenFails(get_runtime().event_store, unreadable=unreadable)
+    gateway = CommandGateway(store, get_runtime().snapshot_store, context_name="order-service", prepare_keys=get_runtime().prepare_key, retry_backoff_ms=0)
     result = gateway.send(RegisterCustomer(username="ada", display_name="Ada"), request_id=request_id)
     assert result.succeeded and not result.duplicate and result.aggregate_version == 1
     assert store.appends == 1  # never written twice
     # The reservation belongs to the stored customer: a second 'ada' is refused.
-    assert stores.prepare_key("username").get("ada").value == result.aggregate_id
+    assert get_runtime().prepare_key("username").get("ada").value == result.aggregate_id
     with pytest.raises(DomainError, match="taken"):
         gateway.send(RegisterCustomer(username="ada", display_name="Other"))
     gateway.close()
 
 
 def test_a_reservation_is_released_when_no_attempt_was_written(wow_memory):
-    store = FlakyStore(stores.event_store(), transient, fail=100)
-    gateway = CommandGateway(store, stores.snapshot_store(), context_name="order-service", retry_limit=2,
+    store = FlakyStore(get_runtime().event_store, transient, fail=100)
+    gateway = CommandGateway(store, get_runtime().snapshot_store, context_name="order-service", prepare_keys=get_runtime().prepare_key, retry_limit=2,
                              retry_backoff_ms=0)
     with pytest.raises(RecoverableStoreError):
         gateway.send(RegisterCustomer(username="grace", display_name="Grace"))
-    assert stores.prepare_key("username").get("grace") is None
+    assert get_runtime().prepare_key("username").get("grace") is None
     gateway.close()
-    place_again = CommandGateway(stores.event_store(), stores.snapshot_store(), context_name="order-service")
+    place_again = CommandGateway(get_runtime().event_store, get_runtime().snapshot_store, context_name="order-service", prepare_keys=get_runtime().prepare_key)
     assert place_again.send(RegisterCustomer(username="grace", display_name="Grace")).succeeded
     place_again.close()
 
 
 def test_a_reservation_held_by_another_aggregate_is_never_released(wow_memory):
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     gateway.send(RegisterCustomer(username="linus", display_name="L"), aggregate_id="cust-1")
     # Same aggregate id and username again: the key is held by cust-1, the
     # create fails, and the failure must not release cust-1's username.
     with pytest.raises(DuplicateAggregateId):
         gateway.send(RegisterCustomer(username="linus", display_name="L2"), aggregate_id="cust-1")
-    assert stores.prepare_key("username").get("linus").value == "cust-1"
+    assert get_runtime().prepare_key("username").get("linus").value == "cust-1"
 
 
 class Latency:
@@ -439,8 +431,8 @@ class Latency:
 
 def test_two_gateways_on_one_store_conflict_and_retry(wow):
     """Two gateways stand for two processes: their commands really conflict and are retried."""
-    store = Latency(stores.event_store())
-    gateways = [CommandGateway(store, None, context_name="order-service", retry_limit=30, retry_backoff_ms=0.2)
+    store = Latency(get_runtime().event_store)
+    gateways = [CommandGateway(store, None, context_name="order-service", prepare_keys=get_runtime().prepare_key, retry_limit=30, retry_backoff_ms=0.2)
                 for _ in range(2)]
     customer = gateways[0].send(RegisterCustomer(username="shared", display_name="s")).aggregate_id
 

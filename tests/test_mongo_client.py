@@ -6,8 +6,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from wow_django.mongo import database_name
-from wow_django.mongo.client import connect, disconnect, parse_uri, redact
+from wow_django.backends.mongo import database_name
+from wow_django.backends.mongo.client import connect, disconnect, parse_uri, redact
 
 from .conftest import in_forked_child
 
@@ -101,18 +101,16 @@ def test_bad_database_setting_is_a_clear_error():
 def test_stores_and_gateway_are_rebuilt_in_a_forked_child():
     from django.test import override_settings
 
-    from wow_django import stores
-    from wow_django.gateway import get_gateway
-
+    from wow_django.application.runtime import get_runtime
     uri = "mongodb://127.0.0.1:1/fork_stores?serverSelectionTimeoutMS=100"
     with override_settings(WOW={"MONGO_URI": uri}):
-        parent_store, parent_gateway = stores.event_store(), get_gateway()
+        parent_store, parent_gateway = get_runtime().event_store, get_runtime().gateway
 
         def probe():
-            child_store = stores.event_store()
-            return (child_store is not parent_store, get_gateway() is not parent_gateway,
+            child_store = get_runtime().event_store
+            return (child_store is not parent_store, get_runtime().gateway is not parent_gateway,
                     child_store.connection.client is not parent_store.connection.client)
 
         assert in_forked_child(probe) == (True, True, True)
-        assert stores.event_store() is parent_store
+        assert get_runtime().event_store is parent_store
     disconnect(uri)

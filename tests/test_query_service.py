@@ -13,8 +13,24 @@ import sys
 import pytest
 from pymongo import errors as pymongo_errors
 
-from wow_django import stores
+from wow_django.application.queries import (
+    parse_count_query,
+    parse_list_query,
+    parse_paged_query,
+)
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.memory.queries import InMemoryEventStreamQueryService, InMemorySnapshotQueryService
+from wow_django.backends.mongo.queries import MongoEventStreamQueryService, MongoSnapshotQueryService, jsonable
 from wow_django.exceptions import RecoverableStoreError
+from wow_django.persistence.query import (
+    EVENT_STREAM,
+    SNAPSHOT,
+    mentions_deletion,
+    present,
+    scoped_condition,
+    split_text_search,
+)
+from wow_django.persistence.records import AggregateId, Snapshot
 from wow_django.query.condition import (
     Condition,
     ListQuery,
@@ -27,24 +43,6 @@ from wow_django.query.condition import (
     parse_condition,
 )
 from wow_django.query.errors import QueryValidationError
-from wow_django.query.factory import (
-    event_stream_query_service,
-    parse_count_query,
-    parse_list_query,
-    parse_paged_query,
-    snapshot_query_service,
-)
-from wow_django.query.memory_service import InMemoryEventStreamQueryService, InMemorySnapshotQueryService
-from wow_django.query.mongo_service import MongoEventStreamQueryService, MongoSnapshotQueryService, jsonable
-from wow_django.query.service import (
-    EVENT_STREAM,
-    SNAPSHOT,
-    mentions_deletion,
-    present,
-    scoped_condition,
-    split_text_search,
-)
-from wow_django.records import AggregateId, Snapshot
 from wow_django.testing.event_store import make_stream
 
 EQ = Operator.EQ
@@ -56,7 +54,7 @@ def cond(**data) -> Condition:
 
 def put_snapshot(aggregate_id: str, tenant: str, state: dict, *, version: int = 1, deleted: bool = False,
                  owner: str = "u1") -> None:
-    stores.snapshot_store().save(Snapshot(
+    get_runtime().snapshot_store.save(Snapshot(
         aggregate_id=AggregateId("order", aggregate_id, "order-service", tenant), version=version, state=state,
         owner_id=owner, deleted=deleted, event_id=f"e-{aggregate_id}", first_event_time=1000, event_time=2000,
     ))
@@ -78,18 +76,18 @@ def snapshots(wow):
     ]
     for aggregate_id, tenant, state, deleted in rows:
         put_snapshot(aggregate_id, tenant, state, deleted=deleted, version=2 if deleted else 1)
-    return snapshot_query_service("order")
+    return get_runtime().snapshot_queries("order")
 
 
 @pytest.fixture
 def streams(wow):
     """Three aggregates: b1 (t1, 3 versions), b2 (t1, 1 version), c1 (t2, 2 versions)."""
-    store = stores.event_store()
+    store = get_runtime().event_store
     for aggregate_id, tenant, versions in (("b1", "t1", 3), ("b2", "t1", 1), ("c1", "t2", 2)):
         key = AggregateId("order", aggregate_id, "order-service", tenant)
         for version in range(1, versions + 1):
             store.append(make_stream(key, version, create_time=1_000 * version, owner_id=f"o-{aggregate_id}"))
-    return event_stream_query_service("order")
+    return get_runtime().event_queries("order")
 
 
 def ids(found: list[dict], key: str = "aggregateId") -> list[str]:
@@ -101,9 +99,9 @@ def ids(found: list[dict], key: str = "aggregateId") -> list[str]:
 
 def test_the_factory_follows_the_store(wow):
     in_memory = wow["STORAGE"] == "in_memory"
-    assert isinstance(snapshot_query_service("order"),
+    assert isinstance(get_runtime().snapshot_queries("order"),
                       InMemorySnapshotQueryService if in_memory else MongoSnapshotQueryService)
-    assert isinstance(event_stream_query_service("order"),
+    assert isinstance(get_runtime().event_queries("order"),
                       InMemoryEventStreamQueryService if in_memory else MongoEventStreamQueryService)
 
 
@@ -112,8 +110,8 @@ def test_reads_go_through_a_batching_event_store(wow):
 
     with override_settings(WOW={**wow, "EVENT_STORE_BATCH": {"ENABLED": True}}):
         key = AggregateId("order", "z1", "order-service", "t1")
-        stores.event_store().append(make_stream(key, 1))
-        assert event_stream_query_service("order").count(parse_count_query({}), tenant_id="t1") == 1
+        get_runtime().event_store.append(make_stream(key, 1))
+        assert get_runtime().event_queries("order").count(parse_count_query({}), tenant_id="t1") == 1
 
 
 # --- snapshots ---------------------------------------------------------------------------------------
@@ -356,7 +354,7 @@ def recorded(wow_mongo, monkeypatch):
     """A Mongo snapshot query service whose collection records its calls."""
     put_snapshot("a01", "t1", {"status": "PAID", "note": "gift"})
     put_snapshot("a02", "t2", {"status": "PAID"})
-    store = stores.snapshot_store()
+    store = get_runtime().snapshot_store
     recording = RecordingCollection(store.collection("order"))
     monkeypatch.setattr(store, "collection", lambda name: recording)
     return MongoSnapshotQueryService(store, "order"), recording
@@ -380,10 +378,10 @@ def test_max_time_ms_follows_the_setting(wow_mongo, monkeypatch):
     from django.test import override_settings
 
     with override_settings(WOW={**wow_mongo, "MONGO_MAX_TIME_MS": 250}):
-        store = stores.snapshot_store()
+        store = get_runtime().snapshot_store
         recording = RecordingCollection(store.collection("order"))
         monkeypatch.setattr(store, "collection", lambda name: recording)
-        snapshot_query_service("order").count(parse_count_query({}), tenant_id="t1")
+        get_runtime().snapshot_queries("order").count(parse_count_query({}), tenant_id="t1")
         assert recording.calls[0][1]["maxTimeMS"] == 250
 
 
@@ -440,7 +438,7 @@ class FailingCollection(RecordingCollection):
     (pymongo_errors.AutoReconnect("primary stepped down"), RecoverableStoreError, "retry"),
 ])
 def test_server_errors_are_mapped(wow_mongo, monkeypatch, error, expected, message):
-    store = stores.snapshot_store()
+    store = get_runtime().snapshot_store
     failing = FailingCollection(store.collection("order"), error)
     monkeypatch.setattr(store, "collection", lambda name: failing)
     service = MongoSnapshotQueryService(store, "order")
@@ -451,7 +449,7 @@ def test_server_errors_are_mapped(wow_mongo, monkeypatch, error, expected, messa
 
 
 def test_authorization_failures_are_not_reported_as_bad_queries(wow_mongo, monkeypatch):
-    store = stores.snapshot_store()
+    store = get_runtime().snapshot_store
     failing = FailingCollection(store.collection("order"), pymongo_errors.OperationFailure("not authorized",
                                                                                            code=13))
     monkeypatch.setattr(store, "collection", lambda name: failing)
@@ -477,7 +475,7 @@ def test_present_renames_the_id_first():
 
 def test_the_contract_modules_do_not_import_django():
     code = (
-        "import sys; import wow_django.query.service; "
+        "import sys; import wow_django.persistence.query; "
         "assert 'django' not in sys.modules, sorted(m for m in sys.modules if 'django' in m)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "DJANGO_SETTINGS_MODULE": ""})

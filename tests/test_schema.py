@@ -10,18 +10,19 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from wow_django import registry, stores
-from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
-from wow_django.mongo import get_connection
-from wow_django.mongo.client import disconnect
-from wow_django.mongo.schema import (
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.mongo import get_connection
+from wow_django.backends.mongo.client import disconnect
+from wow_django.backends.mongo.schema import (
     SchemaGuard,
     claim_database,
     event_stream_spec,
     reconcile_collection,
     snapshot_spec,
 )
-from wow_django.records import AggregateId
+from wow_django.domain import registry
+from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
+from wow_django.persistence.records import AggregateId
 from wow_django.testing import make_snapshot, make_stream
 
 EVENT_INDEXES = {
@@ -54,8 +55,8 @@ def wow():
 @pytest.fixture
 def order_registered():
     """The sample project declares the order and customer aggregates and the username key."""
-    assert {"order", "customer"} <= set(registry.aggregate_names())
-    assert "username" in registry.prepare_key_names()
+    assert {"order", "customer"} <= set(registry.current().aggregate_names())
+    assert "username" in registry.current().prepare_key_names()
 
 
 def indexes(collection):
@@ -67,7 +68,7 @@ def unique_names(collection):
 
 
 def test_event_store_creates_the_pinned_indexes_on_first_use(wow):
-    store = stores.event_store()
+    store = get_runtime().event_store
     store.append(make_stream(AggregateId("order", "o-1"), 1))
     collection = get_connection().database("schema_" + wow["MONGO_URI"].rsplit("_", 1)[1])["order_event_stream"]
     assert indexes(collection) == EVENT_INDEXES
@@ -75,13 +76,13 @@ def test_event_store_creates_the_pinned_indexes_on_first_use(wow):
 
 
 def test_snapshot_store_creates_the_pinned_indexes(wow):
-    stores.snapshot_store().save(make_snapshot(AggregateId("order", "o-1"), 1))
+    get_runtime().snapshot_store.save(make_snapshot(AggregateId("order", "o-1"), 1))
     db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
     assert indexes(db["order_snapshot"]) == SNAPSHOT_INDEXES
 
 
 def test_prepare_key_has_a_ttl_index(wow):
-    stores.prepare_key("username").prepare("alice", "c-1")
+    get_runtime().prepare_key("username").prepare("alice", "c-1")
     db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
     [ttl] = [ix for ix in db["prepare_username"].list_indexes() if ix["name"] == "ttlAt_1"]
     assert dict(ttl["key"]) == {"ttlAt": 1} and ttl["expireAfterSeconds"] == 0
@@ -89,7 +90,7 @@ def test_prepare_key_has_a_ttl_index(wow):
 
 def test_global_request_id_mode(wow):
     with override_settings(WOW={**wow, "REQUEST_ID_INDEX": "global"}):
-        store = stores.event_store()
+        store = get_runtime().event_store
         store.append(make_stream(AggregateId("order", "o-1"), 1, request_id="r-1"))
         collection = store.collection("order")
         assert "requestId_1" in indexes(collection)
@@ -101,10 +102,10 @@ def test_global_request_id_mode(wow):
 
 
 def test_the_other_request_id_mode_is_a_startup_error(wow):
-    stores.event_store().append(make_stream(AggregateId("order", "o-1"), 1))
+    get_runtime().event_store.append(make_stream(AggregateId("order", "o-1"), 1))
     with override_settings(WOW={**wow, "REQUEST_ID_INDEX": "global"}):
         with pytest.raises(SchemaConflictError, match="'aggregateId_1_requestId_1' is not allowed"):
-            stores.event_store().load(AggregateId("order", "o-1"))
+            get_runtime().event_store.load(AggregateId("order", "o-1"))
 
 
 def fresh_db():
@@ -153,7 +154,7 @@ def test_conflict_through_the_store_raises_a_clear_error(wow):
     db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
     db["order_snapshot"].create_index([("tenantId", 1)], name="tenantId_hashed")
     with pytest.raises(SchemaConflictError, match="tenantId_hashed"):
-        stores.snapshot_store().load(AggregateId("order", "x"))
+        get_runtime().snapshot_store.load(AggregateId("order", "x"))
 
 
 def test_a_database_belongs_to_one_context():
@@ -169,17 +170,17 @@ def test_a_database_belongs_to_one_context():
 
 
 def test_store_of_another_context_fails_before_writing(wow):
-    stores.event_store().append(make_stream(AggregateId("order", "o-1"), 1))
+    get_runtime().event_store.append(make_stream(AggregateId("order", "o-1"), 1))
     with override_settings(WOW={**wow, "CONTEXT_NAME": "billing"}):
         with pytest.raises(DatabaseOwnershipError):
-            stores.snapshot_store().save(make_snapshot(AggregateId("order", "o-1"), 1))
+            get_runtime().snapshot_store.save(make_snapshot(AggregateId("order", "o-1"), 1))
     db = get_connection().database(wow["MONGO_URI"].rsplit("/", 1)[1])
     assert "order_snapshot" not in db.list_collection_names()
 
 
 def test_auto_init_off_creates_no_indexes(wow):
     with override_settings(WOW={**wow, "AUTO_INIT_SCHEMA": False}):
-        store = stores.event_store()
+        store = get_runtime().event_store
         store.append(make_stream(AggregateId("order", "o-1"), 1))
         assert set(indexes(store.collection("order"))) == {"_id_"}
 

@@ -9,11 +9,11 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from wow_django import stores
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
 from wow_django.checks import check_settings
 from wow_django.conf import DEFAULTS, validate_user_settings, wow_settings
-from wow_django.store.batching import BatchingEventStore
-from wow_django.store.memory import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
+from wow_django.persistence.batching import BatchingEventStore
 
 
 def ids(messages):
@@ -126,12 +126,12 @@ def test_manage_py_check_fails_on_a_malformed_setting():
 
 def test_store_factory_follows_settings():
     with override_settings(WOW={"STORAGE": "in_memory"}):
-        assert isinstance(stores.event_store(), InMemoryEventStore)
-        assert stores.event_store() is stores.event_store()
-        assert isinstance(stores.snapshot_store(), InMemorySnapshotStore)
-        assert isinstance(stores.prepare_key("username"), InMemoryPrepareKey)
+        assert isinstance(get_runtime().event_store, InMemoryEventStore)
+        assert get_runtime().event_store is get_runtime().event_store
+        assert isinstance(get_runtime().snapshot_store, InMemorySnapshotStore)
+        assert isinstance(get_runtime().prepare_key("username"), InMemoryPrepareKey)
     with override_settings(WOW={"STORAGE": "in_memory", "EVENT_STORE_BATCH": {"ENABLED": True, "LANE_COUNT": 2}}):
-        store = stores.event_store()
+        store = get_runtime().event_store
         assert isinstance(store, BatchingEventStore)
         assert store.lane_count == 2
         assert isinstance(store.inner, InMemoryEventStore)
@@ -140,7 +140,7 @@ def test_store_factory_follows_settings():
 def test_store_factory_refuses_unknown_storage():
     with override_settings(WOW={"SNAPSHOT_STORE": "sqlite"}):
         with pytest.raises(ImproperlyConfigured, match=r"WOW\['SNAPSHOT_STORE'\]"):
-            stores.snapshot_store()
+            _ = get_runtime().snapshot_store
 
 
 def test_celery_snapshots_with_a_process_local_cache_are_a_warning():
@@ -155,7 +155,7 @@ def test_the_header_tenant_resolver_is_a_warning_outside_debug():
     with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x"}):
         assert ids(check_settings()) == ["wow_django.W004"]
     with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x",
-                                             "TENANT_RESOLVER": "wow_django.api.tenancy.UserTenantResolver"}):
+                                             "TENANT_RESOLVER": "wow_django.http.tenancy.UserTenantResolver"}):
         assert check_settings() == []
     with override_settings(DEBUG=True, WOW={"MONGO_URI": "mongodb://db/x"}):
         assert check_settings() == []

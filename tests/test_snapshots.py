@@ -12,27 +12,27 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from sample_project.orders.aggregates import ChangeDisplayName, Customer, OrderLine, PlaceOrder, RegisterCustomer
-from wow_django import stores
+from wow_django.application.gateway import WaitStage
+from wow_django.application.runtime import get_runtime
+from wow_django.application.snapshotting import should_snapshot
 from wow_django.domain.aggregate import Aggregate
-from wow_django.gateway import WaitStage, get_gateway
-from wow_django.records import AggregateId
-from wow_django.snapshots import should_snapshot
+from wow_django.persistence.records import AggregateId
 from wow_django.tasks import _snapshot_key
 
 from .conftest import fresh_wow
 
 
 def snapshot_version(name, aggregate_id):
-    snapshot = stores.snapshot_store().load(AggregateId(name, aggregate_id))
+    snapshot = get_runtime().snapshot_store.load(AggregateId(name, aggregate_id))
     return snapshot.version if snapshot else None
 
 
 def renamed(customer, n, wait=WaitStage.SNAPSHOT):
-    return get_gateway().send(ChangeDisplayName(display_name=f"name {n}"), aggregate_id=customer, wait=wait)
+    return get_runtime().gateway.send(ChangeDisplayName(display_name=f"name {n}"), aggregate_id=customer, wait=wait)
 
 
 def register(username="snap"):
-    return get_gateway().send(RegisterCustomer(username=username, display_name="start"),
+    return get_runtime().gateway.send(RegisterCustomer(username=username, display_name="start"),
                               wait=WaitStage.SNAPSHOT).aggregate_id
 
 
@@ -88,14 +88,14 @@ def test_every_n_versions_strategy(storage):
 
 
 def test_time_strategy_snapshots_when_the_snapshot_is_old(monkeypatch):
-    import wow_django.snapshots as snapshots
+    import wow_django.application.snapshotting as snapshots
 
     clock = [1_000_000]
     monkeypatch.setattr(snapshots, "now_ms", lambda: clock[0])
     with override_settings(WOW=fresh_wow("in_memory", SNAPSHOT_STRATEGY="time_offset", SNAPSHOT_TIME_OFFSET_S=60)):
         customer = register()
         assert snapshot_version("customer", customer) == 1  # there was none
-        first = stores.snapshot_store().load(AggregateId("customer", customer)).snapshot_time
+        first = get_runtime().snapshot_store.load(AggregateId("customer", customer)).snapshot_time
         clock[0] = first + 30_000
         renamed(customer, 2)
         assert snapshot_version("customer", customer) == 1
@@ -155,14 +155,14 @@ def test_rebuild_replays_every_aggregate_and_is_safe_to_rerun(storage):
         customers = [register(f"user{n}") for n in range(7)]
         for customer in customers[:3]:
             renamed(customer, 2)
-        get_gateway().send(PlaceOrder(customer_id=customers[0],
+        get_runtime().gateway.send(PlaceOrder(customer_id=customers[0],
                                       items=[OrderLine(sku="A", quantity=1, unit_price=Decimal("1"))]))
         assert all(snapshot_version("customer", c) is None for c in customers)
         out = run_rebuild("customer")
         assert "customer: 7 snapshot(s) rebuilt" in out
         assert "[##############################] 7/7" in out
         assert [snapshot_version("customer", c) for c in customers] == [2, 2, 2, 1, 1, 1, 1]
-        state = stores.snapshot_store().load(AggregateId("customer", customers[0])).state
+        state = get_runtime().snapshot_store.load(AggregateId("customer", customers[0])).state
         assert state == {"username": "user0", "display_name": "name 2"}
         assert "customer: 7 snapshot(s) rebuilt" in run_rebuild("customer")  # rerun: same result
         assert [snapshot_version("customer", c) for c in customers] == [2, 2, 2, 1, 1, 1, 1]
@@ -180,10 +180,10 @@ def test_rebuild_never_lowers_a_newer_snapshot():
     with override_settings(WOW=fresh_wow("mongo")):
         customer = register()
         renamed(customer, 2)
-        repository = get_gateway().repository
+        repository = get_runtime().gateway.repository
         stale = repository.load(Customer, customer, tail_version=1)
-        from wow_django.repository import snapshot_of
+        from wow_django.application.repository import snapshot_of
 
-        stores.snapshot_store().save(snapshot_of(stale, "order-service"))
+        get_runtime().snapshot_store.save(snapshot_of(stale, "order-service"))
         assert snapshot_version("customer", customer) == 2
 

@@ -22,8 +22,8 @@ def check_settings(app_configs=None, **kwargs):
         return messages
     uses_mongo = any(wow_settings.storage_for(p) == "mongo" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE"))
     if uses_mongo:
-        from wow_django.mongo import PURPOSES, configured_uri, database_name
-        from wow_django.mongo.client import parse_uri
+        from wow_django.backends.mongo import PURPOSES, configured_uri, database_name
+        from wow_django.backends.mongo.client import parse_uri
 
         try:
             embedded, _ = parse_uri(configured_uri())
@@ -43,7 +43,7 @@ def check_settings(app_configs=None, **kwargs):
         messages.append(checks.Warning(
             "WOW['TENANT_RESOLVER'] takes the tenant from the Wow-Tenant-Id request header: any client can "
             "act for any tenant unless a trusted proxy sets that header.",
-            hint="Use wow_django.api.tenancy.UserTenantResolver (tenant from the authenticated user) or your "
+            hint="Use wow_django.http.tenancy.UserTenantResolver (tenant from the authenticated user) or your "
                  "own resolver; silence wow_django.W004 if a gateway sets the header.",
             id="wow_django.W004",
         ))

@@ -72,12 +72,17 @@ DEFAULTS: dict[str, Any] = {
     "SNAPSHOT_VERSION_OFFSET": 5,
     "SNAPSHOT_TIME_OFFSET_S": 60.0,
     "SNAPSHOT_MODE": "inline",
+    # --- background work ---------------------------------------------------------
+    # The task queue the application hands work to (commands sent with stage
+    # SENT, snapshots in "celery" mode, bus rollups): a class implementing
+    # wow_django.application.ports.TaskQueue. The default sends Celery tasks.
+    "TASK_QUEUE": "wow_django.tasks.CeleryTaskQueue",
     # --- queries --------------------------------------------------------------
     "QUERY_ALLOW_RAW": False,
     "QUERY_MAX_PAGE_SIZE": 200,
     "QUERY_MAX_LIMIT": 1000,
     "QUERY_MAX_DEPTH": 16,
-    "TENANT_RESOLVER": "wow_django.api.tenancy.HeaderTenantResolver",
+    "TENANT_RESOLVER": "wow_django.http.tenancy.HeaderTenantResolver",
     "API_AUTHENTICATION_CLASSES": None,
     "API_PERMISSION_CLASSES": None,
     # --- integration-event bus ---------------------------------------------
@@ -101,7 +106,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # Settings holding a dotted path that is imported on first use.
-IMPORT_STRINGS = ("TENANT_RESOLVER",)
+IMPORT_STRINGS = ("TENANT_RESOLVER", "TASK_QUEUE")
 
 # Nested dicts whose keys are validated and merged over their defaults.
 NESTED = ("EVENT_STORE_BATCH",)
@@ -203,6 +208,7 @@ VALIDATORS = {
     "SNAPSHOT_VERSION_OFFSET": _pos_int,
     "SNAPSHOT_TIME_OFFSET_S": _pos_num,
     "SNAPSHOT_MODE": _choice(SNAPSHOT_MODES),
+    "TASK_QUEUE": _str,
     "QUERY_ALLOW_RAW": _bool,
     "QUERY_MAX_PAGE_SIZE": _pos_int,
     "QUERY_MAX_LIMIT": _pos_int,
@@ -311,20 +317,11 @@ class WowSettings:
 
 wow_settings = WowSettings()
 
-_reload_hooks: list = []
-
-
-def on_reload(func):
-    """Register ``func()`` to run after ``WOW`` changes (clears process caches)."""
-    _reload_hooks.append(func)
-    return func
 
 
 def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "WOW":
         wow_settings.reload()
-        for hook in list(_reload_hooks):
-            hook()
 
 
 setting_changed.connect(_reload, dispatch_uid="wow_django.conf.reload")

@@ -1,10 +1,19 @@
-"""Celery tasks. They take ids (or a queued command message), stay thin, and are idempotent.
+"""Celery tasks, and the task queue (:class:`CeleryTaskQueue`) the application hands work to.
 
-- ``process_command``: a command sent with wait stage SENT. Reprocessing the
-  same message is recognised by its request id and appends nothing.
-- ``save_snapshot``: brings one aggregate's snapshot up to date; repeated
-  requests for one aggregate are coalesced by ``request_snapshot``.
-- ``rebuild_snapshots``: replays every aggregate of a type.
+Tasks take ids (or a queued command message), stay thin (they call the
+runtime's services) and are idempotent:
+
+- ``wow_django.process_command``: a command sent with wait stage SENT.
+  Reprocessing the same message is recognised by its request id and appends nothing.
+- ``wow_django.save_snapshot``: brings one aggregate's snapshot up to date;
+  repeated requests for one aggregate are coalesced by :meth:`CeleryTaskQueue.request_snapshot`.
+- ``wow_django.rebuild_snapshots``: replays every aggregate of a type.
+- ``wow_django.bus.rollup``: recompute one bus event's status from its
+  feedback. Queued on ``WOW['BUS_ROLLUP_QUEUE']`` by every feedback; run that
+  queue with a single serial worker (``celery worker -Q wow.bus.rollup -c 1``).
+- ``wow_django.bus.relay_pending``: publish PENDING events older than
+  ``WOW['BUS_RELAY_AFTER_S']``; schedule it periodically (celery beat).
+- ``wow_django.bus.repush``: re-push an event (whole, or to one consumer).
 
 Transient store errors (``RecoverableStoreError``) are retried with backoff.
 """
@@ -17,6 +26,13 @@ import logging
 from celery import shared_task
 from django.core.cache import cache
 
+from wow_django.application.gateway import CommandMessage, WaitStage
+from wow_django.application.ports import TaskQueue
+from wow_django.application.runtime import get_runtime
+from wow_django.application.snapshotting import rebuild_snapshots as rebuild
+from wow_django.application.snapshotting import refresh_snapshot
+from wow_django.conf import wow_settings
+from wow_django.domain.registry import aggregate_type
 from wow_django.exceptions import CommandError, EventVersionConflict, RecoverableStoreError
 
 logger = logging.getLogger("wow_django.tasks")
@@ -31,16 +47,46 @@ def _snapshot_key(aggregate_name: str, aggregate_id: str) -> str:
     return f"wow:snapshot-pending:{aggregate_name}:{aggregate_id}"
 
 
+# --- the application's task queue ----------------------------------------------------------
+
+
+class CeleryTaskQueue(TaskQueue):
+    """The default ``WOW['TASK_QUEUE']``: each piece of work is a Celery task."""
+
+    def process_command(self, message: dict) -> None:
+        process_command.delay(message)
+
+    def request_snapshot(self, aggregate_name: str, aggregate_id: str) -> bool:
+        """Queue ``save_snapshot`` unless one is already pending for this aggregate (a cache marker)."""
+        if not cache.add(_snapshot_key(aggregate_name, aggregate_id), 1, SNAPSHOT_PENDING_TTL_S):
+            return False
+        try:
+            save_snapshot.delay(aggregate_name, aggregate_id)
+        except Exception:
+            cache.delete(_snapshot_key(aggregate_name, aggregate_id))
+            raise
+        return True
+
+    def rollup(self, event_id: str) -> None:
+        if rollup_event.app.conf.task_always_eager:
+            # What the eager task would do, without Celery caching a broker
+            # pool and a result backend on the app for the current settings.
+            get_runtime().bus.rollup(event_id)
+        else:
+            rollup_event.apply_async((event_id,), queue=wow_settings.BUS_ROLLUP_QUEUE)
+
+
+# --- commands and snapshots ------------------------------------------------------------------
+
+
 @shared_task(name="wow_django.process_command", acks_late=True, **RETRY)
 def process_command(message: dict) -> dict:
     """Process a queued command; returns the command result as JSON."""
-    from wow_django.gateway import CommandMessage, WaitStage, get_gateway
-
     queued = CommandMessage.from_dict(message)
     # A redelivered message must be recognised: always check its request id.
     queued = dataclasses.replace(queued, request_id_given=True)
     try:
-        result = get_gateway().process_message(queued, WaitStage.PROJECTED)
+        result = get_runtime().gateway.process_message(queued, WaitStage.PROJECTED)
     except (CommandError, EventVersionConflict) as exc:
         logger.info("queued command %s refused: %s", queued.command_id, exc)
         return {
@@ -52,42 +98,43 @@ def process_command(message: dict) -> dict:
     return result.to_json()
 
 
-def request_snapshot(aggregate_name: str, aggregate_id: str) -> bool:
-    """Queue ``save_snapshot`` unless one is already pending for this aggregate."""
-    if not cache.add(_snapshot_key(aggregate_name, aggregate_id), 1, SNAPSHOT_PENDING_TTL_S):
-        return False
-    try:
-        save_snapshot.delay(aggregate_name, aggregate_id)
-    except Exception:
-        cache.delete(_snapshot_key(aggregate_name, aggregate_id))
-        raise
-    return True
-
-
 @shared_task(name="wow_django.save_snapshot", **RETRY)
 def save_snapshot(aggregate_name: str, aggregate_id: str) -> int | None:
     """Save the latest snapshot of one aggregate; returns its version (None if unknown)."""
-    from wow_django.domain.aggregate import aggregate_type
-    from wow_django.gateway import get_gateway
-    from wow_django.snapshots import refresh_snapshot
-
     # Clear the marker first: events appended from now on queue a new task.
     cache.delete(_snapshot_key(aggregate_name, aggregate_id))
     cls = aggregate_type(aggregate_name)
     if cls is None:
         logger.error("save_snapshot: no aggregate named %r", aggregate_name)
         return None
-    return refresh_snapshot(get_gateway().repository, cls, aggregate_id)
+    return refresh_snapshot(get_runtime().gateway.repository, cls, aggregate_id)
 
 
 @shared_task(name="wow_django.rebuild_snapshots", **RETRY)
 def rebuild_snapshots(aggregate_name: str) -> int:
     """Replay every aggregate of one type and save its snapshot; returns how many."""
-    from wow_django.domain.aggregate import aggregate_type
-    from wow_django.gateway import get_gateway
-    from wow_django.snapshots import rebuild_snapshots as rebuild
-
     cls = aggregate_type(aggregate_name)
     if cls is None:
         raise ValueError(f"no aggregate named {aggregate_name!r}")
-    return rebuild(get_gateway().repository, cls)
+    return rebuild(get_runtime().gateway.repository, cls)
+
+
+# --- the bus -------------------------------------------------------------------------------------
+
+
+@shared_task(name="wow_django.bus.rollup", acks_late=True, ignore_result=True, **RETRY)
+def rollup_event(event_id: str) -> str | None:
+    """The event's status after the rollup (None: no such event)."""
+    return get_runtime().bus.rollup(event_id)
+
+
+@shared_task(name="wow_django.bus.relay_pending", **RETRY)
+def relay_pending(limit: int = 500) -> dict:
+    """``{"published": [...], "failed": [...]}`` event ids."""
+    return get_runtime().bus.relay_pending(limit=limit).to_json()
+
+
+@shared_task(name="wow_django.bus.repush", **RETRY)
+def repush_event(event_id: str, requested_by: str, consumer_id: str | None = None) -> dict:
+    """The re-push result as JSON; a refused re-push raises ``RepushRefused``."""
+    return get_runtime().bus.repush(event_id, requested_by=requested_by, consumer_id=consumer_id).to_json()

@@ -15,9 +15,10 @@ from decimal import Decimal
 
 from sample_project.orders.aggregates import OrderLine, PayOrder, PlaceOrder
 from sample_project.orders.integration import MEMBER_SERVICE, MESSAGE_SERVICE, configure_topic_consumers
+from wow_django.application.gateway import WaitStage
+from wow_django.application.runtime import get_runtime
 from wow_django.bus import ConsumerWorker, EventStatus, get_bus, run_in_thread
 from wow_django.bus.trace import build_tree, render_tree
-from wow_django.gateway import WaitStage, get_gateway
 
 SETTLED = {EventStatus.CONSUMED.value, EventStatus.PARTIAL.value, EventStatus.FAILED.value}
 # order.purchased, points.added, and a notification.sent for each of them.
@@ -52,7 +53,7 @@ def _settled(bus, trace_ids: list[str]) -> dict[str, dict] | None:
 def run_bus_demo(stdout, *, orders: int = 3, timeout: float = 60.0) -> None:
     bus = get_bus()
     configure_topic_consumers(bus)
-    gateway = get_gateway()
+    gateway = get_runtime().gateway
     workers = [ConsumerWorker(MEMBER_SERVICE, bus=bus), ConsumerWorker(MESSAGE_SERVICE, bus=bus)]
     threads = [run_in_thread(worker) for worker in workers]
     trace_ids: list[str] = []

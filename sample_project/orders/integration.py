@@ -35,11 +35,12 @@ from decimal import ROUND_DOWN, Decimal
 from pymongo import errors as pymongo_errors
 
 from sample_project.orders.aggregates import Order, OrderPaid
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.mongo import get_connection
+from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.bus import consumer, get_bus
 from wow_django.bus.envelope import iso, utcnow
-from wow_django.dispatch import event_processor
-from wow_django.mongo import get_connection
-from wow_django.mongo.errors import recoverable_errors
+from wow_django.domain import event_processor
 
 PURCHASED = "order.purchased"
 POINTS_ADDED = "points.added"
@@ -71,10 +72,8 @@ def configure_topic_consumers(bus=None) -> None:
 @event_processor(Order, events=[OrderPaid])
 def publish_purchase(message) -> None:
     """``order_paid`` → ``order.purchased``."""
-    from wow_django.gateway import get_gateway
-
     # The order as of this event, not as of now.
-    order = get_gateway().repository.load(Order, message.aggregate_id.id, tail_version=message.version)
+    order = get_runtime().gateway.repository.load(Order, message.aggregate_id.id, tail_version=message.version)
     state = order.state if order is not None else None
     event: OrderPaid = message.event
     header = message.header or {}

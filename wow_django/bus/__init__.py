@@ -12,20 +12,34 @@ Python API::
     def add_points(event, ctx): ...
 
 The records live in the bus store that ``WOW['BUS_STORE']`` names (``None``:
-``WOW['STORAGE']``): MongoDB (:mod:`wow_django.bus.mongo_store`) or this
-process's memory (:mod:`wow_django.bus.memory_store`); both keep the contract
-of :mod:`wow_django.bus.store`.
+``WOW['STORAGE']``): MongoDB (:mod:`wow_django.backends.mongo.bus_store`) or this
+process's memory (:mod:`wow_django.backends.memory.bus_store`); both keep the contracts
+of :mod:`wow_django.persistence.bus`.
 
-HTTP: include ``wow_django.bus.urls`` (e.g. at ``bus/``). Add
+This package's ``__init__`` is the bus's public facade: :func:`get_bus` and
+:func:`send` reach the process's runtime (:mod:`wow_django.application.runtime`)
+when called. The modules inside it (service, consumer, envelope, …) never
+import the application layer.
+
+HTTP: include ``wow_django.http.bus_urls`` (e.g. at ``bus/``). Add
 ``"wow_django.bus"`` to ``INSTALLED_APPS`` for its permissions, its schema in
 ``wow_init_schema``, and the discovery of ``consumers``/``integration`` modules.
 Importing this package talks to no server.
 """
 
-from wow_django.bus.consumer import ConsumerContext, ConsumerWorker, WorkerStats, consumer, run_in_thread
+from wow_django.bus.consumer import (
+    ConsumerContext,
+    ConsumerRegistry,
+    ConsumerWorker,
+    WorkerStats,
+    consumer,
+    run_in_thread,
+)
 from wow_django.bus.context import BusContext, bus_context, current_context
 from wow_django.bus.envelope import Envelope, EventStatus, Initiator
-from wow_django.bus.errors import (
+from wow_django.bus.ordering import SequenceTracker, is_stale
+from wow_django.bus.service import EventBus, RelayReport, RepushResult, SendResult
+from wow_django.exceptions import (
     BusError,
     ConsumerNotExpected,
     EnvelopeValidationError,
@@ -34,8 +48,13 @@ from wow_django.bus.errors import (
     TraceNotFound,
     TransportUnavailable,
 )
-from wow_django.bus.ordering import SequenceTracker, is_stale
-from wow_django.bus.service import EventBus, RelayReport, RepushResult, SendResult, get_bus
+
+
+def get_bus() -> EventBus:
+    """The process's bus (``get_runtime().bus``), built from the ``WOW`` settings on first use."""
+    from wow_django.application.runtime import get_runtime  # the facade reaches up, on call only
+
+    return get_runtime().bus
 
 
 def send(topic: str, payload, **fields) -> SendResult:
@@ -44,7 +63,7 @@ def send(topic: str, payload, **fields) -> SendResult:
 
 
 __all__ = [
-    "BusContext", "BusError", "ConsumerContext", "ConsumerNotExpected", "ConsumerWorker", "EnvelopeValidationError",
+    "BusContext", "BusError", "ConsumerContext", "ConsumerRegistry", "ConsumerNotExpected", "ConsumerWorker", "EnvelopeValidationError",
     "Envelope", "EventBus", "EventNotFound", "EventStatus", "Initiator", "RelayReport", "RepushRefused",
     "RepushResult", "SendResult", "SequenceTracker", "TraceNotFound", "TransportUnavailable", "WorkerStats",
     "bus_context", "consumer", "current_context", "get_bus", "is_stale", "run_in_thread", "send",

@@ -10,12 +10,10 @@ class BusConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        # Checks, the bus collections for wow_init_schema, and the consumers
-        # and domain → integration translators of installed apps. Talks to no server.
+        # Checks, and the consumers and domain → integration translators of
+        # installed apps. Talks to no server.
         from django.utils.module_loading import autodiscover_modules
 
         from wow_django.bus import checks  # noqa: F401
-        from wow_django.bus.schema import register_schema
 
-        register_schema()
         autodiscover_modules("consumers", "integration")

@@ -32,7 +32,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ImproperlyConfigured
@@ -41,11 +42,11 @@ from kombu.exceptions import OperationalError
 
 from wow_django.bus.context import bus_context
 from wow_django.bus.envelope import Envelope, build_envelope, check_consumer_id, check_topic
-from wow_django.bus.errors import EnvelopeValidationError
 from wow_django.bus.inbox import BUSY, DONE, Inbox
 from wow_django.bus.ordering import SequenceTracker
 from wow_django.bus.rollup import outcome
 from wow_django.conf import wow_settings
+from wow_django.exceptions import EnvelopeValidationError
 
 logger = logging.getLogger("wow_django.bus.consumer")
 
@@ -64,8 +65,64 @@ class HandlerSpec:
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
 
-_registry_lock = threading.Lock()
-_registry: dict[str, dict[str, HandlerSpec]] = {}
+class ConsumerRegistry:
+    """The consumers declared with :func:`consumer`: ``{consumer id: {topic: HandlerSpec}}``. Thread-safe.
+
+    One is current per process; :func:`wow_django.testing.isolated_registry`
+    swaps in a copy for a test.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._consumers: dict[str, dict[str, HandlerSpec]] = {}
+
+    def copy(self) -> ConsumerRegistry:
+        other = ConsumerRegistry()
+        with self._lock:
+            other._consumers = {cid: dict(handlers) for cid, handlers in self._consumers.items()}
+        return other
+
+    def add(self, spec: HandlerSpec) -> None:
+        with self._lock:
+            handlers = self._consumers.setdefault(spec.consumer_id, {})
+            previous = handlers.get(spec.topic)
+            if previous is not None and previous.label != spec.label:
+                raise ImproperlyConfigured(
+                    f"consumer {spec.consumer_id!r} has two handlers for {spec.topic!r}: {previous.label} and "
+                    f"{spec.label}"
+                )
+            handlers[spec.topic] = spec
+
+    def consumer_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._consumers)
+
+    def handlers_of(self, consumer_id: str) -> dict[str, HandlerSpec]:
+        """``{topic: HandlerSpec}`` of one consumer (empty when it is not declared)."""
+        with self._lock:
+            return dict(self._consumers.get(consumer_id, {}))
+
+
+_current = ConsumerRegistry()
+_swap_lock = threading.Lock()
+
+
+def consumers() -> ConsumerRegistry:
+    """The current consumer registry."""
+    return _current
+
+
+@contextmanager
+def use_consumers(registry: ConsumerRegistry) -> Iterator[ConsumerRegistry]:
+    """Make ``registry`` the current one inside the block; the previous one comes back after it."""
+    global _current
+    with _swap_lock:
+        previous, _current = _current, registry
+    try:
+        yield registry
+    finally:
+        with _swap_lock:
+            _current = previous
 
 
 def consumer(consumer_id: str, *, topics: Iterable[str], drop_stale: bool = False):
@@ -81,34 +138,11 @@ def consumer(consumer_id: str, *, topics: Iterable[str], drop_stale: bool = Fals
         raise ImproperlyConfigured(f"consumer {consumer_id!r} needs at least one topic")
 
     def decorate(fn):
-        with _registry_lock:
-            handlers = _registry.setdefault(consumer_id, {})
-            for topic in topics:
-                previous = handlers.get(topic)
-                spec = HandlerSpec(consumer_id, topic, fn, drop_stale)
-                if previous is not None and previous.label != spec.label:
-                    raise ImproperlyConfigured(
-                        f"consumer {consumer_id!r} has two handlers for {topic!r}: {previous.label} and {spec.label}"
-                    )
-                handlers[topic] = spec
+        for topic in topics:
+            _current.add(HandlerSpec(consumer_id, topic, fn, drop_stale))
         return fn
 
     return decorate
-
-
-def unregister_consumer(consumer_id: str) -> None:
-    with _registry_lock:
-        _registry.pop(consumer_id, None)
-
-
-def consumer_ids() -> list[str]:
-    with _registry_lock:
-        return sorted(_registry)
-
-
-def handlers_of(consumer_id: str) -> dict[str, HandlerSpec]:
-    with _registry_lock:
-        return dict(_registry.get(consumer_id, {}))
 
 
 class ConsumerContext:
@@ -179,19 +213,18 @@ REQUEUE = "requeue"
 class ConsumerWorker:
     """Consumes one consumer id's queue until :meth:`stop` (or a limit) — one message at a time."""
 
-    def __init__(self, consumer_id: str, *, bus=None, prefetch: int | None = None, max_attempts: int | None = None,
+    def __init__(self, consumer_id: str, *, bus, prefetch: int | None = None, max_attempts: int | None = None,
                  backoff_s: float | None = None, lease_s: float | None = None):
-        from wow_django.bus.service import get_bus
-
-        self.handlers = handlers_of(consumer_id)
+        """``bus``: the :class:`~wow_django.bus.service.EventBus` to report to (``get_bus()`` for the process's)."""
+        self.handlers = _current.handlers_of(consumer_id)
         if not self.handlers:
-            known = ", ".join(consumer_ids()) or "none"
+            known = ", ".join(_current.consumer_ids()) or "none"
             raise ImproperlyConfigured(
                 f"no consumer {consumer_id!r} is declared (declared: {known}); declare it with "
                 "@wow_django.bus.consumer in an installed app's consumers or integration module"
             )
         self.consumer_id = consumer_id
-        self.bus = bus or get_bus()
+        self.bus = bus
         self.prefetch = prefetch or wow_settings.BUS_CONSUMER_PREFETCH
         self.max_attempts = max_attempts or wow_settings.BUS_CONSUMER_MAX_ATTEMPTS
         self.backoff_s = wow_settings.BUS_CONSUMER_BACKOFF_S if backoff_s is None else backoff_s

@@ -8,29 +8,17 @@ current :mod:`~wow_django.bus.context`.
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import re
 import uuid
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from wow_django.bus.context import current_context
-from wow_django.bus.errors import EnvelopeValidationError
-
-
-class EventStatus(enum.StrEnum):
-    """Statuses of a bus event (seed 004 §2.4)."""
-
-    PENDING = "PENDING"  # stored, not yet confirmed by the broker
-    SENT = "SENT"  # published; consumers have not all reported
-    CONSUMED = "CONSUMED"  # every expected consumer reported success
-    PARTIAL = "PARTIAL"  # some consumers succeeded, some failed
-    FAILED = "FAILED"  # consumers failed and none succeeded
-    RETRYING = "RETRYING"  # re-pushed, waiting for feedback
-
+from wow_django.exceptions import EnvelopeValidationError
+from wow_django.persistence.bus import EventStatus, to_bson_time, utcnow
 
 #: Statuses derived from consumer feedback by the rollup.
 FEEDBACK_STATUSES = (EventStatus.CONSUMED, EventStatus.PARTIAL, EventStatus.FAILED)
@@ -51,21 +39,6 @@ WIRE_FIELDS = (
 INITIATOR_FIELDS = ("service", "operation", "userId", "clientRequestId")
 _WIRE_NAMES = frozenset(WIRE_FIELDS)
 _INITIATOR_NAMES = frozenset(INITIATOR_FIELDS)
-
-
-def utcnow() -> datetime:
-    """Now as a naive UTC datetime at millisecond precision (what BSON stores)."""
-    now = datetime.now(UTC)
-    return now.replace(tzinfo=None, microsecond=now.microsecond // 1000 * 1000)
-
-
-def to_bson_time(moment: datetime) -> datetime:
-    """``moment`` as naive UTC at millisecond precision (an aware one is converted, a naive one is UTC)."""
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC).replace(tzinfo=None)
-    elif not moment.microsecond % 1000:
-        return moment
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
 def iso(moment: datetime | None) -> str | None:

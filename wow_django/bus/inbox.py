@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from wow_django.bus.envelope import utcnow
-from wow_django.bus.store import BusStore
+from wow_django.persistence.bus import BusStore
 
 CLAIMED = "claimed"
 DONE = "done"

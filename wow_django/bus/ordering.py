@@ -11,7 +11,7 @@ running twice; this check stops an earlier message from running after a later on
 from __future__ import annotations
 
 from wow_django.bus.envelope import utcnow
-from wow_django.bus.store import BusStore
+from wow_django.persistence.bus import BusStore
 
 
 def is_stale(last_applied: int | None, sequence: int) -> bool:

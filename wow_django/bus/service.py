@@ -7,7 +7,7 @@
     result = get_bus().send("order.purchased", {"orderId": "o-1", "amount": "19.90"})
     result.status        # "SENT", "PENDING" (broker down: the relay publishes it) or None (no consumer)
 
-``send`` raises :class:`~wow_django.bus.errors.EnvelopeValidationError` for bad
+``send`` raises :class:`~wow_django.exceptions.EnvelopeValidationError` for bad
 input and lets storage errors through; it does not raise when the topic has no
 enabled consumer (logged at ERROR, nothing stored) or the broker is down (the
 event stays PENDING).
@@ -16,8 +16,8 @@ event stays PENDING).
 from __future__ import annotations
 
 import logging
-import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,7 +33,10 @@ from wow_django.bus.envelope import (
     parse_time,
     utcnow,
 )
-from wow_django.bus.errors import (
+from wow_django.bus.rollup import compute_status, consumed_summary, expected_consumers, latest_by_consumer, outcome
+from wow_django.bus.trace import build_tree
+from wow_django.bus.transport import BusTransport
+from wow_django.exceptions import (
     BusError,
     ConsumerNotExpected,
     EnvelopeValidationError,
@@ -42,11 +45,7 @@ from wow_django.bus.errors import (
     TraceNotFound,
     TransportUnavailable,
 )
-from wow_django.bus.rollup import compute_status, consumed_summary, expected_consumers, latest_by_consumer, outcome
-from wow_django.bus.store import BusStore, EventQuery
-from wow_django.bus.trace import build_tree
-from wow_django.bus.transport import BusTransport
-from wow_django.conf import on_reload, wow_settings
+from wow_django.persistence.bus import BusStore, EventQuery
 
 # Pages beyond this would skip more rows than a server should walk (and overflow its skip).
 MAX_PAGE = 100_000
@@ -60,7 +59,7 @@ ROLLUP_ROUNDS = 16
 ROLLUP_FIELDS = ("status", "statusAt", "consumers")  # what the rollup reads of an event
 REPUSH_STATUSES = (EventStatus.FAILED.value, EventStatus.PARTIAL.value, EventStatus.RETRYING.value)
 
-_rollup_lock = threading.Lock()
+
 
 
 @dataclass(frozen=True)
@@ -118,9 +117,14 @@ def _text_or_none(value: Any, name: str, limit: int) -> str | None:
 
 
 class EventBus:
-    def __init__(self, store: BusStore, transport: BusTransport, *, service_name: str, relay_after_s: float = 30.0,
-                 repush_timeout_s: float = 300.0, repush_max_count: int = 5):
+    def __init__(self, store: BusStore, transport: BusTransport, *, service_name: str,
+                 rollup_queue: Callable[[str], None] | None = None, relay_after_s: float = 30.0,
+                 repush_timeout_s: float = 300.0, repush_max_count: int = 5, max_page_size: int = 200):
+        """``rollup_queue(event_id)`` queues a rollup (the runtime's task queue); None: roll up inline."""
         self.store = store
+        self.rollup_queue = rollup_queue
+        self.max_page_size = max_page_size
+        self._rollup_lock = threading.Lock()  # rollups of this process one at a time (the queue is serial too)
         self.transport = transport
         self.service_name = service_name
         self.relay_after_s = relay_after_s
@@ -255,22 +259,17 @@ class EventBus:
         return row
 
     def queue_rollup(self, event_id: str) -> None:
-        """Queue the rollup task on ``BUS_ROLLUP_QUEUE``; roll up inline if it cannot be queued."""
-        from wow_django.bus.tasks import rollup_event
-
-        try:
-            if rollup_event.app.conf.task_always_eager:
-                # What the eager task would do, without Celery caching a broker
-                # pool and a result backend on the app for the current settings.
-                self.rollup(event_id)
-            else:
-                rollup_event.apply_async((event_id,), queue=wow_settings.BUS_ROLLUP_QUEUE)
-        except Exception:
-            logger.warning("bus: could not queue the rollup of %s; rolling up inline", event_id, exc_info=True)
+        """Queue the event's rollup; roll up inline when there is no queue or it cannot take it."""
+        if self.rollup_queue is not None:
             try:
-                self.rollup(event_id)
+                self.rollup_queue(event_id)
+                return
             except Exception:
-                logger.exception("bus: inline rollup of %s failed", event_id)
+                logger.warning("bus: could not queue the rollup of %s; rolling up inline", event_id, exc_info=True)
+        try:
+            self.rollup(event_id)
+        except Exception:
+            logger.exception("bus: inline rollup of %s failed", event_id)
 
     def rollup(self, event_id: str) -> str | None:
         """Recompute the status from the latest row per consumer; write only status/statusAt if it changed.
@@ -279,7 +278,7 @@ class EventBus:
         so a rollup that read stale rows cannot overwrite a newer result; it
         reads again instead. Returns the status (None: no such event).
         """
-        with _rollup_lock:
+        with self._rollup_lock:
             for _ in range(ROLLUP_ROUNDS):
                 event = self.store.get_event(event_id, fields=ROLLUP_FIELDS)
                 if event is None:
@@ -456,7 +455,7 @@ class EventBus:
                     window[name] = parse_time(value)
                 except ValueError as exc:
                     errors.append({"name": name, "msg": str(exc)})
-        max_size = wow_settings.QUERY_MAX_PAGE_SIZE
+        max_size = self.max_page_size
         if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_PAGE:
             errors.append({"name": "page", "msg": f"must be an integer from 1 to {MAX_PAGE}"})
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_size:
@@ -491,68 +490,3 @@ class EventBus:
 
     def close(self) -> None:
         self.transport.close()
-
-
-_bus: EventBus | None = None
-_bus_lock = threading.Lock()
-
-
-def build_store() -> BusStore:
-    """A bus store for the current settings: ``WOW['BUS_STORE']``, else ``WOW['STORAGE']``."""
-    if wow_settings.storage_for("BUS_STORE") == "in_memory":
-        from wow_django.bus.memory_store import InMemoryBusStore
-
-        return InMemoryBusStore()
-    from wow_django import stores
-    from wow_django.bus.mongo_store import MongoBusStore
-    from wow_django.mongo import database_name, get_connection
-
-    return MongoBusStore(get_connection(), database_name("BUS"), schema_guard=stores.schema_guard(),
-                         max_time_ms=wow_settings.MONGO_MAX_TIME_MS)
-
-
-def get_bus() -> EventBus:
-    """The process's bus, built from the ``WOW`` settings on first use.
-
-    It holds the process's one bus store; changing ``WOW`` discards both (an
-    in-memory store with its records).
-    """
-    global _bus
-    if _bus is None:
-        with _bus_lock:
-            if _bus is None:
-                store = build_store()
-                transport = BusTransport(wow_settings.BUS_TRANSPORT_URL, wow_settings.BUS_EXCHANGE,
-                                         timeout=wow_settings.BUS_PUBLISH_TIMEOUT_S)
-                _bus = EventBus(
-                    store, transport,
-                    service_name=wow_settings.SERVICE_NAME or wow_settings.CONTEXT_NAME,
-                    relay_after_s=wow_settings.BUS_RELAY_AFTER_S,
-                    repush_timeout_s=wow_settings.BUS_REPUSH_TIMEOUT_S,
-                    repush_max_count=wow_settings.BUS_REPUSH_MAX_COUNT,
-                )
-    return _bus
-
-
-def _forget_after_fork() -> None:
-    """In a forked child (Celery prefork), drop the parent's bus without closing it.
-
-    It holds the parent's broker connections and store; the child builds its
-    own on first use (an in-memory store starts empty, as in any new process).
-    """
-    global _bus, _bus_lock
-    _bus_lock = threading.Lock()
-    _bus = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-@on_reload
-def reset_bus() -> None:
-    global _bus
-    with _bus_lock:
-        if _bus is not None:
-            _bus.close()
-        _bus = None

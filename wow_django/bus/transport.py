@@ -9,7 +9,7 @@
 - Messages are **persistent** (delivery mode 2) and, on AMQP, **confirmed**
   by the broker (``confirm_publish``): :meth:`BusTransport.publish` returns
   only once the broker has the message, and raises
-  :class:`~wow_django.bus.errors.TransportUnavailable` otherwise.
+  :class:`~wow_django.exceptions.TransportUnavailable` otherwise.
 - A per-consumer re-push goes straight to that consumer's queue through the
   default exchange.
 
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import threading
 from collections.abc import Iterable
 
 from kombu import Connection, Exchange, Producer, Queue, binding
 
-from wow_django.bus.errors import TransportUnavailable
+from wow_django.exceptions import TransportUnavailable
 
 logger = logging.getLogger("wow_django.bus.transport")
 
@@ -69,7 +68,6 @@ class BusTransport:
         self._idle: queue.LifoQueue[_Publisher] = queue.LifoQueue()
         self._closed = False
         self._lock = threading.Lock()
-        self._pid = os.getpid()
 
     @property
     def is_amqp(self) -> bool:
@@ -148,11 +146,6 @@ class BusTransport:
 
     def _acquire(self) -> tuple[_Publisher, bool]:
         """An idle pooled publisher (``True``) or a new one (``False``)."""
-        if self._pid != os.getpid():
-            # Forked: the pooled sockets are the parent's. Forget them unclosed
-            # (closing would talk on the parent's connections).
-            self._idle = queue.LifoQueue()
-            self._pid = os.getpid()
         try:
             return self._idle.get_nowait(), True
         except queue.Empty:

@@ -1,4 +1,9 @@
-"""The modeling API: commands, events, states and aggregates. No Django views, no pymongo."""
+"""The modeling API: commands, events, states, aggregates, projections. Pure Python and pydantic.
+
+::
+
+    from wow_django.domain import Aggregate, Command, Event, State, creates, handles, sourcing, projection
+"""
 
 from wow_django.domain.aggregate import (
     Aggregate,
@@ -23,18 +28,13 @@ from wow_django.domain.messages import (
     event_type,
     upcaster,
 )
-from wow_django.exceptions import DomainError
-from wow_django.registry import register_prepare_key
-
-
-def declare_prepare_key(name: str) -> str:
-    """Declare a PrepareKey name so ``wow_init_schema`` creates its collection; returns the name."""
-    register_prepare_key(name)
-    return name
-
+from wow_django.domain.projections import event_processor, projection
+from wow_django.domain.registry import Registry, declare_prepare_key
+from wow_django.exceptions import DeclarationError, DomainError
 
 __all__ = [
-    "Aggregate", "AggregateDeleted", "AggregateRecovered", "Command", "CommandContext", "DeleteAggregate",
-    "DomainError", "Event", "RecoverAggregate", "State", "aggregate_for_command", "aggregate_type", "aggregates",
-    "command_type", "creates", "declare_prepare_key", "event_type", "generate_id", "handles", "sourcing", "upcaster",
+    "Aggregate", "AggregateDeleted", "AggregateRecovered", "Command", "CommandContext", "DeclarationError",
+    "DeleteAggregate", "DomainError", "Event", "RecoverAggregate", "Registry", "State", "aggregate_for_command",
+    "aggregate_type", "aggregates", "command_type", "creates", "declare_prepare_key", "event_processor",
+    "event_type", "generate_id", "handles", "projection", "sourcing", "upcaster",
 ]

@@ -29,16 +29,22 @@ It may take a second argument, the :class:`CommandContext`.
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ConfigDict
 
-from wow_django import registry
-from wow_django.domain.messages import BUILTIN_COMMANDS, Command, Event, _origin
+from wow_django.domain import registry
+from wow_django.domain.messages import (
+    BUILTIN_COMMANDS,
+    AggregateDeleted,
+    AggregateRecovered,
+    Command,
+    Event,
+    _origin,
+)
+from wow_django.exceptions import DeclarationError
 
 _HANDLES = "_wow_handles"
 _SOURCING = "_wow_sourcing"
@@ -74,7 +80,7 @@ def sourcing(*events: type[Event]):
     """Mark a state method as the handler that applies ``events``."""
     for event in events:
         if not (isinstance(event, type) and issubclass(event, Event)):
-            raise ImproperlyConfigured(f"@sourcing takes Event classes, got {event!r}")
+            raise DeclarationError(f"@sourcing takes Event classes, got {event!r}")
 
     def decorate(fn):
         setattr(fn, _SOURCING, tuple(getattr(fn, _SOURCING, ())) + events)
@@ -85,7 +91,7 @@ def sourcing(*events: type[Event]):
 
 def _handler_decorator(command: type[Command], create: bool):
     if not (isinstance(command, type) and issubclass(command, Command)):
-        raise ImproperlyConfigured(f"expected a Command class, got {command!r}")
+        raise DeclarationError(f"expected a Command class, got {command!r}")
 
     def decorate(fn):
         setattr(fn, _HANDLES, (command, create))
@@ -127,6 +133,8 @@ class CommandContext:
     owner_id: str
     operator: str
     header: dict = field(default_factory=dict)
+    #: ``prepare_keys(name)`` → the PrepareKey store of that name; the gateway provides it.
+    prepare_keys: Callable[[str], Any] | None = field(default=None, repr=False)
     _compensations: list[Callable[[], Any]] = field(default_factory=list)
 
     def on_failure(self, fn: Callable[[], Any]) -> None:
@@ -140,9 +148,9 @@ class CommandContext:
         command) counts as reserved; only a reservation made here is released
         on failure.
         """
-        from wow_django.stores import prepare_key
-
-        keys = prepare_key(name)
+        if self.prepare_keys is None:
+            raise RuntimeError("this CommandContext has no prepare-key stores (it was not made by a gateway)")
+        keys = self.prepare_keys(name)
         if keys.prepare(key, value, ttl):
             self.on_failure(lambda: keys.rollback(key, value))
             return True
@@ -159,11 +167,6 @@ class CommandContext:
         return taken
 
 
-_aggregates_lock = threading.Lock()
-_aggregates: dict[str, type[Aggregate]] = {}
-_command_owner: dict[str, type[Aggregate]] = {}
-
-
 class Aggregate:
     """Base class of aggregates. Subclass with ``name=`` and ``state=`` keywords."""
 
@@ -171,7 +174,7 @@ class Aggregate:
     state_class: ClassVar[type[State]]
     handlers: ClassVar[dict[str, CommandHandler]] = {}
     allow_delete: ClassVar[bool] = True
-    # The HTTP API's policy for this aggregate (DRF classes or dotted paths); None: the settings' (wow_django.api).
+    # The HTTP API's policy for this aggregate (DRF classes or dotted paths); None: the settings' (wow_django.http).
     api_authentication_classes: ClassVar[list | None] = None
     api_permission_classes: ClassVar[list | None] = None
 
@@ -181,11 +184,11 @@ class Aggregate:
         if abstract:
             return
         if name is None or state is None:
-            raise ImproperlyConfigured(
+            raise DeclarationError(
                 f"{_origin(cls)} must be declared as class {cls.__name__}(Aggregate, name='...', state=...)"
             )
         if not (isinstance(state, type) and issubclass(state, State)):
-            raise ImproperlyConfigured(f"state of {_origin(cls)} must be a State subclass, got {state!r}")
+            raise DeclarationError(f"state of {_origin(cls)} must be a State subclass, got {state!r}")
         registry.check_name(name, "aggregate name")
         cls.aggregate_name = name
         cls.state_class = state
@@ -197,18 +200,18 @@ class Aggregate:
                     continue
                 command, create = marker
                 if command in BUILTIN_COMMANDS:
-                    raise ImproperlyConfigured(f"{command.command_name!r} is built in; {_origin(cls)} cannot handle it")
+                    raise DeclarationError(f"{command.command_name!r} is built in; {_origin(cls)} cannot handle it")
                 params = [p for p in inspect.signature(value).parameters.values()
                           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
                 if len(params) not in (2, 3):
-                    raise ImproperlyConfigured(
+                    raise DeclarationError(
                         f"{_origin(cls)}.{attr} must take (self, command) or (self, command, ctx)"
                     )
                 handlers[command.command_name] = CommandHandler(command, attr, create, len(params) == 3)
         if not any(h.create for h in handlers.values()):
-            raise ImproperlyConfigured(f"{_origin(cls)} has no @creates handler: nothing can create it")
+            raise DeclarationError(f"{_origin(cls)} has no @creates handler: nothing can create it")
         cls.handlers = handlers
-        _register_aggregate(cls)
+        registry.current().add_aggregate(cls)
 
     def __init__(self, id: str, tenant_id: str, owner_id: str = ""):
         self.id = id
@@ -231,8 +234,6 @@ class Aggregate:
         return self.version > 0
 
     def apply(self, event: Event) -> None:
-        from wow_django.domain.messages import AggregateDeleted, AggregateRecovered
-
         if isinstance(event, AggregateDeleted):
             self.deleted = True
         elif isinstance(event, AggregateRecovered):
@@ -241,45 +242,16 @@ class Aggregate:
             self.state.apply(event)
 
 
-def _register_aggregate(cls: type[Aggregate]) -> None:
-    with _aggregates_lock:
-        previous = _aggregates.get(cls.aggregate_name)
-        if previous is not None and _origin(previous) != _origin(cls):
-            raise ImproperlyConfigured(
-                f"Two aggregates are named {cls.aggregate_name!r}: {_origin(previous)} and {_origin(cls)}. "
-                "Rename one."
-            )
-        for command_name in cls.handlers:
-            owner = _command_owner.get(command_name)
-            if owner is not None and owner.aggregate_name != cls.aggregate_name:
-                raise ImproperlyConfigured(
-                    f"Command {command_name!r} is handled by two aggregates: {_origin(owner)} and {_origin(cls)}."
-                )
-        _aggregates[cls.aggregate_name] = cls
-        for command_name in cls.handlers:
-            _command_owner[command_name] = cls
-    registry.register_aggregate_name(cls.aggregate_name, _origin(cls))
-
-
 def aggregate_type(name: str) -> type[Aggregate] | None:
-    return _aggregates.get(name)
+    """The aggregate class declared under ``name`` (current registry), or None."""
+    return registry.current().aggregate_type(name)
 
 
 def aggregate_for_command(command_name: str) -> type[Aggregate] | None:
-    return _command_owner.get(command_name)
+    """The aggregate class that handles ``command_name``, or None."""
+    return registry.current().aggregate_for_command(command_name)
 
 
 def aggregates() -> dict[str, type[Aggregate]]:
-    with _aggregates_lock:
-        return dict(_aggregates)
-
-
-def unregister(cls: type[Aggregate]) -> None:
-    """Remove an aggregate and its commands from the registry (tests)."""
-    with _aggregates_lock:
-        if _aggregates.get(cls.aggregate_name) is cls:
-            del _aggregates[cls.aggregate_name]
-            registry.unregister_aggregate_name(cls.aggregate_name)
-        for command_name, owner in list(_command_owner.items()):
-            if owner is cls:
-                del _command_owner[command_name]
+    """``{name: class}`` of the declared aggregates."""
+    return registry.current().aggregates()

@@ -23,42 +23,18 @@ them. Two classes with one name is an error naming both.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from wow_django.exceptions import CommandValidationError
-
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_lock = threading.RLock()
-_commands: dict[str, type[Command]] = {}
-_events: dict[str, type[Event]] = {}
-
-
-def _origin(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+from wow_django.domain import registry
+from wow_django.domain.registry import origin as _origin
+from wow_django.exceptions import CommandValidationError, DeclarationError
 
 
 def _default_name(cls: type) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
-
-
-def _register(table: dict, kind: str, cls: type, name: str) -> None:
-    if not _NAME.match(name):
-        raise ImproperlyConfigured(
-            f"{kind} name {name!r} of {_origin(cls)} must be lower_snake_case letters, digits and '_' (≤ 63)"
-        )
-    with _lock:
-        previous = table.get(name)
-        if previous is not None and _origin(previous) != _origin(cls):
-            raise ImproperlyConfigured(
-                f"Two {kind}s are named {name!r}: {_origin(previous)} and {_origin(cls)}. "
-                f"Give one of them another name (class {cls.__name__}(..., name='...'))."
-            )
-        table[name] = cls
 
 
 class Command(BaseModel):
@@ -77,7 +53,7 @@ class Command(BaseModel):
         if abstract:
             return
         cls.command_name = name or _default_name(cls)
-        _register(_commands, "command", cls, cls.command_name)
+        registry.current().add_command(cls, cls.command_name)
 
     @classmethod
     def from_json(cls, data: Any) -> Command:
@@ -113,11 +89,11 @@ class Event(BaseModel):
         if abstract:
             return
         if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
-            raise ImproperlyConfigured(f"revision of {_origin(cls)} must be an integer ≥ 1, got {revision!r}")
+            raise DeclarationError(f"revision of {_origin(cls)} must be an integer ≥ 1, got {revision!r}")
         cls.event_name = name or _default_name(cls)
         cls.revision = revision
         cls.upcasters = {}
-        _register(_events, "event", cls, cls.event_name)
+        registry.current().add_event(cls, cls.event_name)
 
     @classmethod
     def body_type(cls) -> str:
@@ -151,7 +127,7 @@ def upcaster(event: type[Event], *, from_revision: int):
 
     def decorate(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
         if not 1 <= from_revision < event.revision:
-            raise ImproperlyConfigured(
+            raise DeclarationError(
                 f"upcaster {fn.__qualname__}: from_revision must be between 1 and {event.revision - 1} "
                 f"for {event.__name__} (revision {event.revision})"
             )
@@ -162,20 +138,13 @@ def upcaster(event: type[Event], *, from_revision: int):
 
 
 def command_type(name: str) -> type[Command] | None:
-    return _commands.get(name)
+    """The command class declared under ``name`` (current registry), or None."""
+    return registry.current().command_type(name)
 
 
 def event_type(name: str) -> type[Event] | None:
-    return _events.get(name)
-
-
-def forget(cls: type) -> None:
-    """Drop a command or event class from the name tables (tests)."""
-    with _lock:
-        for table in (_commands, _events):
-            for name, registered in list(table.items()):
-                if registered is cls:
-                    del table[name]
+    """The event class declared under ``name`` (current registry), or None."""
+    return registry.current().event_type(name)
 
 
 # --- built-in commands and events: soft delete and recover ------------------------

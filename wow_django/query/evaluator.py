@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from wow_django.query import dates
@@ -43,7 +43,7 @@ from wow_django.query.condition import (
     target_field,
 )
 from wow_django.query.errors import QueryValidationError
-from wow_django.query.mongo import date_bounds, map_field, text_pattern
+from wow_django.query.semantics import date_bounds, map_field, text_pattern
 
 Op = Operator
 
@@ -365,3 +365,37 @@ def sort_documents(
         descending = item.direction is Direction.DESC
         result.sort(key=lambda doc, p=path, d=descending: _field_sort_key(doc, p, d), reverse=descending)
     return result
+
+
+def evaluate(
+    documents: Iterable[dict],
+    condition: Condition,
+    *,
+    field_map: dict[str, str],
+    projection: Projection,
+    sort: Iterable[SortField],
+    skip: int = 0,
+    limit: int = 0,
+    now: datetime | None = None,
+) -> list[dict]:
+    """The documents matching ``condition``, sorted, sliced and projected, with the Python evaluator.
+
+    ``limit`` 0 means no limit. Documents are copied by the projection;
+    the inputs are never changed.
+    """
+    moment = now or datetime.now(UTC)
+    found = [doc for doc in documents if matches(condition, doc, field_map=field_map, now=moment)]
+    found = sort_documents(found, sort, field_map=field_map)
+    found = found[skip : skip + limit] if limit else found[skip:]
+    return [apply_projection(doc, projection, field_map=field_map) for doc in found]
+
+
+def count_matching(
+    documents: Iterable[dict], condition: Condition, *, field_map: dict[str, str], now: datetime | None = None
+) -> int:
+    """How many of ``documents`` match ``condition`` (Python evaluator)."""
+    moment = now or datetime.now(UTC)
+    return sum(1 for doc in documents if matches(condition, doc, field_map=field_map, now=moment))
+
+
+# --- the contract ------------------------------------------------------------------------

@@ -8,7 +8,6 @@ are copied through as the parser validated them.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -28,40 +27,11 @@ from wow_django.query.condition import (
     target_field,
     uses_operator,
 )
+from wow_django.query.semantics import date_bounds, map_field, text_pattern
 
 Op = Operator
 
-# End of subject. Not "$": in both PCRE (the server) and Python, "$" also
-# matches before a final newline, so "abc$" would match "abc\n".
-END_OF_TEXT = r"(?![\s\S])"
-
 _COMPARISON = {Op.GT: "$gt", Op.LT: "$lt", Op.GTE: "$gte", Op.LTE: "$lte"}
-
-
-def text_pattern(operator: Operator, text: str) -> str:
-    """The regular expression (PCRE and Python alike) for a text operator over literal ``text``.
-
-    CONTAINS: anywhere; STARTS_WITH: at the start; ENDS_WITH: at the end;
-    EQ / NE: the whole string (used for ``ignoreCase``).
-    """
-    escaped = re.escape(text)
-    if operator is Op.CONTAINS:
-        return escaped
-    if operator is Op.STARTS_WITH:
-        return "^" + escaped
-    if operator is Op.ENDS_WITH:
-        return escaped + END_OF_TEXT
-    if operator in (Op.EQ, Op.NE):
-        return "^" + escaped + END_OF_TEXT
-    raise ValueError(f"{operator} is not a text operator")
-
-
-def map_field(path: str, field_map: dict[str, str] | None) -> str:
-    """``path`` with its first segment renamed by ``field_map`` (``id`` -> ``_id``)."""
-    if not field_map:
-        return path
-    head, dot, rest = path.partition(".")
-    return field_map.get(head, head) + dot + rest
 
 
 def _plain(value: Any) -> Any:
@@ -71,12 +41,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
     return value
-
-
-def date_bounds(condition: Condition, now: datetime) -> tuple[int | str | None, int | str | None]:
-    """``(low, high)`` of a date condition at ``now``: ``low <= field < high`` (``None`` = unbounded)."""
-    window = dates.date_window(condition.operator.value, now=now, zone=condition.options.zone, days=condition.value)
-    return dates.window_bounds(window, condition.options.parsed_date_pattern)
 
 
 class _Compiler:

@@ -1,30 +1,48 @@
-"""Conformance suite: abstract test cases a backend must pass.
+"""What a backend author and a project's tests need: conformance suites and test harness.
 
-Mix a contract into ``unittest.TestCase`` and say how to build the backend::
+Conformance: mix a contract into ``unittest.TestCase`` and say how to build the backend::
 
     class TestMyEventStore(EventStoreContract, unittest.TestCase):
         def make_store(self):
             return MyEventStore(...)
 
-pytest and ``manage.py test`` both run them.
+pytest and ``manage.py test`` both run them. Harness:
+
+* :func:`isolated_registry` — declarations made in a test vanish after it;
+* :class:`EmbeddedMongoDatabase` / :class:`RealMongoDatabase` — a fresh Mongo
+  database per test (``WOW_TEST_MONGO_URI`` for the real server);
+* :mod:`wow_django.testing.bus` — RabbitMQ names and clean-up, a broker outage
+  proxy (:func:`~wow_django.testing.bus.proxied_broker`), recording consumers
+  (:class:`~wow_django.testing.bus.ConsumerRecorder`), consumer threads.
 """
 
 from wow_django.testing.bus_store import BusStoreContract, make_event
 from wow_django.testing.event_store import EventStoreContract, make_stream
-from wow_django.testing.mongo import REAL_MONGO_REASON, real_mongo_uri, requires_real_mongo, temporary_database
+from wow_django.testing.mongo import (
+    REAL_MONGO_REASON,
+    EmbeddedMongoDatabase,
+    RealMongoDatabase,
+    real_mongo_uri,
+    requires_real_mongo,
+    temporary_database,
+)
 from wow_django.testing.prepare_key import PrepareKeyContract
+from wow_django.testing.registry import isolated_registry
 from wow_django.testing.snapshot_store import SnapshotStoreContract, make_snapshot
 
 __all__ = [
     "BusStoreContract",
+    "EmbeddedMongoDatabase",
     "EventStoreContract",
-    "SnapshotStoreContract",
     "PrepareKeyContract",
-    "make_stream",
-    "make_snapshot",
+    "REAL_MONGO_REASON",
+    "RealMongoDatabase",
+    "SnapshotStoreContract",
+    "isolated_registry",
     "make_event",
+    "make_snapshot",
+    "make_stream",
     "real_mongo_uri",
     "requires_real_mongo",
     "temporary_database",
-    "REAL_MONGO_REASON",
 ]

@@ -1,4 +1,4 @@
-"""The bus-store contract (DESIGN part H): what :class:`~wow_django.bus.store.BusStore` promises."""
+"""The bus-store contract (DESIGN part H): what :class:`~wow_django.persistence.bus.BusStore` promises."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from wow_django.bus.errors import ConsumerNotExpected
-from wow_django.bus.store import BusStore, EventQuery
+from wow_django.exceptions import ConsumerNotExpected
+from wow_django.persistence.bus import BusStore, EventQuery
 
 T0 = datetime(2024, 2, 28, 10, 0, 0)
 

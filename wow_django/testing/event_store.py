@@ -6,9 +6,10 @@ import random
 import threading
 import uuid
 
+from wow_django.domain.ids import generate_id
 from wow_django.exceptions import DuplicateAggregateId, DuplicateRequestId, EventVersionConflict
-from wow_django.records import AggregateId, DomainEventRecord, EventStream, new_id, now_ms
-from wow_django.store.base import EventStore
+from wow_django.persistence.contracts import EventStore
+from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream, now_ms
 
 
 def make_stream(
@@ -23,18 +24,18 @@ def make_stream(
 ) -> EventStream:
     """An event stream with ``events`` small events, for tests and benchmarks."""
     return EventStream(
-        id=new_id(),
+        id=generate_id(),
         aggregate_id=aggregate_id,
         version=version,
         body=tuple(
             DomainEventRecord(
-                id=new_id(), name="thing_happened", revision="1", body_type="tests.ThingHappened",
+                id=generate_id(), name="thing_happened", revision="1", body_type="tests.ThingHappened",
                 body={"n": version, "i": i, "text": f"event {i} of v{version}"},
             )
             for i in range(events)
         ),
-        request_id=request_id or new_id(),
-        command_id=new_id(),
+        request_id=request_id or generate_id(),
+        command_id=generate_id(),
         owner_id=owner_id,
         header=header if header is not None else {"upstream_id": "saga-1"},
         create_time=create_time if create_time is not None else now_ms(),

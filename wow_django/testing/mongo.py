@@ -1,4 +1,13 @@
-"""Helpers to run the suite on the embedded engine or a real MongoDB server."""
+"""Helpers to run the suite on the embedded engine or a real MongoDB server.
+
+A Mongo backend's conformance test mixes in :class:`EmbeddedMongoDatabase` (or
+:class:`RealMongoDatabase`) and builds its store on ``self.mongo()``::
+
+    class TestMyStore(EmbeddedMongoDatabase, EventStoreContract, unittest.TestCase):
+        def make_store(self):
+            connection, database, guard = self.mongo()
+            return MongoEventStore(connection, database, schema=guard)
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,8 @@ import unittest
 import uuid
 from collections.abc import Iterator
 
-from wow_django.mongo.client import MongoConnection
+from wow_django.backends.mongo.client import MongoConnection
+from wow_django.backends.mongo.schema import SchemaGuard
 
 REAL_MONGO_ENV = "WOW_TEST_MONGO_URI"
 REAL_MONGO_REASON = (
@@ -47,3 +57,29 @@ def server_connection() -> MongoConnection:
     if not uri:
         raise unittest.SkipTest(REAL_MONGO_REASON)
     return MongoConnection(uri)
+
+
+class EmbeddedMongoDatabase:
+    """A ``unittest.TestCase`` mixin: each test gets its own database on a fresh embedded connection."""
+
+    schema_context = "test-context"
+
+    def connection(self) -> MongoConnection:
+        return embedded_connection()
+
+    def mongo(self) -> tuple[MongoConnection, str, SchemaGuard]:
+        """``(connection, database name, schema guard)`` of this test; dropped and closed after it."""
+        if not hasattr(self, "_wow_mongo"):
+            connection = self.connection()
+            self.addCleanup(connection.close)
+            database = temporary_database(connection)
+            self._wow_mongo = (connection, database.__enter__(), SchemaGuard(self.schema_context))
+            self.addCleanup(database.__exit__, None, None, None)
+        return self._wow_mongo
+
+
+class RealMongoDatabase(EmbeddedMongoDatabase):
+    """The same on the server of ``WOW_TEST_MONGO_URI`` (combine with :func:`requires_real_mongo`)."""
+
+    def connection(self) -> MongoConnection:
+        return server_connection()

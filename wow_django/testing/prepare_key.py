@@ -8,7 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from wow_django.exceptions import KeyAlreadyPrepared
-from wow_django.store.base import PrepareKey
+from wow_django.persistence.contracts import PrepareKey
 
 
 class PrepareKeyContract:

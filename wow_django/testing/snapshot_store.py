@@ -6,8 +6,8 @@ import random
 import threading
 import uuid
 
-from wow_django.records import AggregateId, Snapshot
-from wow_django.store.base import SnapshotStore
+from wow_django.persistence.contracts import SnapshotStore
+from wow_django.persistence.records import AggregateId, Snapshot
 
 
 def make_snapshot(aggregate_id: AggregateId, version: int, **state) -> Snapshot:

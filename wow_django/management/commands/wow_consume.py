@@ -8,6 +8,9 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from wow_django.application.runtime import get_runtime
+from wow_django.bus.consumer import ConsumerWorker
+
 
 class Command(BaseCommand):
     help = (
@@ -26,14 +29,12 @@ class Command(BaseCommand):
                             help="Stop after this many seconds without a message.")
 
     def handle(self, *args, consumer_id, prefetch=None, max_messages=None, idle_timeout=None, **options):
-        from wow_django.bus.consumer import ConsumerWorker
-
         for name, value in (("--prefetch", prefetch), ("--max-messages", max_messages),
                             ("--idle-timeout", idle_timeout)):
             if value is not None and value <= 0:
                 raise CommandError(f"{name} must be greater than 0")
         try:
-            worker = ConsumerWorker(consumer_id, prefetch=prefetch)
+            worker = ConsumerWorker(consumer_id, bus=get_runtime().bus, prefetch=prefetch)
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
 

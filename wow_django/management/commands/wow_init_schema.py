@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from wow_django.backends.mongo import initialize, planned_specs
+
 
 class Command(BaseCommand):
     help = (
@@ -19,8 +21,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, check=False, **options):
-        from wow_django.mongo.initializer import initialize, planned_specs
-
         if not planned_specs():
             self.stdout.write("Nothing to do: no aggregate, prepare key or bus collection uses MongoDB.")
             return

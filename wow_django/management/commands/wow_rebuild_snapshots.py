@@ -6,6 +6,10 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from wow_django.application.runtime import get_runtime
+from wow_django.application.snapshotting import rebuild_snapshots
+from wow_django.domain.registry import aggregates as registered
+
 
 class Progress:
     """A one-line progress bar on a terminal, a line per 10% elsewhere."""
@@ -42,17 +46,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, aggregates=(), batch=500, **options):
         names = list(aggregates or ())
-        from wow_django.domain.aggregate import aggregates as registered
-        from wow_django.gateway import get_gateway
-        from wow_django.snapshots import rebuild_snapshots
-
         known = registered()
         unknown = [n for n in names if n not in known]
         if unknown:
             raise CommandError(f"Unknown aggregate(s): {', '.join(unknown)}. Known: {', '.join(sorted(known)) or 'none'}.")
         if batch < 1:
             raise CommandError("--batch must be ≥ 1")
-        repository = get_gateway().repository
+        repository = get_runtime().gateway.repository
         if repository.snapshot_store is None:
             raise CommandError("No snapshot store is configured.")
         out = self.stdout._out if hasattr(self.stdout, "_out") else sys.stdout

@@ -23,8 +23,9 @@ from sample_project.orders.aggregates import (
     ShipOrder,
 )
 from sample_project.orders.integration import configure_topic_consumers
+from wow_django.application.gateway import WaitStage
+from wow_django.application.runtime import get_runtime
 from wow_django.exceptions import DomainError
-from wow_django.gateway import WaitStage, get_gateway
 
 PRODUCTS = [("TEA-100", Decimal("12.50")), ("CUP-200", Decimal("8.00")), ("POT-300", Decimal("45.00")),
             ("BAG-400", Decimal("3.20"))]
@@ -45,7 +46,7 @@ class Command(BaseCommand):
         if orders < 1:
             raise CommandError("--orders must be ≥ 1")
         rng = random.Random(seed)
-        gateway = get_gateway()
+        gateway = get_runtime().gateway
         write = self.stdout.write
         # Paid orders publish order.purchased: its consumers must be configured first.
         configure_topic_consumers()

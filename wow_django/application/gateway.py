@@ -1,0 +1,507 @@
+"""The command gateway: validate, load, handle, append, dispatch, wait.
+
+::
+
+    from wow_django.application import WaitStage, send
+
+    result = send(PlaceOrder(customer_id="c-1", amount=10),
+                                request_id="client-req-1", wait=WaitStage.PROJECTED)
+    result.aggregate_id, result.aggregate_version
+
+``send`` raises a :class:`~wow_django.exceptions.CommandError` subclass (or
+``EventVersionConflict`` once retries are exhausted) when the command is
+refused; nothing is appended then. A repeated request id returns the first
+result with ``duplicate=True`` and appends nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from wow_django.application.ports import TaskQueue
+from wow_django.application.projections import COMPLETED, Dispatcher, Job, Tracker
+from wow_django.application.repository import AggregateRepository, apply_stream, encode_events, snapshot_of
+from wow_django.application.snapshotting import should_snapshot
+from wow_django.domain import registry
+from wow_django.domain.aggregate import Aggregate, CommandContext, aggregate_for_command, aggregate_type
+from wow_django.domain.ids import generate_id
+from wow_django.domain.messages import (
+    AggregateDeleted,
+    AggregateRecovered,
+    Command,
+    DeleteAggregate,
+    Event,
+    RecoverAggregate,
+    command_type,
+)
+from wow_django.exceptions import (
+    AggregateIsDeleted,
+    AggregateNotFound,
+    CommandValidationError,
+    DomainError,
+    DuplicateAggregateId,
+    DuplicateRequestId,
+    EventVersionConflict,
+    RecoverableStoreError,
+    UnknownAggregate,
+    UnknownCommand,
+)
+from wow_django.persistence.contracts import EventStore, PrepareKey, SnapshotStore
+from wow_django.persistence.records import DEFAULT_TENANT_ID, AggregateId, EventStream, now_ms
+
+logger = logging.getLogger("wow_django.application.gateway")
+
+MAX_ID_LENGTH = 128
+
+
+class WaitStage(enum.StrEnum):
+    """How far the gateway goes before it returns."""
+
+    SENT = "SENT"  # queued as a Celery task
+    PROCESSED = "PROCESSED"  # events appended
+    SNAPSHOT = "SNAPSHOT"  # snapshot step done (saved, queued or not due)
+    PROJECTED = "PROJECTED"  # projections and event processors done
+
+    @classmethod
+    def parse(cls, value: str | WaitStage | None) -> WaitStage:
+        if value is None or value == "":
+            return cls.PROCESSED
+        if isinstance(value, WaitStage):
+            return value
+        try:
+            return cls(str(value).upper())
+        except ValueError:
+            allowed = ", ".join(s.value for s in cls)
+            raise CommandValidationError(
+                f"wait stage {value!r} is not one of {allowed}",
+                [{"name": "Wow-Wait-Stage", "msg": f"must be one of {allowed}"}],
+            ) from None
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command_id: str
+    request_id: str
+    aggregate_name: str
+    aggregate_id: str
+    tenant_id: str
+    aggregate_version: int | None
+    stage: WaitStage
+    events: tuple[str, ...] = ()
+    duplicate: bool = False
+    error_code: str = "Ok"
+    error_msg: str = ""
+    binding_errors: tuple[dict, ...] = ()
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error_code == "Ok"
+
+    def to_json(self) -> dict:
+        return {
+            "commandId": self.command_id,
+            "requestId": self.request_id,
+            "aggregateName": self.aggregate_name,
+            "aggregateId": self.aggregate_id,
+            "tenantId": self.tenant_id,
+            "aggregateVersion": self.aggregate_version,
+            "stage": self.stage.value,
+            "events": list(self.events),
+            "duplicate": self.duplicate,
+            "errorCode": self.error_code,
+            "errorMsg": self.error_msg,
+            "bindingErrors": list(self.binding_errors),
+        }
+
+
+@dataclass(frozen=True)
+class CommandMessage:
+    """A command with its routing and identity: what a Celery task carries."""
+
+    aggregate_name: str
+    command_name: str
+    body: dict
+    aggregate_id: str | None
+    request_id: str
+    command_id: str
+    request_id_given: bool
+    tenant_id: str = DEFAULT_TENANT_ID
+    owner_id: str = ""
+    operator: str = ""
+    header: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CommandMessage:
+        return cls(**data)
+
+
+def _check_id(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+        raise CommandValidationError(
+            f"{name} must be a printable string of 1 to {MAX_ID_LENGTH} characters, got {value!r}",
+            [{"name": name, "msg": f"must be a printable string of 1 to {MAX_ID_LENGTH} characters"}],
+        )
+    return value
+
+
+def derived_aggregate_id(aggregate_name: str, tenant_id: str, request_id: str) -> str:
+    """The id a create command gets from its tenant and request id, so a retried create is recognised.
+
+    The tenant is part of it: two tenants using one request id create two aggregates.
+    """
+    return hashlib.sha256(f"{aggregate_name}\0{tenant_id}\0{request_id}".encode()).hexdigest()[:32]
+
+
+class CommandGateway:
+    def __init__(
+        self,
+        event_store: EventStore,
+        snapshot_store: SnapshotStore | None,
+        *,
+        context_name: str,
+        prepare_keys: Callable[[str], PrepareKey] | None = None,
+        tasks: Callable[[], TaskQueue] | None = None,
+        dispatcher: Dispatcher | None = None,
+        retry_limit: int = 8,
+        retry_backoff_ms: float = 5.0,
+        wait_timeout_s: float = 30.0,
+        snapshot_strategy: str = "all",
+        snapshot_version_offset: int = 5,
+        snapshot_time_offset_s: float = 60.0,
+        snapshot_mode: str = "inline",
+    ):
+        self.event_store = event_store
+        self.snapshot_store = snapshot_store
+        self.context_name = context_name
+        self.repository = AggregateRepository(event_store, snapshot_store, context_name)
+        self.prepare_keys = prepare_keys
+        self._tasks = tasks
+        if dispatcher is None:
+            dispatcher = Dispatcher(
+                save_snapshot=snapshot_store.save if snapshot_store is not None else None,
+                queue_snapshot=self._queue_snapshot,
+            )
+        self.dispatcher = dispatcher
+        self.retry_limit = retry_limit
+        self.retry_backoff_ms = retry_backoff_ms
+        self.wait_timeout_s = wait_timeout_s
+        self.snapshot_strategy = snapshot_strategy if snapshot_store is not None else "none"
+        self.snapshot_version_offset = snapshot_version_offset
+        self.snapshot_time_offset_s = snapshot_time_offset_s
+        self.snapshot_mode = snapshot_mode
+        self._locks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._locks_guard = threading.Lock()
+
+    # --- entry points ------------------------------------------------------------
+
+    def send(
+        self,
+        command: Command,
+        *,
+        aggregate: str | type[Aggregate] | None = None,
+        aggregate_id: str | None = None,
+        request_id: str | None = None,
+        tenant_id: str | None = None,
+        owner_id: str = "",
+        operator: str = "",
+        header: dict | None = None,
+        wait: WaitStage | str = WaitStage.PROCESSED,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        if not isinstance(command, Command):
+            raise TypeError(f"send() takes a Command instance, got {type(command).__name__}")
+        cls = self._aggregate_for(command.command_name, aggregate)
+        message = self._message(cls, command.command_name, command.model_dump(mode="json"), aggregate_id,
+                                request_id, tenant_id, owner_id, operator, header)
+        return self._send(cls, command, message, WaitStage.parse(wait), timeout)
+
+    def send_json(
+        self,
+        aggregate_name: str,
+        command_name: str,
+        body: Any,
+        *,
+        aggregate_id: str | None = None,
+        request_id: str | None = None,
+        tenant_id: str | None = None,
+        owner_id: str = "",
+        operator: str = "",
+        header: dict | None = None,
+        wait: WaitStage | str = WaitStage.PROCESSED,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Like :meth:`send` for a command given by name with a JSON body (validated here)."""
+        cls = self._aggregate_for(command_name, aggregate_name)
+        command_cls = command_type(command_name)
+        command = command_cls.from_json(body if body is not None else {})
+        message = self._message(cls, command_name, command.model_dump(mode="json"), aggregate_id, request_id,
+                                tenant_id, owner_id, operator, header)
+        return self._send(cls, command, message, WaitStage.parse(wait), timeout)
+
+    def process_message(self, message: CommandMessage, wait: WaitStage = WaitStage.PROJECTED,
+                        timeout: float | None = None) -> CommandResult:
+        """Process a message queued with stage SENT (the Celery task's entry point)."""
+        cls = self._aggregate_for(message.command_name, message.aggregate_name)
+        command = command_type(message.command_name).from_json(message.body)
+        return self._process(cls, command, message, wait, timeout)
+
+    # --- helpers --------------------------------------------------------------
+
+    def _aggregate_for(self, command_name: str, aggregate: str | type[Aggregate] | None) -> type[Aggregate]:
+        name = aggregate if isinstance(aggregate, str) or aggregate is None else aggregate.aggregate_name
+        if name is not None and aggregate_type(name) is None:
+            raise UnknownAggregate(f"There is no aggregate named {name!r}.")
+        command_cls = command_type(command_name)
+        if command_cls is None:
+            raise UnknownCommand(f"There is no command named {command_name!r}.")
+        if command_cls in (DeleteAggregate, RecoverAggregate):
+            if name is None:
+                raise UnknownCommand(f"{command_name!r} needs the aggregate it applies to (aggregate=...).")
+            cls = aggregate_type(name)
+            if not cls.allow_delete:
+                raise UnknownCommand(f"Aggregate {name!r} does not allow {command_name!r}.")
+            return cls
+        cls = aggregate_for_command(command_name)
+        if cls is None or (name is not None and cls.aggregate_name != name):
+            where = f"aggregate {name!r}" if name else "any aggregate"
+            raise UnknownCommand(f"{command_name!r} is not a command of {where}.")
+        return cls
+
+    def _message(self, cls, command_name, body, aggregate_id, request_id, tenant_id, owner_id, operator,
+                 header) -> CommandMessage:
+        command_id = generate_id()
+        request_id_given = request_id is not None and request_id != ""
+        request_id = _check_id(request_id, "request_id") if request_id_given else command_id
+        tenant_id = _check_id(tenant_id, "tenant_id") if tenant_id else DEFAULT_TENANT_ID
+        handler = cls.handlers.get(command_name)
+        if aggregate_id is not None and aggregate_id != "":
+            aggregate_id = _check_id(aggregate_id, "aggregate_id")
+        elif handler is not None and handler.create:
+            aggregate_id = (derived_aggregate_id(cls.aggregate_name, tenant_id, request_id) if request_id_given
+                            else generate_id())
+        else:
+            raise CommandValidationError(
+                f"{command_name!r} acts on an existing {cls.aggregate_name}: its aggregate id is required.",
+                [{"name": "aggregate_id", "msg": "required for this command"}],
+            )
+        return CommandMessage(
+            aggregate_name=cls.aggregate_name, command_name=command_name, body=body, aggregate_id=aggregate_id,
+            request_id=request_id, command_id=command_id, request_id_given=request_id_given,
+            tenant_id=tenant_id, owner_id=owner_id or "", operator=operator or "", header=dict(header or {}),
+        )
+
+    def _send(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
+        if wait is WaitStage.SENT:
+            self.tasks.process_command(message.to_dict())
+            return self._result(message, None, WaitStage.SENT)
+        return self._process(cls, command, message, wait, timeout)
+
+    @property
+    def tasks(self) -> TaskQueue:
+        """The task queue that takes SENT commands and snapshots in "celery" mode."""
+        if self._tasks is None:
+            raise RuntimeError("this gateway has no task queue (pass tasks=...): it cannot queue work")
+        return self._tasks()
+
+    def _queue_snapshot(self, stream: EventStream) -> None:
+        self.tasks.request_snapshot(stream.aggregate_name, stream.aggregate_id.id)
+
+    def _result(self, message: CommandMessage, version, stage, events=(), duplicate=False, **error) -> CommandResult:
+        return CommandResult(
+            command_id=message.command_id, request_id=message.request_id, aggregate_name=message.aggregate_name,
+            aggregate_id=message.aggregate_id, tenant_id=message.tenant_id, aggregate_version=version,
+            stage=stage, events=tuple(events), duplicate=duplicate, **error,
+        )
+
+    def _lock(self, key: tuple[str, str]) -> threading.RLock:
+        with self._locks_guard:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = threading.RLock()
+                self._locks[key] = lock
+            return lock
+
+    def _backoff(self, attempt: int) -> None:
+        delay_ms = self.retry_backoff_ms * (2 ** min(attempt, 10)) * random.uniform(0.5, 1.5)
+        if delay_ms > 0:
+            time.sleep(min(delay_ms, 2_000) / 1000.0)
+
+    def _stored(self, message: CommandMessage, wait: WaitStage) -> CommandResult | None:
+        """The result of this request if its events are already stored (by an earlier request or attempt)."""
+        key = AggregateId(message.aggregate_name, message.aggregate_id, self.context_name, message.tenant_id)
+        original = self.event_store.get_by_request_id(key, message.request_id)
+        if original is None or original.aggregate_id.tenant_id != message.tenant_id:
+            return None  # another tenant's command is never answered with, nor revealed
+        # Our own earlier attempt (same command id) is this command's first result, not a repeat.
+        return self._result(message, original.version, wait, [e.name for e in original.body],
+                            duplicate=original.command_id != message.command_id)
+
+    # --- the command's life -------------------------------------------------------
+
+    def _process(self, cls: type[Aggregate], command: Command, message: CommandMessage, wait: WaitStage,
+                 timeout: float | None) -> CommandResult:
+        lock = self._lock((cls.aggregate_name, message.aggregate_id))
+        attempt = 0
+        # Compensations of attempts whose outcome is unknown (a transient error
+        # after the write may have landed): run only once we know it did not.
+        carried: list = []
+
+        def give_up(ctx: CommandContext) -> None:
+            ctx.compensate()
+            while carried:
+                carried.pop()()
+
+        while True:
+            ctx = CommandContext(
+                command_id=message.command_id, request_id=message.request_id, aggregate_id=message.aggregate_id,
+                tenant_id=message.tenant_id, owner_id=message.owner_id, operator=message.operator,
+                header=dict(message.header), prepare_keys=self.prepare_keys,
+            )
+            try:
+                # One command per aggregate at a time in this process: load to
+                # dispatch-submit; other processes are kept apart by the
+                # version index and retried below.
+                with lock:
+                    if message.request_id_given or carried:
+                        stored = self._stored(message, wait)
+                        if stored is not None:
+                            return stored
+                    stream, tracker = self._attempt(cls, command, message, ctx)
+                break
+            except (DuplicateRequestId, DuplicateAggregateId):
+                stored = self._stored(message, wait)
+                if stored is not None:
+                    return stored  # its reservations belong to the stored events: keep them
+                give_up(ctx)
+                raise
+            except RecoverableStoreError as exc:
+                try:
+                    stored = self._stored(message, wait)
+                except RecoverableStoreError:
+                    carried.extend(ctx.take_compensations())  # outcome unknown: keep what was reserved
+                else:
+                    if stored is not None:
+                        return stored  # the write had landed before the error
+                    ctx.compensate()
+                if attempt >= self.retry_limit:
+                    logger.warning("%s on %s %r: giving up after %d retries", type(exc).__name__,
+                                   cls.aggregate_name, message.aggregate_id, attempt)
+                    raise  # carried reservations stay: the write may have landed
+                self._backoff(attempt)
+                attempt += 1
+            except EventVersionConflict as exc:
+                ctx.compensate()
+                if attempt >= self.retry_limit:
+                    logger.warning("%s on %s %r: giving up after %d retries", type(exc).__name__,
+                                   cls.aggregate_name, message.aggregate_id, attempt)
+                    give_up(ctx)
+                    raise
+                self._backoff(attempt)
+                attempt += 1
+            except BaseException:
+                give_up(ctx)
+                raise
+        return self._wait(message, stream, tracker, wait, timeout)
+
+    def _attempt(self, cls, command, message: CommandMessage, ctx: CommandContext):
+        name = command.command_name
+        aggregate = self.repository.load(cls, message.aggregate_id)
+        handler = cls.handlers.get(name)
+        if handler is not None and handler.create:
+            if aggregate is not None:
+                raise DuplicateAggregateId(cls.aggregate_name, message.aggregate_id)
+            aggregate = cls(message.aggregate_id, message.tenant_id, message.owner_id)
+        elif aggregate is None or aggregate.tenant_id != message.tenant_id:
+            raise AggregateNotFound(f"{cls.aggregate_name} {message.aggregate_id!r} does not exist.")
+        if isinstance(command, DeleteAggregate):
+            if aggregate.deleted:
+                raise AggregateIsDeleted(f"{cls.aggregate_name} {message.aggregate_id!r} is already deleted.")
+            events: list[Event] = [AggregateDeleted()]
+        elif isinstance(command, RecoverAggregate):
+            if not aggregate.deleted:
+                raise DomainError("AGGREGATE_NOT_DELETED",
+                                  f"{cls.aggregate_name} {message.aggregate_id!r} is not deleted; nothing to recover.")
+            events = [AggregateRecovered()]
+        else:
+            if aggregate.deleted:
+                raise AggregateIsDeleted(
+                    f"{cls.aggregate_name} {message.aggregate_id!r} is deleted; recover it before sending {name!r}."
+                )
+            method = getattr(aggregate, handler.method)
+            produced = method(command, ctx) if handler.takes_context else method(command)
+            events = self._events(cls, handler.method, produced)
+        stream = EventStream(
+            id=generate_id(),
+            aggregate_id=AggregateId(cls.aggregate_name, message.aggregate_id, self.context_name, aggregate.tenant_id),
+            version=aggregate.version + 1,
+            body=encode_events(events),
+            request_id=message.request_id,
+            command_id=message.command_id,
+            owner_id=aggregate.owner_id,
+            header={**message.header, "operator": message.operator, "command": name},
+            create_time=now_ms(),
+        )
+        self.event_store.append(stream)
+        apply_stream(aggregate, stream, events)
+        job = self._job(aggregate, stream)
+        if job.snapshot is None and not job.queue_snapshot and not registry.current().has_handlers(cls.aggregate_name):
+            return stream, COMPLETED  # nothing to dispatch: no thread hand-off
+        self.dispatcher.submit(job)
+        return stream, job.tracker
+
+    @staticmethod
+    def _events(cls, method: str, produced) -> list[Event]:
+        events = [produced] if isinstance(produced, Event) else list(produced or ())
+        if not events or not all(isinstance(e, Event) for e in events):
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__}.{method} must return an Event or a non-empty list of "
+                f"Events, got {produced!r}"
+            )
+        return events
+
+    def _job(self, aggregate: Aggregate, stream: EventStream) -> Job:
+        due = should_snapshot(self.snapshot_strategy, aggregate, version_offset=self.snapshot_version_offset,
+                              time_offset_s=self.snapshot_time_offset_s)
+        inline = due and self.snapshot_mode == "inline"
+        return Job(
+            stream=stream,
+            snapshot=snapshot_of(aggregate, self.context_name) if inline else None,
+            queue_snapshot=due and not inline,
+            tracker=Tracker() if due or registry.current().has_handlers(aggregate.aggregate_name) else COMPLETED,
+        )
+
+    def _wait(self, message, stream: EventStream, tracker: Tracker, wait: WaitStage, timeout) -> CommandResult:
+        names = [e.name for e in stream.body]
+        limit = self.wait_timeout_s if timeout is None else timeout
+        stage = WaitStage.PROCESSED
+        for target, event in ((WaitStage.SNAPSHOT, tracker.snapshot_done),
+                              (WaitStage.PROJECTED, tracker.projected_done)):
+            if _rank(wait) < _rank(target):
+                break
+            if not event.wait(limit):
+                return self._result(message, stream.version, stage, names, error_code="WAIT_TIMEOUT",
+                                    error_msg=f"appended, but {target.value} did not finish within {limit}s")
+            stage = target
+        if tracker.errors and _rank(wait) >= _rank(WaitStage.SNAPSHOT):
+            return self._result(message, stream.version, stage, names, error_code="DISPATCH_FAILED",
+                                error_msg="appended, but: " + "; ".join(tracker.errors))
+        return self._result(message, stream.version, stage, names)
+
+    def close(self) -> None:
+        self.dispatcher.close()
+
+
+def _rank(stage: WaitStage) -> int:
+    return [WaitStage.SENT, WaitStage.PROCESSED, WaitStage.SNAPSHOT, WaitStage.PROJECTED].index(stage)

@@ -1,0 +1,126 @@
+"""Running what follows an append: snapshotting, then projections, then event processors.
+
+Streams of one aggregate go to one lane (by hash of its id) and a lane runs
+them one at a time, in the order the gateway submitted them, which within a
+process is version order. Each stream runs: the snapshot step, then every
+matching projection, then every matching event processor (declared with
+:func:`wow_django.domain.projection` and :func:`wow_django.domain.event_processor`).
+A failing handler is logged and reported to whoever waits; it does not stop
+the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from wow_django.application.repository import stream_messages
+from wow_django.domain import registry
+from wow_django.persistence.records import EventStream, Snapshot
+
+logger = logging.getLogger("wow_django.application.projections")
+
+
+@dataclass
+class Tracker:
+    """Signals the stages of one stream's dispatch to whoever waits."""
+
+    snapshot_done: threading.Event = field(default_factory=threading.Event)
+    projected_done: threading.Event = field(default_factory=threading.Event)
+    errors: list[str] = field(default_factory=list)
+
+
+# A tracker whose stages are already done (nothing to dispatch); shared, never written to.
+COMPLETED = Tracker()
+COMPLETED.snapshot_done.set()
+COMPLETED.projected_done.set()
+
+
+@dataclass
+class Job:
+    stream: EventStream
+    snapshot: Snapshot | None  # inline snapshot to save, if the strategy asked for one
+    queue_snapshot: bool  # ask the Celery snapshot task instead
+    tracker: Tracker
+
+
+class Dispatcher:
+    def __init__(self, *, lanes: int = 4, save_snapshot: Callable[[Snapshot], None] | None = None,
+                 queue_snapshot: Callable[[EventStream], None] | None = None):
+        if lanes < 1:
+            raise ValueError("lanes must be ≥ 1")
+        self.lane_count = lanes
+        self.save_snapshot = save_snapshot
+        self.queue_snapshot = queue_snapshot
+        self._start()
+
+    def _start(self) -> None:
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(self.lane_count)]
+        self._threads: list[threading.Thread | None] = [None] * self.lane_count
+        self._lock = threading.Lock()
+
+    def submit(self, job: Job) -> None:
+        index = zlib.crc32(job.stream.aggregate_id.id.encode()) % self.lane_count
+        if self._threads[index] is None:
+            with self._lock:
+                if self._threads[index] is None:
+                    thread = threading.Thread(target=self._run, args=(self._queues[index],),
+                                              name=f"wow-dispatch-{index}", daemon=True)
+                    thread.start()
+                    self._threads[index] = thread
+        self._queues[index].put(job)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Let every lane finish what it was given, stop it, and start afresh on the next submit."""
+        for index, thread in enumerate(self._threads):
+            if thread is not None:
+                self._queues[index].put(None)
+                thread.join(timeout)
+        self._start()
+
+    def _run(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            try:
+                self.run_job(job)
+            except Exception:  # never let one job kill the lane
+                logger.exception("dispatch of %s failed", job.stream.id)
+            finally:
+                job.tracker.snapshot_done.set()
+                job.tracker.projected_done.set()
+
+    def run_job(self, job: Job) -> None:
+        tracker = job.tracker
+        stream = job.stream
+        try:
+            if job.snapshot is not None and self.save_snapshot is not None:
+                self.save_snapshot(job.snapshot)
+            elif job.queue_snapshot and self.queue_snapshot is not None:
+                self.queue_snapshot(stream)
+        except Exception as exc:
+            logger.exception("snapshot of %s %r v%s failed", stream.aggregate_name, stream.aggregate_id.id,
+                             stream.version)
+            tracker.errors.append(f"snapshot: {exc}")
+        tracker.snapshot_done.set()
+        handlers = registry.current().handlers_for(stream.aggregate_name)
+        if handlers:
+            messages = stream_messages(stream)
+            for kind in ("projection", "processor"):
+                for handler in handlers:
+                    if handler.kind != kind:
+                        continue
+                    for message in messages:
+                        if not handler.matches(message):
+                            continue
+                        try:
+                            handler.fn(message)
+                        except Exception as exc:
+                            logger.exception("%s failed on %s v%s", handler.label, message.name, message.version)
+                            tracker.errors.append(f"{handler.label}: {exc}")
+        tracker.projected_done.set()

@@ -1,0 +1,233 @@
+"""The runtime: the one object that owns this process's stores, gateway and bus.
+
+::
+
+    from wow_django.application import get_runtime
+
+    runtime = get_runtime()
+    runtime.gateway.send(PlaceOrder(...))
+    runtime.event_store.load(AggregateId("order", "o-1"))
+    runtime.bus.send("order.purchased", {...})
+
+It is built lazily from the ``WOW`` settings, each part on first use (nothing
+talks to a server before that), and it is the only holder of process state:
+
+* **settings change** (``override_settings(WOW=...)``): the runtime is closed
+  (batchers flushed, dispatch lanes and broker pools closed) and the next
+  :func:`get_runtime` builds a new one;
+* **fork** (Celery prefork, gunicorn): the child drops the parent's runtime
+  without closing it (its threads and server clients belong to the parent),
+  forgets the parent's MongoDB server clients and reseeds the id generator;
+  the child builds its own runtime on first use;
+* :func:`close_runtime` closes it explicitly (tests, shutdown).
+
+Which backend serves which contract comes from ``WOW['STORAGE']`` and the
+per-purpose overrides; each backend is a class in ``wow_django.backends``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.core.signals import setting_changed
+
+from wow_django.application.gateway import CommandGateway
+from wow_django.application.ports import TaskQueue
+from wow_django.backends.memory import MemoryBackend
+from wow_django.backends.mongo import MongoBackend
+from wow_django.backends.mongo.client import connections
+from wow_django.bus.service import EventBus
+from wow_django.bus.transport import BusTransport
+from wow_django.conf import wow_settings
+from wow_django.domain import ids
+from wow_django.persistence.batching import BatchingEventStore
+from wow_django.persistence.bus import BusStore
+from wow_django.persistence.contracts import EventStore, PrepareKey, SnapshotStore
+from wow_django.persistence.query import QueryService
+
+#: Backend class per ``WOW['STORAGE']`` value.
+BACKENDS: dict[str, type] = {"in_memory": MemoryBackend, "mongo": MongoBackend}
+
+
+class Runtime:
+    """Stores, gateway, bus and task queue built from the current ``WOW`` settings, each once."""
+
+    def __init__(self) -> None:
+        self._parts: dict[object, Any] = {}
+        self._building: dict[object, threading.Lock] = {}
+        self._lock = threading.Lock()  # guards the two dicts only; never held while building
+        self._closed = False
+
+    def _part(self, key: object, build: Callable[[], Any]) -> Any:
+        part = self._parts.get(key)
+        if part is not None:
+            return part
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this wow_django runtime is closed; call get_runtime() for the current one")
+            lock = self._building.setdefault(key, threading.Lock())
+        # Building may talk to a server (a schema check): only builders of the same part wait.
+        with lock:
+            part = self._parts.get(key)
+            if part is None:
+                part = build()
+                with self._lock:
+                    self._parts[key] = part
+            return part
+
+    def backend(self, purpose: str):
+        """The backend serving ``purpose`` (``"EVENT_STORE"``, ``"SNAPSHOT_STORE"``, ``"PREPARE_STORE"``,
+        ``"BUS_STORE"``); one instance per backend kind, shared by its purposes."""
+        name = wow_settings.storage_for(purpose)
+        return self._part(("backend", name), lambda: BACKENDS[name]())
+
+    # --- stores ------------------------------------------------------------------------------
+
+    @property
+    def event_store(self) -> EventStore:
+        """The event store; wrapped in a batcher when ``WOW['EVENT_STORE_BATCH']['ENABLED']``."""
+        return self._part("event_store", self._build_event_store)
+
+    def _build_event_store(self) -> EventStore:
+        store = self.backend("EVENT_STORE").event_store(request_id_index=wow_settings.REQUEST_ID_INDEX)
+        batch = wow_settings.EVENT_STORE_BATCH
+        if batch["ENABLED"]:
+            store = BatchingEventStore(store, max_size=batch["MAX_SIZE"], max_delay_ms=batch["MAX_DELAY_MS"],
+                                       max_pending=batch["MAX_PENDING"], lane_count=batch["LANE_COUNT"])
+        return store
+
+    @property
+    def snapshot_store(self) -> SnapshotStore:
+        return self._part("snapshot_store", lambda: self.backend("SNAPSHOT_STORE").snapshot_store())
+
+    def prepare_key(self, name: str) -> PrepareKey:
+        """The PrepareKey store named ``name`` (e.g. ``"username"``)."""
+        return self._part(("prepare_key", name), lambda: self.backend("PREPARE_STORE").prepare_key(name))
+
+    @property
+    def bus_store(self) -> BusStore:
+        return self._part("bus_store", lambda: self.backend("BUS_STORE").bus_store())
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    def snapshot_queries(self, aggregate_name: str) -> QueryService:
+        """Snapshot (read model) queries of one aggregate type, on the snapshot store's backend."""
+        return self.backend("SNAPSHOT_STORE").snapshot_queries(self.snapshot_store, aggregate_name)
+
+    def event_queries(self, aggregate_name: str) -> QueryService:
+        """Event stream queries of one aggregate type, on the event store's backend."""
+        store = self.event_store
+        if isinstance(store, BatchingEventStore):
+            store = store.inner  # reads go straight to the wrapped store
+        return self.backend("EVENT_STORE").event_queries(store, aggregate_name)
+
+    # --- services ----------------------------------------------------------------------------------
+
+    @property
+    def tasks(self) -> TaskQueue:
+        """The task queue of ``WOW['TASK_QUEUE']``."""
+        return self._part("tasks", lambda: wow_settings.TASK_QUEUE())
+
+    @property
+    def gateway(self) -> CommandGateway:
+        return self._part("gateway", self._build_gateway)
+
+    def _build_gateway(self) -> CommandGateway:
+        return CommandGateway(
+            self.event_store,
+            self.snapshot_store,
+            context_name=wow_settings.CONTEXT_NAME,
+            prepare_keys=self.prepare_key,
+            tasks=lambda: self.tasks,
+            retry_limit=wow_settings.COMMAND_RETRY_LIMIT,
+            retry_backoff_ms=wow_settings.COMMAND_RETRY_BACKOFF_MS,
+            wait_timeout_s=wow_settings.COMMAND_WAIT_TIMEOUT_S,
+            snapshot_strategy=wow_settings.SNAPSHOT_STRATEGY,
+            snapshot_version_offset=wow_settings.SNAPSHOT_VERSION_OFFSET,
+            snapshot_time_offset_s=wow_settings.SNAPSHOT_TIME_OFFSET_S,
+            snapshot_mode=wow_settings.SNAPSHOT_MODE,
+        )
+
+    @property
+    def bus(self) -> EventBus:
+        return self._part("bus", self._build_bus)
+
+    def _build_bus(self) -> EventBus:
+        transport = BusTransport(wow_settings.BUS_TRANSPORT_URL, wow_settings.BUS_EXCHANGE,
+                                 timeout=wow_settings.BUS_PUBLISH_TIMEOUT_S)
+        return EventBus(
+            self.bus_store, transport,
+            service_name=wow_settings.SERVICE_NAME or wow_settings.CONTEXT_NAME,
+            rollup_queue=lambda event_id: self.tasks.rollup(event_id),
+            relay_after_s=wow_settings.BUS_RELAY_AFTER_S,
+            repush_timeout_s=wow_settings.BUS_REPUSH_TIMEOUT_S,
+            repush_max_count=wow_settings.BUS_REPUSH_MAX_COUNT,
+            max_page_size=wow_settings.QUERY_MAX_PAGE_SIZE,
+        )
+
+    # --- life cycle ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every part built (gateway first: its dispatch may still write); idempotent."""
+        with self._lock:
+            self._closed = True
+            parts, self._parts = self._parts, {}
+        order = ["gateway", "bus", "event_store"]
+        for key in order + [k for k in parts if k not in order]:
+            close = getattr(parts.get(key), "close", None)
+            if close is not None:
+                close()
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """This process's runtime, built on first use (and again after a settings change or a fork)."""
+    runtime = _runtime
+    if runtime is not None:
+        return runtime
+    return _build()
+
+
+def _build() -> Runtime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = Runtime()
+        return _runtime
+
+
+def close_runtime() -> None:
+    """Close this process's runtime; the next :func:`get_runtime` builds a new one."""
+    global _runtime
+    with _runtime_lock:
+        runtime, _runtime = _runtime, None
+    if runtime is not None:
+        runtime.close()
+
+
+def _after_fork_in_child() -> None:
+    # The one fork policy: everything that must not cross a fork, in one place.
+    global _runtime, _runtime_lock
+    _runtime_lock = threading.Lock()
+    _runtime = None  # the parent's: not closed, its threads and clients are the parent's
+    connections.after_fork()
+    ids.reseed_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "WOW":
+        close_runtime()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="wow_django.application.runtime")
+

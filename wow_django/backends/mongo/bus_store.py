@@ -1,0 +1,400 @@
+"""The bus records in MongoDB: events, topic consumers, consumptions, inbox, sequences, re-push audit.
+
+Every write is one atomic MongoDB operation whose filter states the condition
+it depends on; uniqueness comes from the indexes of :mod:`wow_django.backends.mongo.bus_schema`.
+On the embedded engine each operation runs under ``connection.guard`` (its
+unique checks and reads are not atomic); the guard is never held across two
+operations, so races between them are real on both engines and handled by
+the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, ReturnDocument
+from pymongo import errors as pymongo_errors
+
+from wow_django.backends.mongo import bus_schema as schema
+from wow_django.backends.mongo.client import MongoConnection
+from wow_django.backends.mongo.errors import DUPLICATE_KEY_CODES, recoverable_errors
+from wow_django.backends.mongo.schema import CollectionSpec, SchemaGuard
+from wow_django.exceptions import UnacknowledgedWriteError
+from wow_django.persistence.bus import BusStore, EventQuery, EventStatus, utcnow
+
+NO_ID = {"_id": 0}
+TIME_ORDER = [("occurredAt", ASCENDING), ("eventId", ASCENDING)]
+
+
+def event_filter(query: EventQuery) -> dict:
+    """The MongoDB filter of an :class:`EventQuery`."""
+    found: dict = {}
+    if query.status is not None:
+        found["status"] = query.status
+    if query.topic is not None:
+        found["topic"] = query.topic
+    if query.service is not None:
+        found["initiator.service"] = query.service
+    if query.trace_id is not None:
+        found["traceId"] = query.trace_id
+    window: dict = {}
+    if query.since is not None:
+        window["$gte"] = query.since
+    if query.until is not None:
+        window["$lt"] = query.until
+    if window:
+        found["occurredAt"] = window
+    return found
+
+
+class MongoBusStore(BusStore):
+    def __init__(self, connection: MongoConnection, database_name: str, *, schema_guard: SchemaGuard,
+                 max_time_ms: int = 10_000):
+        self.connection = connection
+        self.database = connection.database(database_name)
+        self.schema_guard = schema_guard
+        self.max_time_ms = max_time_ms
+        self._collections: dict[str, Any] = {}
+
+    def collection(self, spec: CollectionSpec):
+        collection = self._collections.get(spec.name)
+        if collection is None:
+            # The bus database is shared by the services that talk over the bus
+            # (seed 004 §2.1): it is not claimed for one bounded context.
+            self.schema_guard.ensure(self.database, spec, claim=False)
+            collection = self._collections[spec.name] = self.database[spec.name]
+        return collection
+
+    @property
+    def events(self):
+        return self.collection(schema.EVENTS_SPEC)
+
+    @property
+    def topic_consumers(self):
+        return self.collection(schema.TOPIC_CONSUMERS_SPEC)
+
+    @property
+    def consumptions(self):
+        return self.collection(schema.EVENT_CONSUMPTIONS_SPEC)
+
+    @property
+    def inbox(self):
+        return self.collection(schema.CONSUMER_INBOX_SPEC)
+
+    @property
+    def sequences(self):
+        return self.collection(schema.CONSUMER_SEQUENCES_SPEC)
+
+    @property
+    def repushes(self):
+        return self.collection(schema.EVENT_REPUSHES_SPEC)
+
+    def run(self, collection, action: str, fn):
+        """Run one operation on ``collection`` with error mapping and the embedded engine's guard."""
+        with recoverable_errors(action), self.connection.guard(collection):
+            return fn(collection)
+
+    @staticmethod
+    def acknowledged(result, what: str):
+        if not result.acknowledged:
+            raise UnacknowledgedWriteError(f"{what} was not acknowledged; use a write concern of w ≥ 1 for the bus")
+        return result
+
+    # --- topic consumers ---------------------------------------------------------
+
+    def enabled_consumers(self, topic: str) -> list[str]:
+        docs = self.run(self.topic_consumers, f"reading consumers of {topic}", lambda c: list(
+            c.find({"topic": topic, "enabled": True}, {"consumerId": 1, "_id": 0}, max_time_ms=self.max_time_ms)
+        ))
+        return sorted({d["consumerId"] for d in docs})
+
+    def set_topic_consumer(self, topic: str, consumer_id: str, *, enabled: bool, description: str | None,
+                           updated_by: str | None) -> dict:
+        now = utcnow()
+        update: dict = {"$set": {"enabled": enabled, "updatedAt": now, "updatedBy": updated_by},
+                        "$setOnInsert": {"createdAt": now}}
+        if description is not None:
+            update["$set"]["description"] = description
+        else:
+            update["$setOnInsert"]["description"] = ""
+        for attempt in range(2):
+            try:
+                return self.run(self.topic_consumers, f"saving topic consumer {topic}/{consumer_id}",
+                                lambda c: c.find_one_and_update({"topic": topic, "consumerId": consumer_id}, update,
+                                                                projection=NO_ID, upsert=True,
+                                                                return_document=ReturnDocument.AFTER))
+            except pymongo_errors.DuplicateKeyError:
+                if attempt:  # two concurrent upserts: the second one updates
+                    raise
+        raise AssertionError("unreachable")
+
+    def list_topic_consumers(self, *, topic: str | None = None, consumer_id: str | None = None) -> list[dict]:
+        query: dict = {}
+        if topic:
+            query["topic"] = topic
+        if consumer_id:
+            query["consumerId"] = consumer_id
+        return self.run(self.topic_consumers, "listing topic consumers", lambda c: list(
+            c.find(query, NO_ID, max_time_ms=self.max_time_ms).sort([("topic", ASCENDING), ("consumerId", ASCENDING)])
+        ))
+
+    # --- events ------------------------------------------------------------------------
+
+    def insert_event(self, document: dict) -> bool:
+        document = dict(document)
+        try:
+            result = self.run(self.events, f"storing event {document['eventId']}", lambda c: c.insert_one(document))
+        except pymongo_errors.DuplicateKeyError as exc:
+            said = schema.duplicate_on(exc.details, schema.EVENT_ID_UNIQUE)
+            if said is False or (said is None and self.get_event(document["eventId"]) is None):
+                raise
+            return False
+        self.acknowledged(result, "storing an event")
+        return True
+
+    def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
+        projection = NO_ID if fields is None else {**{field: 1 for field in fields}, "_id": 0}
+        return self.run(self.events, f"reading event {event_id}",
+                        lambda c: c.find_one({"eventId": event_id}, projection, max_time_ms=self.max_time_ms))
+
+    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
+        ids = list(dict.fromkeys(event_ids))
+        found = self.run(self.events, "reading events", lambda c: list(
+            c.find({"eventId": {"$in": ids}}, NO_ID, max_time_ms=self.max_time_ms)))
+        by_id = {doc["eventId"]: doc for doc in found}
+        return [by_id[event_id] for event_id in ids if event_id in by_id]
+
+    def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
+        result = self.run(self.events, f"marking {event_id} sent", lambda c: c.update_one(
+            {"eventId": event_id, "status": EventStatus.PENDING.value},
+            {"$set": {"status": EventStatus.SENT.value, "statusAt": sent_at, "sentAt": sent_at,
+                      "lastSentAt": sent_at, "lastError": None},
+             "$unset": {"relayLeaseUntil": ""}}))
+        self.acknowledged(result, "marking an event sent")
+        if result.matched_count:
+            return True
+        # Feedback was faster than this update (the rollup already moved it on):
+        # record the send time, leave the status alone.
+        self.run(self.events, f"recording send time of {event_id}", lambda c: c.update_one(
+            {"eventId": event_id, "sentAt": None}, {"$set": {"sentAt": sent_at, "lastSentAt": sent_at}}))
+        return False
+
+    def record_send_error(self, event_id: str, error: str) -> None:
+        self.run(self.events, f"recording send error of {event_id}", lambda c: c.update_one(
+            {"eventId": event_id}, {"$set": {"lastError": error[:2000]}, "$unset": {"relayLeaseUntil": ""}}))
+
+    def stale_pending(self, older_than: datetime, limit: int) -> list[str]:
+        docs = self.run(self.events, "finding pending events", lambda c: list(
+            c.find({"status": EventStatus.PENDING.value, "statusAt": {"$lte": older_than}}, {"eventId": 1, "_id": 0},
+                   max_time_ms=self.max_time_ms).sort([("occurredAt", ASCENDING)]).limit(limit)))
+        return [d["eventId"] for d in docs]
+
+    # Conditional find-and-modify returns the document *before* the update and
+    # the caller applies the (known) change: the embedded engine looks the
+    # updated document up again with the original filter, which no longer
+    # matches, and would return nothing for ReturnDocument.AFTER.
+
+    def lease_for_relay(self, event_id: str, now: datetime, until: datetime) -> dict | None:
+        before = self.run(self.events, f"leasing {event_id} for the relay", lambda c: c.find_one_and_update(
+            {"eventId": event_id, "status": EventStatus.PENDING.value,
+             "$or": [{"relayLeaseUntil": None}, {"relayLeaseUntil": {"$lte": now}}]},
+            {"$set": {"relayLeaseUntil": until}}, projection=NO_ID, return_document=ReturnDocument.BEFORE))
+        return None if before is None else {**before, "relayLeaseUntil": until}
+
+    def claim_repush(self, event_id: str, *, now: datetime, max_count: int, statuses: Iterable[str],
+                     sent_before: datetime) -> dict | None:
+        query = {
+            "eventId": event_id,
+            "retryCount": {"$lt": max_count},
+            "$and": [
+                {"$or": [{"status": {"$in": list(statuses)}},
+                         {"status": EventStatus.SENT.value, "lastSentAt": {"$lte": sent_before}}]},
+                {"$or": [{"expireAt": None}, {"expireAt": {"$gt": now}}]},
+            ],
+        }
+        changes = {"lastSentAt": now, "status": EventStatus.RETRYING.value, "statusAt": now}
+        before = self.run(self.events, "claiming a re-push", lambda c: c.find_one_and_update(
+            query, {"$inc": {"retryCount": 1}, "$set": changes}, projection=NO_ID,
+            return_document=ReturnDocument.BEFORE))
+        return None if before is None else {**before, **changes, "retryCount": before.get("retryCount", 0) + 1}
+
+    def set_status_if(self, event_id: str, expected_status: str, expected_at: datetime | None, status: str,
+                      now: datetime) -> bool:
+        result = self.run(self.events, f"rolling up {event_id}", lambda c: c.update_one(
+            {"eventId": event_id, "status": expected_status, "statusAt": expected_at},
+            {"$set": {"status": status, "statusAt": now}}))
+        self.acknowledged(result, "rolling up an event")
+        return bool(result.matched_count)
+
+    def find_events(self, query: EventQuery, *, skip: int, limit: int) -> tuple[int, list[dict]]:
+        found = event_filter(query)
+
+        def read(c):
+            total = c.count_documents(found, maxTimeMS=self.max_time_ms)
+            docs = list(c.find(found, NO_ID, max_time_ms=self.max_time_ms)
+                        .sort([("occurredAt", DESCENDING), ("eventId", ASCENDING)]).skip(skip).limit(limit))
+            return total, docs
+
+        return self.run(self.events, "listing events", read)
+
+    def count_events(self, query: EventQuery | None = None) -> int:
+        found = event_filter(query or EventQuery())
+        return self.run(self.events, "counting events",
+                        lambda c: c.count_documents(found, maxTimeMS=self.max_time_ms))
+
+    def trace_events(self, trace_id: str, limit: int) -> list[dict]:
+        return self.run(self.events, f"reading trace {trace_id}", lambda c: list(
+            c.find({"traceId": trace_id}, NO_ID, max_time_ms=self.max_time_ms).sort(TIME_ORDER).limit(limit)))
+
+    def children(self, event_id: str, limit: int) -> list[dict]:
+        return self.run(self.events, f"reading children of {event_id}", lambda c: list(
+            c.find({"parentEventId": event_id}, NO_ID, max_time_ms=self.max_time_ms).sort(TIME_ORDER).limit(limit)))
+
+    # --- consumptions ------------------------------------------------------------------
+
+    def init_consumptions(self, event_id: str, consumers: Iterable[str], now: datetime) -> None:
+        rows = [{"eventId": event_id, "consumerId": consumer, "attemptNo": 0, "success": None, "consumedAt": None,
+                 "error": None, "source": "send", "createdAt": now} for consumer in consumers]
+        if not rows:
+            return
+        try:
+            self.run(self.consumptions, f"initialising feedback of {event_id}",
+                     lambda c: c.insert_many(rows, ordered=False))
+        except pymongo_errors.BulkWriteError as exc:
+            # Rows that exist already (a relay after a crash) are fine; anything else is not.
+            other = [e for e in exc.details.get("writeErrors", []) if e.get("code") not in DUPLICATE_KEY_CODES]
+            if other or exc.details.get("writeConcernErrors"):
+                raise
+
+    def latest_consumption(self, event_id: str, consumer_id: str) -> dict | None:
+        return self.run(self.consumptions, f"reading feedback of {event_id}", lambda c: c.find_one(
+            {"eventId": event_id, "consumerId": consumer_id}, NO_ID, sort=[("attemptNo", DESCENDING)],
+            max_time_ms=self.max_time_ms))
+
+    def latest_consumptions(self, event_id: str) -> dict[str, dict]:
+        latest: dict[str, dict] = {}
+        for row in self.consumption_rows([event_id]):  # ascending attemptNo: the last one per consumer wins
+            latest[row["consumerId"]] = row
+        return latest
+
+    def consumption_rows(self, event_ids: Iterable[str]) -> list[dict]:
+        ids = list(event_ids)
+        return self.run(self.consumptions, "reading feedback", lambda c: list(
+            c.find({"eventId": {"$in": ids}}, NO_ID, max_time_ms=self.max_time_ms)
+            .sort([("eventId", ASCENDING), ("consumerId", ASCENDING), ("attemptNo", ASCENDING)])))
+
+    def count_consumptions(self) -> int:
+        return self.run(self.consumptions, "counting feedback",
+                        lambda c: c.count_documents({}, maxTimeMS=self.max_time_ms))
+
+    def insert_attempt(self, row: dict) -> bool:
+        try:
+            result = self.run(self.consumptions, f"recording feedback of {row['eventId']}",
+                              lambda c: c.insert_one(dict(row)))
+        except pymongo_errors.DuplicateKeyError as exc:
+            said = schema.duplicate_on(exc.details, schema.ATTEMPT_UNIQUE)
+            if said is False:
+                raise
+            if said is None and not self._attempt_taken(row["eventId"], row["consumerId"], row["attemptNo"]):
+                raise
+            return False
+        self.acknowledged(result, "recording feedback")
+        return True
+
+    def _attempt_taken(self, event_id: str, consumer_id: str, number: int) -> bool:
+        return self.run(self.consumptions, "confirming a duplicate attempt", lambda c: c.find_one(
+            {"eventId": event_id, "consumerId": consumer_id, "attemptNo": number}, {"_id": 1})) is not None
+
+    # --- inbox -----------------------------------------------------------------------------
+
+    def inbox_insert(self, consumer_id: str, event_id: str, *, owner: str, now: datetime,
+                     lease_until: datetime) -> bool:
+        record = {"consumerId": consumer_id, "eventId": event_id, "state": "processing", "owner": owner,
+                  "leaseUntil": lease_until, "claimedAt": now}
+        try:
+            result = self.run(self.inbox, f"claiming {event_id}", lambda c: c.insert_one(record))
+        except pymongo_errors.DuplicateKeyError as exc:
+            if schema.duplicate_on(exc.details, schema.INBOX_UNIQUE) is False:
+                raise
+            return False
+        self.acknowledged(result, "claiming an inbox entry")
+        return True
+
+    def inbox_take_over(self, consumer_id: str, event_id: str, *, owner: str, now: datetime,
+                        lease_until: datetime) -> bool:
+        taken = self.run(self.inbox, f"taking over {event_id}", lambda c: c.find_one_and_update(
+            {"consumerId": consumer_id, "eventId": event_id, "state": "processing", "leaseUntil": {"$lte": now}},
+            {"$set": {"owner": owner, "leaseUntil": lease_until, "claimedAt": now}},
+            projection={"_id": 1}, return_document=ReturnDocument.BEFORE))  # BEFORE: see lease_for_relay
+        return taken is not None
+
+    def inbox_state(self, consumer_id: str, event_id: str) -> str | None:
+        doc = self.run(self.inbox, f"reading inbox of {event_id}", lambda c: c.find_one(
+            {"consumerId": consumer_id, "eventId": event_id}, {"state": 1}))
+        return doc["state"] if doc else None
+
+    def inbox_done(self, consumer_id: str, event_id: str, *, owner: str, now: datetime) -> bool:
+        result = self.run(self.inbox, f"completing {event_id}", lambda c: c.update_one(
+            {"consumerId": consumer_id, "eventId": event_id, "owner": owner},
+            {"$set": {"state": "done", "doneAt": now}, "$unset": {"leaseUntil": ""}}))
+        self.acknowledged(result, "completing an inbox entry")
+        return bool(result.matched_count)
+
+    def inbox_release(self, consumer_id: str, event_id: str, *, owner: str) -> None:
+        self.run(self.inbox, f"releasing {event_id}", lambda c: c.delete_one(
+            {"consumerId": consumer_id, "eventId": event_id, "owner": owner, "state": "processing"}))
+
+    # --- sequences -------------------------------------------------------------------------
+
+    def last_sequence(self, consumer_id: str, partition_key: str) -> int | None:
+        doc = self.run(self.sequences, f"reading sequence of {partition_key}", lambda c: c.find_one(
+            {"consumerId": consumer_id, "partitionKey": partition_key}, {"sequence": 1}))
+        return doc["sequence"] if doc else None
+
+    def advance_sequence(self, consumer_id: str, partition_key: str, sequence: int, now: datetime) -> None:
+        key = {"consumerId": consumer_id, "partitionKey": partition_key}
+        update = {"$max": {"sequence": sequence}, "$set": {"updatedAt": now}}
+        for attempt in range(2):
+            try:
+                self.run(self.sequences, f"advancing {partition_key}", lambda c: c.update_one(key, update, upsert=True))
+                return
+            except pymongo_errors.DuplicateKeyError:
+                if attempt:  # two first upserts raced; the second try updates
+                    raise
+
+    def accept_sequence(self, consumer_id: str, partition_key: str, sequence: int, now: datetime) -> bool:
+        key = {"consumerId": consumer_id, "partitionKey": partition_key}
+        try:
+            self.run(self.sequences, f"accepting {partition_key}#{sequence}", lambda c: c.update_one(
+                {**key, "sequence": {"$lt": sequence}}, {"$set": {"sequence": sequence, "updatedAt": now}},
+                upsert=True))
+        except pymongo_errors.DuplicateKeyError:
+            # The filter missed because the stored sequence is ≥ ours, and the
+            # upsert's insert hit the unique key: stale.
+            return False
+        return True
+
+    def restore_sequence(self, consumer_id: str, partition_key: str, *, accepted: int, previous: int | None,
+                         now: datetime) -> bool:
+        match = {"consumerId": consumer_id, "partitionKey": partition_key, "sequence": accepted}
+        if previous is None:
+            result = self.run(self.sequences, f"restoring {partition_key}", lambda c: c.delete_one(match))
+            self.acknowledged(result, "restoring a sequence")
+            return result.deleted_count == 1
+        result = self.run(self.sequences, f"restoring {partition_key}", lambda c: c.update_one(
+            match, {"$set": {"sequence": previous, "updatedAt": now}}))
+        self.acknowledged(result, "restoring a sequence")
+        return result.matched_count == 1
+
+    # --- re-push audit -----------------------------------------------------------------
+
+    def insert_repush(self, record: dict) -> None:
+        result = self.run(self.repushes, "recording a re-push", lambda c: c.insert_one(dict(record)))
+        self.acknowledged(result, "recording a re-push")
+
+    def repush_history(self, event_id: str, limit: int = 100) -> list[dict]:
+        return self.run(self.repushes, f"reading re-pushes of {event_id}", lambda c: list(
+            c.find({"eventId": event_id}, NO_ID, max_time_ms=self.max_time_ms)
+            .sort([("requestedAt", DESCENDING)]).limit(limit)))

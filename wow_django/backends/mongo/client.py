@@ -1,0 +1,175 @@
+"""MongoDB connections: one client per URI per process, safe after fork.
+
+``mongodb://`` and ``mongodb+srv://`` URIs go to pymongo; ``mongomock://``
+goes to the embedded in-process engine (mongomock), which keeps nothing on
+disk and shares nothing between processes.
+
+The embedded engine stores a document, then checks unique indexes, then
+removes it again on a violation: concurrent readers can see the doomed
+document and concurrent writers can both pass a check. For it, and only for
+it, ``guard`` serialises the operations on one collection; on a real server
+MongoDB's own atomicity and isolation are used and the guard does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from urllib.parse import unquote
+
+from django.core.exceptions import ImproperlyConfigured
+
+EMBEDDED_SCHEME = "mongomock"
+SERVER_SCHEMES = ("mongodb", "mongodb+srv")
+_FORBIDDEN_DB_CHARS = set('/\\. "$*<>:|?')
+
+
+def check_database_name(name: str, source: str) -> str:
+    """Return ``name`` if MongoDB accepts it as a database name, else raise."""
+    bad = sorted(set(name) & _FORBIDDEN_DB_CHARS)
+    if not name or bad or len(name.encode()) > 63:
+        raise ImproperlyConfigured(
+            f"{source}: {name!r} is not a valid MongoDB database name "
+            "(1–63 bytes, none of / \\ . space \" $ * < > : | ?)."
+        )
+    return name
+
+
+def parse_uri(uri: str) -> tuple[bool, str | None]:
+    """``(embedded, database)`` for a Mongo URI; the database may be ``None``."""
+    if not isinstance(uri, str) or "://" not in uri:
+        raise ImproperlyConfigured(
+            f"WOW['MONGO_URI'] must look like mongodb://host/db, mongodb+srv://host/db "
+            f"or mongomock://localhost/db, got {uri!r}"
+        )
+    scheme, rest = uri.split("://", 1)
+    if scheme not in SERVER_SCHEMES and scheme != EMBEDDED_SCHEME:
+        raise ImproperlyConfigured(
+            f"WOW['MONGO_URI'] has unsupported scheme {scheme!r}; use mongodb, mongodb+srv or mongomock."
+        )
+    if "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    database = None
+    if "/" in rest:
+        path = rest.split("/", 1)[1].split("?", 1)[0]
+        if path:
+            database = check_database_name(unquote(path), "WOW['MONGO_URI']")
+    return scheme == EMBEDDED_SCHEME, database
+
+
+def redact(uri: str) -> str:
+    """The URI without its password, for messages and logs."""
+    scheme, sep, rest = uri.partition("://")
+    hosts, slash, tail = rest.partition("/")
+    if "@" in hosts:
+        userinfo, host = hosts.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        hosts = f"{user}:***@{host}"
+    return f"{scheme}{sep}{hosts}{slash}{tail}"
+
+
+class MongoConnection:
+    """One client and the facts about its engine."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.embedded, self.default_database = parse_uri(uri)
+        self._guards: dict[tuple[str, str], threading.RLock] = {}
+        self._guards_lock = threading.Lock()
+        if self.embedded:
+            try:
+                import mongomock
+            except ImportError:
+                raise ImproperlyConfigured(
+                    "WOW['MONGO_URI'] uses mongomock:// (the embedded engine, for tests and trying the Mongo "
+                    "code paths without a server), but mongomock is not installed: "
+                    "pip install 'wow-django[mongomock]', or use a mongodb:// URI."
+                ) from None
+            # mongomock parses mongodb:// URIs; the database part is ours to read.
+            self.client = mongomock.MongoClient("mongodb://" + uri.split("://", 1)[1])
+        else:
+            import pymongo
+
+            # connect=False: nothing talks to the server until the first operation.
+            self.client = pymongo.MongoClient(uri, connect=False, appname="wow_django", uuidRepresentation="standard")
+
+    def database(self, name: str):
+        return self.client.get_database(name)
+
+    @contextlib.contextmanager
+    def guard(self, collection) -> Iterator[None]:
+        """Serialise operations on ``collection`` on the embedded engine only."""
+        if not self.embedded:
+            yield
+            return
+        key = (collection.database.name, collection.name)
+        lock = self._guards.get(key)
+        if lock is None:
+            with self._guards_lock:
+                lock = self._guards.setdefault(key, threading.RLock())
+        with lock:
+            yield
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __repr__(self) -> str:
+        return f"<MongoConnection {redact(self.uri)}>"
+
+
+class Connections:
+    """One :class:`MongoConnection` per URI, shared by every store of the process (like ``django.db.connections``).
+
+    Not rebuilt on settings changes: the embedded engine keeps its data in its
+    client, which must outlive a runtime rebuilt by ``override_settings``.
+    The runtime's fork policy calls :meth:`after_fork`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connections: dict[str, MongoConnection] = {}
+
+    def get(self, uri: str) -> MongoConnection:
+        """The connection for ``uri`` (created on first use)."""
+        connection = self._connections.get(uri)
+        if connection is not None:
+            return connection
+        with self._lock:
+            connection = self._connections.get(uri)
+            if connection is None:
+                connection = self._connections[uri] = MongoConnection(uri)
+            return connection
+
+    def close(self, uri: str | None = None) -> None:
+        """Close one connection (or all); the next :meth:`get` opens a new one (embedded: its data is gone)."""
+        with self._lock:
+            for key in [uri] if uri is not None else list(self._connections):
+                connection = self._connections.pop(key, None)
+                if connection is not None:
+                    connection.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: forget server clients (pymongo must not be used across fork), unclosed.
+
+        Embedded clients are plain Python objects; the child keeps its copy.
+        """
+        self._lock = threading.Lock()
+        for uri in [u for u, c in self._connections.items() if not c.embedded]:
+            del self._connections[uri]
+
+
+connections = Connections()
+
+
+def connect(uri: str) -> MongoConnection:
+    """The process's connection for ``uri`` (created on first use)."""
+    return connections.get(uri)
+
+
+def disconnect(uri: str | None = None) -> None:
+    """Close one connection (or all); the next ``connect`` opens a new one.
+
+    For the embedded engine this discards its data.
+    """
+    connections.close(uri)

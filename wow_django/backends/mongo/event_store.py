@@ -1,0 +1,216 @@
+"""Event store on MongoDB: one ``insert_one`` per append (DESIGN part A)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pymongo import ASCENDING
+from pymongo import errors as pymongo_errors
+
+from wow_django.backends.mongo.client import MongoConnection
+from wow_django.backends.mongo.errors import duplicate_key_kind, is_duplicate_key, recoverable_errors
+from wow_django.backends.mongo.schema import SchemaGuard, event_stream_spec
+from wow_django.exceptions import (
+    DuplicateAggregateId,
+    DuplicateEventStreamId,
+    DuplicateRequestId,
+    EventStoreError,
+    EventVersionConflict,
+    RecoverableStoreError,
+    UnacknowledgedWriteError,
+)
+from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
+from wow_django.persistence.documents import document_to_stream, stream_to_document
+from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
+
+
+class MongoEventStore(EventStore):
+    """``{aggregateName}_event_stream`` collections in one database.
+
+    Optimistic concurrency and idempotency come from the unique indexes
+    ``aggregateId_1_version_1`` and ``aggregateId_1_requestId_1`` (or
+    ``requestId_1``); this class only maps their errors.
+    """
+
+    def __init__(
+        self,
+        connection: MongoConnection,
+        database_name: str,
+        *,
+        schema: SchemaGuard,
+        request_id_index: str = "aggregate",
+        max_time_ms: int = 10_000,
+    ):
+        self.connection = connection
+        self.database = connection.database(database_name)
+        self.schema = schema
+        self.request_id_index = request_id_index
+        self.max_time_ms = max_time_ms
+        self._collections: dict[str, object] = {}
+
+    def collection(self, aggregate_name: str):
+        collection = self._collections.get(aggregate_name)
+        if collection is None:
+            spec = event_stream_spec(aggregate_name, self.request_id_index)
+            self.schema.ensure(self.database, spec)
+            collection = self._collections[aggregate_name] = self.database[spec.name]
+        return collection
+
+    # --- writes ---------------------------------------------------------------
+
+    def append(self, stream: EventStream) -> None:
+        collection = self.collection(stream.aggregate_name)
+        document = stream_to_document(stream)
+        try:
+            with recoverable_errors(f"appending {stream.aggregate_name} {stream.aggregate_id.id!r}"):
+                with self.connection.guard(collection):
+                    result = collection.insert_one(document)
+        except pymongo_errors.DuplicateKeyError as exc:
+            raise self._conflict(collection, stream, exc.details) from exc
+        if not result.acknowledged:
+            raise UnacknowledgedWriteError(
+                f"append of {stream.aggregate_name} {stream.aggregate_id.id!r} v{stream.version} was not "
+                "acknowledged; use a write concern of w ≥ 1 for the event store"
+            )
+
+    def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
+        """One unordered ``insert_many`` per aggregate type; per-stream results."""
+        results: list[Exception | None] = [None] * len(streams)
+        by_name: dict[str, list[int]] = {}
+        for index, stream in enumerate(streams):
+            by_name.setdefault(stream.aggregate_name, []).append(index)
+        for name, indexes in by_name.items():
+            try:
+                collection = self.collection(name)
+            except Exception as exc:
+                for index in indexes:
+                    results[index] = exc
+                continue
+            documents = [stream_to_document(streams[i]) for i in indexes]
+            try:
+                with recoverable_errors(f"appending {len(documents)} {name} streams"):
+                    with self.connection.guard(collection):
+                        result = collection.insert_many(documents, ordered=False)
+                if not result.acknowledged:
+                    error = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
+                    for index in indexes:
+                        results[index] = error
+            except pymongo_errors.BulkWriteError as exc:
+                for write_error in exc.details.get("writeErrors", []):
+                    stream_index = indexes[write_error["index"]]
+                    if is_duplicate_key(write_error):
+                        results[stream_index] = self._conflict(collection, streams[stream_index], write_error)
+                    else:
+                        results[stream_index] = EventStoreError(write_error.get("errmsg", "write error"))
+                concern = exc.details.get("writeConcernErrors") or []
+                if concern:
+                    error = RecoverableStoreError(f"write concern failed for batched append: {concern[0]}")
+                    for index in indexes:
+                        results[index] = results[index] or error
+            except RecoverableStoreError as exc:
+                for index in indexes:
+                    results[index] = exc
+        return results
+
+    def _conflict(self, collection, stream: EventStream, error: dict | None) -> EventStoreError:
+        """The error for a duplicate key, confirmed by a read when the engine did not name the index."""
+        agg = stream.aggregate_id
+        kind = duplicate_key_kind(error)
+        if kind is None:
+            kind = self._confirm_conflict(collection, stream)
+        if kind == "version":
+            if stream.version == 1:
+                return DuplicateAggregateId(agg.aggregate_name, agg.id)
+            return EventVersionConflict(agg.aggregate_name, agg.id, stream.version)
+        if kind == "request":
+            return DuplicateRequestId(agg.aggregate_name, agg.id, stream.request_id)
+        if kind == "id":
+            return DuplicateEventStreamId(f"event stream {stream.id!r} was already appended")
+        return EventStoreError(f"duplicate key on {collection.name}: {error}")
+
+    def _confirm_conflict(self, collection, stream: EventStream) -> str | None:
+        agg = stream.aggregate_id
+        with recoverable_errors("confirming a duplicate key"), self.connection.guard(collection):
+            if collection.find_one({"aggregateId": agg.id, "version": stream.version}, {"_id": 1}):
+                return "version"
+            request_filter = {"requestId": stream.request_id}
+            if self.request_id_index == "aggregate":
+                request_filter["aggregateId"] = agg.id
+            if collection.find_one(request_filter, {"_id": 1}):
+                return "request"
+            if collection.find_one({"_id": stream.id}, {"_id": 1}):
+                return "id"
+        return None
+
+    # --- reads ------------------------------------------------------------------
+
+    def _find(self, aggregate_name: str, query: dict, sort=None, limit: int = 0) -> list[EventStream]:
+        collection = self.collection(aggregate_name)
+        with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
+            cursor = collection.find(query, max_time_ms=self.max_time_ms)
+            if sort:
+                cursor = cursor.sort(sort)
+            if limit:
+                cursor = cursor.limit(limit)
+            docs = list(cursor)
+        return [document_to_stream(doc) for doc in docs]
+
+    def load(
+        self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
+    ) -> list[EventStream]:
+        check_version_range(head_version, tail_version)
+        query = {"aggregateId": aggregate_id.id}
+        if head_version > 1 or tail_version < MAX_VERSION:
+            query["version"] = {"$gte": head_version, "$lte": tail_version}
+        return self._find(aggregate_id.aggregate_name, query, [("version", ASCENDING)])
+
+    def load_by_time(self, aggregate_id: AggregateId, start_time: int, end_time: int) -> list[EventStream]:
+        check_time_range(start_time, end_time)
+        query = {"aggregateId": aggregate_id.id, "createTime": {"$gte": start_time, "$lte": end_time}}
+        return self._find(aggregate_id.aggregate_name, query, [("version", ASCENDING)])
+
+    def last(self, aggregate_id: AggregateId) -> EventStream | None:
+        found = self._find(aggregate_id.aggregate_name, {"aggregateId": aggregate_id.id}, [("version", -1)], 1)
+        return found[0] if found else None
+
+    def scan_aggregate_ids(
+        self,
+        aggregate_name: str,
+        after_id: str = "",
+        limit: int = 100,
+        *,
+        context_name: str | None = None,
+        tenant_id: str | None = None,
+    ) -> list[AggregateId]:
+        check_scan_args(after_id, limit)
+        # Version 1 exists exactly once per aggregate (unique index), so the
+        # first streams give each id once, served by aggregateId_1_version_1.
+        query: dict = {"aggregateId": {"$gt": after_id}, "version": 1, "aggregateName": aggregate_name}
+        if context_name is not None:
+            query["contextName"] = context_name
+        if tenant_id is not None:
+            query["tenantId"] = tenant_id
+        collection = self.collection(aggregate_name)
+        projection = {"aggregateId": 1, "aggregateName": 1, "contextName": 1, "tenantId": 1}
+        with recoverable_errors(f"scanning {collection.name}"), self.connection.guard(collection):
+            cursor = collection.find(query, projection, max_time_ms=self.max_time_ms)
+            docs = list(cursor.sort([("aggregateId", ASCENDING)]).limit(limit))
+        return [
+            AggregateId(aggregate_name=d["aggregateName"], id=d["aggregateId"],
+                        context_name=d["contextName"], tenant_id=d["tenantId"])
+            for d in docs
+        ]
+
+    def exists_request_id(self, aggregate_name: str, request_id: str, aggregate_id: str | None = None) -> bool:
+        query = {"requestId": request_id}
+        if aggregate_id is not None:
+            query = {"aggregateId": aggregate_id, "requestId": request_id}
+        collection = self.collection(aggregate_name)
+        with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
+            return collection.find_one(query, {"_id": 1}, max_time_ms=self.max_time_ms) is not None
+
+    def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
+        found = self._find(
+            aggregate_id.aggregate_name, {"aggregateId": aggregate_id.id, "requestId": request_id}, limit=1
+        )
+        return found[0] if found else None

@@ -1,0 +1,95 @@
+"""PrepareKey on MongoDB: ``prepare_{name}`` with a TTL index (DESIGN part D).
+
+Every operation is one conditional write: the filter decides whether the
+reservation is live, MongoDB's ``_id`` uniqueness decides who wins. Expiry is
+judged by ``ttlAt`` in the filters, so correctness never waits for the TTL
+monitor (which only cleans up, and which the embedded engine lacks).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pymongo import errors as pymongo_errors
+
+from wow_django.backends.mongo.client import MongoConnection
+from wow_django.backends.mongo.errors import recoverable_errors
+from wow_django.backends.mongo.schema import SchemaGuard, prepare_spec
+from wow_django.exceptions import UnacknowledgedWriteError
+from wow_django.persistence.contracts import _MISSING, PrepareKey, check_key, resolve_ttl
+from wow_django.persistence.records import PreparedValue
+
+
+def _naive_utc(moment: datetime) -> datetime:
+    """BSON dates are UTC; naive values compare the same on every engine."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
+
+
+def _now() -> datetime:
+    return _naive_utc(datetime.now(UTC))
+
+
+class MongoPrepareKey(PrepareKey):
+    def __init__(self, name: str, connection: MongoConnection, database_name: str, *, schema: SchemaGuard,
+                 max_time_ms: int = 10_000):
+        super().__init__(name)
+        self.connection = connection
+        database = connection.database(database_name)
+        spec = prepare_spec(name)
+        schema.ensure(database, spec)
+        self.collection = database[spec.name]
+        self.max_time_ms = max_time_ms
+
+    def _acknowledged(self, result) -> None:
+        if not result.acknowledged:
+            raise UnacknowledgedWriteError(f"write to {self.collection.name} was not acknowledged")
+
+    def prepare(self, key: str, value: Any, ttl: timedelta | datetime | None = None) -> bool:
+        check_key(key)
+        ttl_at = _naive_utc(resolve_ttl(ttl))
+        try:
+            with recoverable_errors(f"preparing {self.name} {key!r}"):
+                with self.connection.guard(self.collection):
+                    # Matches only an expired reservation; otherwise the upsert
+                    # inserts, and a live reservation makes that a duplicate _id.
+                    result = self.collection.replace_one(
+                        {"_id": key, "ttlAt": {"$lte": _now()}}, {"value": value, "ttlAt": ttl_at}, upsert=True
+                    )
+        except pymongo_errors.DuplicateKeyError:
+            return False
+        self._acknowledged(result)
+        return True
+
+    def get(self, key: str) -> PreparedValue | None:
+        check_key(key)
+        with recoverable_errors(f"reading {self.name} {key!r}"), self.connection.guard(self.collection):
+            doc = self.collection.find_one({"_id": key, "ttlAt": {"$gt": _now()}}, max_time_ms=self.max_time_ms)
+        if doc is None:
+            return None
+        return PreparedValue(doc.get("value"), doc["ttlAt"].replace(tzinfo=UTC))
+
+    def rollback(self, key: str, value: Any = _MISSING) -> bool:
+        check_key(key)
+        query: dict = {"_id": key, "ttlAt": {"$gt": _now()}}
+        if value is not _MISSING:
+            query["value"] = value
+        with recoverable_errors(f"rolling back {self.name} {key!r}"):
+            with self.connection.guard(self.collection):
+                result = self.collection.delete_one(query)
+        self._acknowledged(result)
+        return result.deleted_count == 1
+
+    def reprepare(
+        self, key: str, new_value: Any, *, old_value: Any = _MISSING, ttl: timedelta | datetime | None = None
+    ) -> bool:
+        check_key(key)
+        ttl_at = _naive_utc(resolve_ttl(ttl))
+        query: dict = {"_id": key, "ttlAt": {"$gt": _now()}}
+        if old_value is not _MISSING:
+            query["value"] = old_value
+        with recoverable_errors(f"repreparing {self.name} {key!r}"):
+            with self.connection.guard(self.collection):
+                result = self.collection.update_one(query, {"$set": {"value": new_value, "ttlAt": ttl_at}})
+        self._acknowledged(result)
+        return result.matched_count == 1

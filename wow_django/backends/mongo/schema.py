@@ -1,0 +1,302 @@
+"""Collections, index names and database ownership (DESIGN parts A, B, D, E).
+
+Index names are part of the error-mapping contract and are pinned by tests.
+Reconciliation creates what is missing, verifies what exists, refuses an index
+that has the right name but other keys/options or the right keys under another
+name, and never drops anything.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pymongo import errors as pymongo_errors
+
+from wow_django.backends.mongo.errors import recoverable_errors
+from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
+
+METADATA_COLLECTION = "wow_database_metadata"
+NAMESPACE_EXISTS = 48  # server error code when a collection is created twice
+OWNERSHIP_ID = "bounded_context"
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    name: str
+    keys: tuple[tuple[str, int | str], ...]
+    unique: bool = False
+    expire_after_seconds: int | None = None
+
+    def create_kwargs(self) -> dict:
+        kwargs: dict = {"name": self.name}
+        if self.unique:
+            kwargs["unique"] = True
+        if self.expire_after_seconds is not None:
+            kwargs["expireAfterSeconds"] = self.expire_after_seconds
+        return kwargs
+
+    def describe(self) -> str:
+        parts = [f"{{{', '.join(f'{k}: {v!r}' for k, v in self.keys)}}}"]
+        if self.unique:
+            parts.append("unique")
+        if self.expire_after_seconds is not None:
+            parts.append(f"expireAfterSeconds={self.expire_after_seconds}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    name: str
+    indexes: tuple[IndexSpec, ...]
+    # Names that must not exist (e.g. the other request-id index mode).
+    forbidden: tuple[tuple[str, str], ...] = ()  # (index name, why)
+
+
+def event_stream_collection(aggregate_name: str) -> str:
+    return f"{aggregate_name}_event_stream"
+
+
+def snapshot_collection(aggregate_name: str) -> str:
+    return f"{aggregate_name}_snapshot"
+
+
+def prepare_collection(key_name: str) -> str:
+    return f"prepare_{key_name}"
+
+
+AGGREGATE_ID_HASHED = IndexSpec("aggregateId_hashed", (("aggregateId", "hashed"),))
+AGGREGATE_ID_VERSION = IndexSpec("aggregateId_1_version_1", (("aggregateId", 1), ("version", 1)), unique=True)
+AGGREGATE_REQUEST_ID = IndexSpec("aggregateId_1_requestId_1", (("aggregateId", 1), ("requestId", 1)), unique=True)
+GLOBAL_REQUEST_ID = IndexSpec("requestId_1", (("requestId", 1),), unique=True)
+TENANT_ID_HASHED = IndexSpec("tenantId_hashed", (("tenantId", "hashed"),))
+OWNER_ID_HASHED = IndexSpec("ownerId_hashed", (("ownerId", "hashed"),))
+ID_HASHED = IndexSpec("_id_hashed", (("_id", "hashed"),))
+DELETED_HASHED = IndexSpec("deleted_hashed", (("deleted", "hashed"),))
+TTL_AT = IndexSpec("ttlAt_1", (("ttlAt", 1),), expire_after_seconds=0)
+
+
+def event_stream_spec(aggregate_name: str, request_id_index: str = "aggregate") -> CollectionSpec:
+    if request_id_index == "global":
+        request, other = GLOBAL_REQUEST_ID, AGGREGATE_REQUEST_ID
+        why = "WOW['REQUEST_ID_INDEX'] is 'global' but the per-aggregate request-id index exists"
+    elif request_id_index == "aggregate":
+        request, other = AGGREGATE_REQUEST_ID, GLOBAL_REQUEST_ID
+        why = "WOW['REQUEST_ID_INDEX'] is 'aggregate' but the global request-id index exists"
+    else:
+        raise ValueError(f"request_id_index must be 'aggregate' or 'global', got {request_id_index!r}")
+    return CollectionSpec(
+        event_stream_collection(aggregate_name),
+        (AGGREGATE_ID_HASHED, AGGREGATE_ID_VERSION, request, TENANT_ID_HASHED, OWNER_ID_HASHED),
+        forbidden=((other.name, why + "; drop it or change the setting"),),
+    )
+
+
+def snapshot_spec(aggregate_name: str) -> CollectionSpec:
+    return CollectionSpec(
+        snapshot_collection(aggregate_name), (TENANT_ID_HASHED, OWNER_ID_HASHED, ID_HASHED, DELETED_HASHED)
+    )
+
+
+def prepare_spec(key_name: str) -> CollectionSpec:
+    return CollectionSpec(prepare_collection(key_name), (TTL_AT,))
+
+
+# --- reconciliation ------------------------------------------------------------
+
+
+@dataclass
+class SchemaReport:
+    """What reconciliation found: one ``(database, collection, subject, state)`` per line.
+
+    ``state`` is ``created``, ``verified``, ``missing`` (check mode) or
+    ``conflict``; ``conflicts`` and ``ownership`` hold the messages.
+    """
+
+    lines: list[tuple[str, str, str, str]] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    ownership: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        return self.ownership + self.conflicts
+
+    def add(self, database: str, collection: str, subject: str, state: str) -> None:
+        self.lines.append((database, collection, subject, state))
+
+    @property
+    def matches(self) -> bool:
+        return not self.problems and all(state in ("verified", "created") for *_, state in self.lines)
+
+    def merge(self, other: SchemaReport) -> None:
+        self.lines.extend(other.lines)
+        self.conflicts.extend(other.conflicts)
+        self.ownership.extend(other.ownership)
+
+
+def _normalise_keys(key) -> tuple[tuple[str, int | str], ...]:
+    items = key.items() if hasattr(key, "items") else key
+    out = []
+    for name, direction in items:
+        if isinstance(direction, float) and direction.is_integer():
+            direction = int(direction)
+        out.append((name, direction))
+    return tuple(out)
+
+
+def _option_problems(spec: IndexSpec, existing: dict) -> list[str]:
+    problems = []
+    if bool(existing.get("unique", False)) != spec.unique:
+        problems.append(f"unique={bool(existing.get('unique', False))}, expected unique={spec.unique}")
+    ttl = existing.get("expireAfterSeconds")
+    if ttl is not None:
+        ttl = int(ttl)
+    if ttl != spec.expire_after_seconds:
+        problems.append(f"expireAfterSeconds={ttl}, expected {spec.expire_after_seconds}")
+    for option in ("partialFilterExpression", "sparse"):
+        if existing.get(option):
+            problems.append(f"{option} is set, expected none")
+    return problems
+
+
+def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = False) -> SchemaReport:
+    """Create or verify ``spec`` in ``database``; raise nothing, report everything."""
+    report = SchemaReport()
+    db_name = database.name
+    with recoverable_errors(f"reading indexes of {db_name}.{spec.name}"):
+        existing_names = set(database.list_collection_names())
+        if spec.name in existing_names:
+            existing = {ix["name"]: ix for ix in database[spec.name].list_indexes()}
+        else:
+            existing = {}
+    if spec.name not in existing_names:
+        if check_only:
+            report.add(db_name, spec.name, "collection", "missing")
+        else:
+            try:
+                database.create_collection(spec.name)
+            except pymongo_errors.CollectionInvalid:
+                pass  # the driver saw it exists: created concurrently by another process
+            except pymongo_errors.OperationFailure as exc:
+                if exc.code != NAMESPACE_EXISTS:
+                    raise
+                # the server saw it exists: another process won the race
+            report.add(db_name, spec.name, "collection", "created")
+    else:
+        report.add(db_name, spec.name, "collection", "verified")
+
+    by_keys = {_normalise_keys(ix["key"]): name for name, ix in existing.items()}
+    to_create: list[IndexSpec] = []
+    for index in spec.indexes:
+        current = existing.get(index.name)
+        if current is not None:
+            keys = _normalise_keys(current["key"])
+            problems = []
+            if keys != index.keys:
+                problems.append(f"keys {dict(keys)}, expected {dict(index.keys)}")
+            problems.extend(_option_problems(index, current))
+            if problems:
+                report.add(db_name, spec.name, index.name, "conflict")
+                report.conflicts.append(
+                    f"{db_name}.{spec.name}: index {index.name!r} has " + "; ".join(problems)
+                    + f". wow_django needs {index.describe()} under that name: drop or rename the existing index."
+                )
+            else:
+                report.add(db_name, spec.name, index.name, "verified")
+            continue
+        other = by_keys.get(index.keys)
+        if other is not None:
+            report.add(db_name, spec.name, index.name, "conflict")
+            report.conflicts.append(
+                f"{db_name}.{spec.name}: index {other!r} has the keys wow_django needs for {index.name!r} "
+                f"({index.describe()}); the name is part of the error-mapping contract. "
+                f"Drop or rename {other!r}."
+            )
+            continue
+        if check_only:
+            report.add(db_name, spec.name, index.name, "missing")
+        else:
+            to_create.append(index)
+    for name, why in spec.forbidden:
+        if name in existing:
+            report.add(db_name, spec.name, name, "conflict")
+            report.conflicts.append(f"{db_name}.{spec.name}: index {name!r} is not allowed: {why}.")
+    if to_create and not report.conflicts:
+        collection = database[spec.name]
+        for index in to_create:
+            with recoverable_errors(f"creating index {index.name} on {db_name}.{spec.name}"):
+                try:
+                    collection.create_index(list(index.keys), **index.create_kwargs())
+                except pymongo_errors.OperationFailure as exc:
+                    report.add(db_name, spec.name, index.name, "conflict")
+                    report.conflicts.append(f"{db_name}.{spec.name}: cannot create {index.name!r}: {exc}")
+                    continue
+            report.add(db_name, spec.name, index.name, "created")
+    return report
+
+
+def claim_database(database, context_name: str, *, check_only: bool = False) -> SchemaReport:
+    """Claim ``database`` for ``context_name`` in ``wow_database_metadata``.
+
+    Atomic: the first context to claim wins; any other gets a problem.
+    """
+    report = SchemaReport()
+    collection = database[METADATA_COLLECTION]
+    with recoverable_errors(f"claiming database {database.name}"):
+        if check_only:
+            claim = collection.find_one({"_id": OWNERSHIP_ID})
+        else:
+            claim = collection.find_one_and_update(
+                {"_id": OWNERSHIP_ID},
+                {"$setOnInsert": {"contextName": context_name,
+                                  "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
+                upsert=True,
+                return_document=True,
+            )
+    if claim is None:
+        report.add(database.name, METADATA_COLLECTION, "ownership", "missing")
+    elif claim.get("contextName") != context_name:
+        report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
+        report.ownership.append(
+            f"database {database.name!r} belongs to bounded context {claim.get('contextName')!r}, "
+            f"not {context_name!r}. Collection names carry no context prefix, so two contexts must not "
+            "share a database: point this context at its own database (WOW['MONGO_URI'] or the "
+            "*_DATABASE settings), or set WOW['CONTEXT_NAME'] if this is that context."
+        )
+    else:
+        report.add(database.name, METADATA_COLLECTION, "ownership", "verified")
+    return report
+
+
+class SchemaGuard:
+    """Ensures, once per process, that a database is claimed and a collection reconciled."""
+
+    def __init__(self, context_name: str, *, auto_init: bool = True):
+        self.context_name = context_name
+        self.auto_init = auto_init
+        self._done: set[tuple[str, str]] = set()
+        self._claimed: set[str] = set()
+        self._lock = threading.Lock()
+
+    def ensure(self, database, spec: CollectionSpec, *, claim: bool = True) -> None:
+        """Claim ``database`` (unless ``claim`` is False: a store shared by design) and reconcile ``spec``."""
+        key = (database.name, spec.name)
+        if key in self._done:
+            return
+        with self._lock:
+            if key in self._done:
+                return
+            if claim and database.name not in self._claimed:
+                raise_problems(claim_database(database, self.context_name))
+                self._claimed.add(database.name)
+            if self.auto_init:
+                raise_problems(reconcile_collection(database, spec))
+            self._done.add(key)
+
+
+def raise_problems(report: SchemaReport) -> None:
+    if report.ownership:
+        raise DatabaseOwnershipError(report.ownership[0])
+    if report.conflicts:
+        raise SchemaConflictError("\n".join(report.conflicts))

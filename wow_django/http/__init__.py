@@ -1,0 +1,32 @@
+"""The HTTP API: commands, state, snapshots and event streams of every aggregate, over DRF.
+
+Mount it with ``path("api/", include("wow_django.http.urls"))`` (route table
+in :mod:`wow_django.http.urls`) and serve its OpenAPI schema with
+drf-spectacular (:mod:`wow_django.http.schema`).
+
+Headers
+    ``Wow-Wait-Stage`` (commands): SENT, PROCESSED (default), SNAPSHOT or
+    PROJECTED. ``Wow-Request-Id`` (commands): the idempotency key; a retry
+    with the same id returns the first result (``duplicate: true``) and a
+    create command's aggregate id is derived from it. ``Wow-Tenant-Id``: read
+    by the default tenant resolver.
+
+Authentication and permissions
+    First match wins: the aggregate's ``api_authentication_classes`` /
+    ``api_permission_classes`` (class attributes, classes or dotted paths),
+    then ``WOW["API_AUTHENTICATION_CLASSES"]`` / ``WOW["API_PERMISSION_CLASSES"]``,
+    then DRF's ``DEFAULT_AUTHENTICATION_CLASSES`` / ``DEFAULT_PERMISSION_CLASSES``.
+    Permission classes see ``view.action`` and ``view.command`` (see
+    :mod:`wow_django.http.views`); :class:`~wow_django.http.permissions.IsAuthenticatedForCommands`
+    is one such class. The operator of a command and the owner of what it
+    creates are the authenticated user's primary key ("" when anonymous).
+
+Tenancy
+    ``WOW["TENANT_RESOLVER"]`` names the class that decides the tenant of a
+    request (:mod:`wow_django.http.tenancy`); the API enforces it on every
+    command and read, whatever a body says.
+
+Errors
+    ``{errorCode, errorMsg, bindingErrors}`` with the statuses of
+    :mod:`wow_django.http.errors`.
+"""

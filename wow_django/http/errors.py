@@ -1,0 +1,183 @@
+"""Errors as JSON ``{errorCode, errorMsg, bindingErrors}`` with the status a client can act on.
+
+======  ==================================================  =========================================
+status  when                                                errorCode
+======  ==================================================  =========================================
+400     condition, projection, sort, limit, pagination      INVALID_QUERY
+400     command body, Wow-Request-Id, Wow-Wait-Stage        COMMAND_VALIDATION
+400     path id, head/tail, tenant header                   INVALID_REQUEST
+400     malformed JSON, not UTF-8, lone surrogates,         PARSE_ERROR
+        non-finite or over-64-bit numbers, deep nesting
+401     no or bad credentials (403 when the first           NOT_AUTHENTICATED, AUTHENTICATION_FAILED
+        authentication class has no challenge)
+403     a permission class or the tenant resolver refuses   PERMISSION_DENIED
+404     unknown aggregate / command / route                 UNKNOWN_AGGREGATE, UNKNOWN_COMMAND,
+                                                            NOT_FOUND
+404     nothing stored under the id for this tenant         NOT_FOUND
+404     no bus event / trace with the id                    EVENT_NOT_FOUND, TRACE_NOT_FOUND
+403     a consumer reports on an event it was not sent      CONSUMER_NOT_EXPECTED
+410     a deleted aggregate: its state, or a command        AGGREGATE_DELETED
+        other than recover_aggregate
+405     wrong method                                        METHOD_NOT_ALLOWED
+406     Accept excludes application/json                    NOT_ACCEPTABLE
+409     DomainError                                         the handler's code (ORDER_CANCELLED...)
+409     EventVersionConflict, DuplicateAggregateId,         EVENT_VERSION_CONFLICT, DUPLICATE_AGGREGATE_ID,
+        DuplicateRequestId, KeyAlreadyPrepared,             DUPLICATE_REQUEST_ID, KEY_ALREADY_PREPARED,
+        a refused re-push, any other CommandError           REPUSH_NOT_ALLOWED, ...
+400     an invalid bus envelope, feedback or event query    BUS_VALIDATION
+413     body over DATA_UPLOAD_MAX_MEMORY_SIZE               REQUEST_TOO_LARGE
+415     body not application/json                           UNSUPPORTED_MEDIA_TYPE
+429     throttled (Retry-After)                             THROTTLED
+503     RecoverableStoreError, broker unreachable,          STORE_UNAVAILABLE, BROKER_UNAVAILABLE,
+        bus transport down (Retry-After: 1)                 BUS_TRANSPORT_UNAVAILABLE
+======  ==================================================  =========================================
+
+Anything else is a bug and is left to Django (a 500 with the traceback logged).
+
+This is the one place where an error gets an HTTP status: every view of
+wow_django (aggregates and bus) answers through :func:`exception_handler`, and
+a project may name it in ``REST_FRAMEWORK["EXCEPTION_HANDLER"]`` for its own
+views too.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from kombu.exceptions import OperationalError as BrokerError
+from rest_framework import exceptions as drf
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from wow_django.exceptions import (
+    AggregateIsDeleted,
+    AggregateNotFound,
+    BusError,
+    CommandError,
+    CommandValidationError,
+    ConsumerNotExpected,
+    EnvelopeValidationError,
+    EventNotFound,
+    EventStoreError,
+    KeyAlreadyPrepared,
+    RecoverableStoreError,
+    RepushRefused,
+    TraceNotFound,
+    TransportUnavailable,
+    UnknownAggregate,
+    UnknownCommand,
+    WowError,
+)
+from wow_django.query.errors import QueryValidationError
+
+RETRY_AFTER_S = "1"
+
+
+class InvalidRequest(WowError):
+    """A path parameter or header breaks a rule; ``binding_errors`` names it."""
+
+    error_code = "INVALID_REQUEST"
+
+    def __init__(self, name: str, rule: str):
+        self.binding_errors = [{"name": name, "msg": rule}]
+        super().__init__(f"{name}: {rule}")
+
+
+class ResourceNotFound(WowError):
+    """Nothing is stored under this id for this tenant, or no route has this path."""
+
+    error_code = "NOT_FOUND"
+
+
+def error_body(code: str, message: str, binding_errors=()) -> dict:
+    return {"errorCode": code, "errorMsg": message, "bindingErrors": list(binding_errors)}
+
+
+# Checked in order: subclasses before their bases.
+_WOW_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (QueryValidationError, status.HTTP_400_BAD_REQUEST),
+    (CommandValidationError, status.HTTP_400_BAD_REQUEST),
+    (InvalidRequest, status.HTTP_400_BAD_REQUEST),
+    (UnknownAggregate, status.HTTP_404_NOT_FOUND),
+    (UnknownCommand, status.HTTP_404_NOT_FOUND),
+    (AggregateNotFound, status.HTTP_404_NOT_FOUND),
+    (ResourceNotFound, status.HTTP_404_NOT_FOUND),
+    (AggregateIsDeleted, status.HTTP_410_GONE),
+    (RecoverableStoreError, status.HTTP_503_SERVICE_UNAVAILABLE),
+    (KeyAlreadyPrepared, status.HTTP_409_CONFLICT),
+    (EnvelopeValidationError, status.HTTP_400_BAD_REQUEST),
+    (EventNotFound, status.HTTP_404_NOT_FOUND),
+    (TraceNotFound, status.HTTP_404_NOT_FOUND),
+    (ConsumerNotExpected, status.HTTP_403_FORBIDDEN),
+    (RepushRefused, status.HTTP_409_CONFLICT),
+    (TransportUnavailable, status.HTTP_503_SERVICE_UNAVAILABLE),
+    # A rollup that did not settle under concurrent changes: retrying helps.
+    (BusError, status.HTTP_503_SERVICE_UNAVAILABLE),
+    # DomainError, AggregateIsDeleted and the rest: the command was refused in this state.
+    (CommandError, status.HTTP_409_CONFLICT),
+    # EventVersionConflict, DuplicateAggregateId, DuplicateRequestId, DuplicateEventStreamId.
+    (EventStoreError, status.HTTP_409_CONFLICT),
+)
+
+
+def _drf_binding_errors(detail, prefix: str = "") -> list[dict]:
+    if isinstance(detail, dict):
+        found = []
+        for key, value in detail.items():
+            found.extend(_drf_binding_errors(value, f"{prefix}.{key}" if prefix else str(key)))
+        return found
+    if isinstance(detail, list):
+        found = []
+        for item in detail:
+            found.extend(_drf_binding_errors(item, prefix))
+        return found
+    return [{"name": prefix, "msg": str(detail)}]
+
+
+def _drf_message(detail) -> str:
+    if isinstance(detail, dict | list):
+        parts = _drf_binding_errors(detail)
+        return "; ".join(f"{p['name']}: {p['msg']}" if p["name"] else p["msg"] for p in parts) or "Invalid request."
+    return str(detail)
+
+
+def error_response(exc: BaseException) -> Response | None:
+    """The JSON error response for ``exc``, or ``None`` when it is not a client's error."""
+    if isinstance(exc, WowError):
+        for cls, code in _WOW_STATUS:
+            if isinstance(exc, cls):
+                body = error_body(exc.error_code, str(exc), getattr(exc, "binding_errors", ()))
+                headers = {"Retry-After": RETRY_AFTER_S} if code == status.HTTP_503_SERVICE_UNAVAILABLE else None
+                return Response(body, status=code, headers=headers)
+        return None
+    if isinstance(exc, BrokerError):
+        body = error_body("BROKER_UNAVAILABLE", f"The task broker is unreachable ({exc}); retry later.")
+        return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(exc, Http404):
+        return Response(error_body("NOT_FOUND", str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, DjangoPermissionDenied):
+        return Response(error_body("PERMISSION_DENIED", str(exc) or "Permission denied."),
+                        status=status.HTTP_403_FORBIDDEN)
+    if isinstance(exc, drf.APIException):
+        headers = {}
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = str(int(exc.wait))
+        binding = _drf_binding_errors(exc.detail) if isinstance(exc.detail, dict | list) else []
+        code = str(getattr(exc, "default_code", "error")).upper()
+        return Response(error_body(code, _drf_message(exc.detail), binding), status=exc.status_code,
+                        headers=headers or None)
+    return None
+
+
+def exception_handler(exc: BaseException, context: dict | None = None) -> Response | None:
+    """DRF's exception handler for every wow_django view: the JSON error, the transaction rolled back.
+
+    ``None`` (a 500, left to Django) for anything that is not a client's error.
+    """
+    response = error_response(exc)
+    if response is not None:
+        set_rollback()
+    return response

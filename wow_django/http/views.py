@@ -1,0 +1,325 @@
+"""Thin DRF views over the command gateway and the query services.
+
+Each view is a few small hooks a subclass can replace:
+
+* policy: ``get_authentication_classes()``, ``get_permission_classes()``;
+* request facts: ``get_tenant_id()``, ``get_operator()``, ``get_owner_id()``,
+  ``get_request_id()``, ``get_wait_stage()``, ``get_command_header()``;
+* queries: ``get_query_service()``, ``parse_query()``, ``get_scope()``,
+  ``run_query()``;
+* reads by id: ``load_aggregate()``, ``load_snapshot()``, ``load_events()``.
+
+Routes are built per aggregate by :mod:`wow_django.http.urls`; views get the
+aggregate class (and the command, query kind and operation) as ``as_view``
+arguments. Permission classes can look at ``view.aggregate``,
+``view.action`` (``command``, ``delete``, ``recover``, ``state``,
+``snapshot``, ``event_range``, ``snapshot_query``, ``event_query``) and, for
+commands, ``view.command``.
+"""
+
+from __future__ import annotations
+
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+
+from wow_django.application import queries as factory
+from wow_django.application.gateway import MAX_ID_LENGTH, CommandGateway, CommandResult, WaitStage
+from wow_django.application.runtime import get_runtime
+from wow_django.conf import wow_settings
+from wow_django.domain.aggregate import Aggregate, aggregate_type
+from wow_django.domain.messages import Command, DeleteAggregate, RecoverAggregate
+from wow_django.exceptions import AggregateIsDeleted, UnknownAggregate, UnknownCommand
+from wow_django.http.base import WowView, default_authentication_classes, import_classes
+from wow_django.http.errors import InvalidRequest, ResourceNotFound
+from wow_django.http.headers import REQUEST_ID_HEADER, WAIT_STAGE_HEADER
+from wow_django.http.schema import WowAutoSchema
+from wow_django.persistence.documents import stream_to_document
+from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
+from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
+from wow_django.query.condition import Condition, DeletionState, Operator, SingleQuery, and_conditions
+
+ID_RULE = f"an aggregate id is a printable string of 1 to {MAX_ID_LENGTH} characters"
+
+
+def check_aggregate_id(value: str, name: str = "id") -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+        raise InvalidRequest(name, ID_RULE)
+    return value
+
+
+class WowAPIView(WowView):
+    """Policy, request facts and JSON errors shared by every API view."""
+
+    aggregate: type[Aggregate] | None = None
+    action = ""
+    resolves_tenant = True
+    schema = WowAutoSchema()
+
+    # --- policy: the aggregate's own, else WOW's API_*_CLASSES, else DRF's defaults ---------------
+
+    def get_authentication_classes(self) -> list[type]:
+        own = getattr(self.aggregate, "api_authentication_classes", None)
+        if own is not None:
+            return import_classes(own)
+        return default_authentication_classes()
+
+    def get_permission_classes(self) -> list[type]:
+        own = getattr(self.aggregate, "api_permission_classes", None)
+        if own is not None:
+            return import_classes(own)
+        if wow_settings.API_PERMISSION_CLASSES is not None:
+            return import_classes(wow_settings.API_PERMISSION_CLASSES)
+        return list(api_settings.DEFAULT_PERMISSION_CLASSES)
+
+    def get_permissions(self):
+        return [cls() for cls in self.get_permission_classes()]
+
+    # --- request facts ----------------------------------------------------------------------------
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if self.resolves_tenant:
+            self.get_tenant_id()  # a bad or missing tenant fails every route the same way, before any read
+
+    def get_tenant_id(self) -> str:
+        """The tenant this request acts for, from ``WOW["TENANT_RESOLVER"]`` (asked once per request)."""
+        if not hasattr(self, "_tenant_id"):
+            self._tenant_id = wow_settings.TENANT_RESOLVER().resolve(self.request)
+        return self._tenant_id
+
+    def get_operator(self) -> str:
+        """Who acts: the authenticated user's primary key, or "" for anonymous requests."""
+        user = getattr(self.request, "user", None)
+        if user is None or not user.is_authenticated:
+            return ""
+        key = getattr(user, "pk", None)
+        return str(key) if key is not None else str(user.get_username())
+
+    def get_owner_id(self) -> str:
+        """The owner of aggregates this request creates: the operator."""
+        return self.get_operator()
+
+    def get_gateway(self) -> CommandGateway:
+        return get_runtime().gateway
+
+
+# --- commands ---------------------------------------------------------------------------------------
+
+
+class CommandSenderView(WowAPIView):
+    """Sends ``command`` through the gateway with the request's facts; subclasses add the HTTP method."""
+
+    action = "command"
+    command: type[Command] | None = None
+
+    def get_request_id(self) -> str | None:
+        return self.request.headers.get(REQUEST_ID_HEADER) or None
+
+    def get_wait_stage(self) -> WaitStage:
+        return WaitStage.parse(self.request.headers.get(WAIT_STAGE_HEADER))
+
+    def get_command_header(self) -> dict:
+        """Extra entries for the event stream's ``header`` (empty by default)."""
+        return {}
+
+    def send_command(self, *, aggregate_id: str | None, body) -> Response:
+        if aggregate_id is not None:
+            check_aggregate_id(aggregate_id)
+        result = self.get_gateway().send_json(
+            self.aggregate.aggregate_name,
+            self.command.command_name,
+            body,
+            aggregate_id=aggregate_id,
+            request_id=self.get_request_id(),
+            tenant_id=self.get_tenant_id(),
+            owner_id=self.get_owner_id(),
+            operator=self.get_operator(),
+            header=self.get_command_header(),
+            wait=self.get_wait_stage(),
+        )
+        return Response(result.to_json(), status=self.result_status(result))
+
+    @staticmethod
+    def result_status(result: CommandResult) -> int:
+        """200 when the asked stage was reached; 202 when queued (SENT) or stored but the stage not confirmed."""
+        if result.stage is WaitStage.SENT or not result.succeeded:
+            return status.HTTP_202_ACCEPTED
+        return status.HTTP_200_OK
+
+
+class CommandView(CommandSenderView):
+    """``POST {aggregate}/{command}`` (create) and ``POST {aggregate}/{id}/{command}``."""
+
+    def post(self, request, id: str | None = None):
+        return self.send_command(aggregate_id=id, body=request.data)
+
+
+class DeleteAggregateView(CommandSenderView):
+    """``DELETE {aggregate}/{id}``: the built-in soft delete."""
+
+    action = "delete"
+    command = DeleteAggregate
+
+    def delete(self, request, id: str):
+        return self.send_command(aggregate_id=id, body={})
+
+    def http_method_not_allowed(self, request, *args, **kwargs):
+        # POST {aggregate}/{segment}: the client meant a create command this aggregate does not have.
+        if request.method == "POST":
+            raise UnknownCommand(f"{kwargs.get('id')!r} is not a command of aggregate {self.aggregate.aggregate_name!r}.")
+        return super().http_method_not_allowed(request, *args, **kwargs)
+
+
+class RecoverAggregateView(CommandSenderView):
+    """``PUT {aggregate}/{id}/recover``: undo a soft delete."""
+
+    action = "recover"
+    command = RecoverAggregate
+
+    def put(self, request, id: str):
+        return self.send_command(aggregate_id=id, body=request.data)
+
+
+# --- reads by id ----------------------------------------------------------------------------------------
+
+
+class StateView(WowAPIView):
+    """``GET {aggregate}/{id}/state``: the current state (snapshot plus later events)."""
+
+    action = "state"
+
+    def get(self, request, id: str):
+        return Response(self.load_aggregate(id).state.model_dump(mode="json"))
+
+    def load_aggregate(self, aggregate_id: str) -> Aggregate:
+        check_aggregate_id(aggregate_id)
+        aggregate = self.get_gateway().repository.load(self.aggregate, aggregate_id)
+        if aggregate is None or aggregate.tenant_id != self.get_tenant_id():
+            raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} does not exist.")
+        if aggregate.deleted:
+            raise AggregateIsDeleted(
+                f"{self.aggregate.aggregate_name} {aggregate_id!r} is deleted; recover it to see its state."
+            )
+        return aggregate
+
+
+class SnapshotView(WowAPIView):
+    """``GET {aggregate}/{id}/snapshot``: the stored snapshot, deleted or not."""
+
+    action = "snapshot"
+
+    def get(self, request, id: str):
+        return Response(self.load_snapshot(id))
+
+    def load_snapshot(self, aggregate_id: str) -> dict:
+        check_aggregate_id(aggregate_id)
+        condition = and_conditions(
+            Condition(operator=Operator.ID, value=aggregate_id),
+            Condition(operator=Operator.DELETED, value=DeletionState.ALL),
+        )
+        service = get_runtime().snapshot_queries(self.aggregate.aggregate_name)
+        found = service.single(SingleQuery(condition=condition), tenant_id=self.get_tenant_id())
+        if found is None:
+            raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} has no snapshot.")
+        return found
+
+
+class EventRangeView(WowAPIView):
+    """``GET {aggregate}/{id}/event/{head}/{tail}``: the event streams with ``head <= version <= tail``."""
+
+    action = "event_range"
+
+    def get(self, request, id: str, head: int, tail: int):
+        streams = self.load_events(id, head, tail)
+        return Response([present(EVENT_STREAM, stream_to_document(stream)) for stream in streams])
+
+    def load_events(self, aggregate_id: str, head: int, tail: int) -> list[EventStream]:
+        check_aggregate_id(aggregate_id)
+        for name, value in (("head", head), ("tail", tail)):
+            if not 1 <= value <= MAX_VERSION:
+                raise InvalidRequest(name, f"a version is a whole number from 1 to {MAX_VERSION}")
+        if tail < head:
+            raise InvalidRequest("tail", f"tail ({tail}) must be at least head ({head})")
+        store = get_runtime().event_store
+        key = AggregateId(self.aggregate.aggregate_name, aggregate_id, wow_settings.CONTEXT_NAME)
+        streams = store.load(key, head, tail)
+        owner = streams[0] if streams else store.last(key)
+        if owner is None or owner.aggregate_id.tenant_id != self.get_tenant_id():
+            raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} does not exist.")
+        return streams
+
+
+# --- queries ----------------------------------------------------------------------------------------
+
+
+class QueryView(WowAPIView):
+    """``POST {aggregate}/snapshot/{operation}`` and ``POST {aggregate}/event/{operation}``."""
+
+    kind = SNAPSHOT
+    operation = "list"
+    OPERATIONS = {
+        SNAPSHOT: ("single", "list", "paged", "count"),
+        EVENT_STREAM: ("list", "paged", "count"),
+    }
+    PARSERS = {
+        "single": factory.parse_single_query,
+        "list": factory.parse_list_query,
+        "paged": factory.parse_paged_query,
+        "count": factory.parse_count_query,
+    }
+
+    @property
+    def action(self) -> str:
+        return "snapshot_query" if self.kind == SNAPSHOT else "event_query"
+
+    def post(self, request):
+        query = self.parse_query(request.data)
+        return Response(self.run_query(self.get_query_service(), query))
+
+    def get_query_service(self):
+        name = self.aggregate.aggregate_name
+        if self.kind == SNAPSHOT:
+            return get_runtime().snapshot_queries(name)
+        return get_runtime().event_queries(name)
+
+    def parse_query(self, data):
+        return self.PARSERS[self.operation](data)
+
+    def get_scope(self) -> Condition | None:
+        """A server-side condition ANDed to every query of this view (none by default)."""
+        return None
+
+    def run_query(self, service, query):
+        scope = {"tenant_id": self.get_tenant_id(), "scope": self.get_scope()}
+        if self.operation == "single":
+            found = service.single(query, **scope)
+            if found is None:
+                raise ResourceNotFound(f"No {self.aggregate.aggregate_name} {self.kind.replace('_', ' ')} matches.")
+            return found
+        if self.operation == "list":
+            return service.list(query, **scope)
+        if self.operation == "paged":
+            return service.paged(query, **scope).to_json()
+        return service.count(query, **scope)
+
+
+# --- everything else under the API prefix ---------------------------------------------------------------
+
+
+class NotFoundView(WowAPIView):
+    """Any other path under the API prefix: a JSON 404 naming the unknown aggregate or command."""
+
+    schema = None  # not an operation
+    resolves_tenant = False
+
+    def respond(self, request, path: str = ""):
+        segments = path.split("/")
+        name = segments[0]
+        if name and aggregate_type(name) is None:
+            raise UnknownAggregate(f"There is no aggregate named {name!r}.")
+        if name and request.method == "POST" and len(segments) in (2, 3) and all(segments):
+            raise UnknownCommand(f"{segments[-1]!r} is not a command of aggregate {name!r}.")
+        raise ResourceNotFound(f"No API route for {request.method} {request.path}.")
+
+    get = post = put = patch = delete = head = options = respond

@@ -1,0 +1,293 @@
+"""The bus store contract: events, topic consumers, consumptions, inbox, sequences, re-push audit.
+
+:class:`BusStore` is what the bus, its consumers and its views rely on; the
+backends are :class:`~wow_django.backends.mongo.bus_store.MongoBusStore` (MongoDB, the
+production store) and :class:`~wow_django.backends.memory.bus_store.InMemoryBusStore`
+(one process, nothing persisted). ``WOW['BUS_STORE']`` picks one.
+:class:`wow_django.testing.BusStoreContract` proves a backend keeps the promises
+made here.
+
+Records are plain dicts with the camelCase keys of seed 004 and naive-UTC
+datetimes at millisecond precision (what BSON stores); a record read from a
+store is the caller's own copy. Every conditional write is atomic: of two
+concurrent writers whose condition holds for both, exactly one wins.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from wow_django.exceptions import BusError, ConsumerNotExpected
+
+
+class EventStatus(enum.StrEnum):
+    """Statuses of a bus event (seed 004 §2.4)."""
+
+    PENDING = "PENDING"  # stored, not yet confirmed by the broker
+    SENT = "SENT"  # published; consumers have not all reported
+    CONSUMED = "CONSUMED"  # every expected consumer reported success
+    PARTIAL = "PARTIAL"  # some consumers succeeded, some failed
+    FAILED = "FAILED"  # consumers failed and none succeeded
+    RETRYING = "RETRYING"  # re-pushed, waiting for feedback
+
+
+def utcnow() -> datetime:
+    """Now as a naive UTC datetime at millisecond precision (what BSON stores)."""
+    now = datetime.now(UTC)
+    return now.replace(tzinfo=None, microsecond=now.microsecond // 1000 * 1000)
+
+
+def to_bson_time(moment: datetime) -> datetime:
+    """``moment`` as naive UTC at millisecond precision (an aware one is converted, a naive one is UTC)."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    elif not moment.microsecond % 1000:
+        return moment
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+#: Tries :meth:`BusStore.insert_feedback` makes before giving up on concurrent writers.
+ATTEMPT_RETRIES = 64
+
+
+@dataclass(frozen=True)
+class EventQuery:
+    """A filter of ``events``: every given field must match (``None`` = any).
+
+    ``service`` is ``initiator.service``; ``since`` ≤ ``occurredAt`` < ``until``.
+    """
+
+    status: str | None = None
+    topic: str | None = None
+    service: str | None = None
+    trace_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def matches(self, event: dict) -> bool:
+        if self.status is not None and event.get("status") != self.status:
+            return False
+        if self.topic is not None and event.get("topic") != self.topic:
+            return False
+        if self.service is not None and (event.get("initiator") or {}).get("service") != self.service:
+            return False
+        if self.trace_id is not None and event.get("traceId") != self.trace_id:
+            return False
+        if self.since is not None or self.until is not None:
+            occurred = event.get("occurredAt")
+            if not isinstance(occurred, datetime):
+                return False
+            if self.since is not None and occurred < self.since:
+                return False
+            if self.until is not None and occurred >= self.until:
+                return False
+        return True
+
+
+class BusStore(ABC):
+    """Storage of the bus records. Subclasses implement every abstract method; see the module docstring."""
+
+    # --- topic consumers (seed 004 §2.3) -------------------------------------------------
+
+    @abstractmethod
+    def enabled_consumers(self, topic: str) -> list[str]:
+        """The consumer ids enabled for ``topic``, sorted."""
+
+    @abstractmethod
+    def set_topic_consumer(self, topic: str, consumer_id: str, *, enabled: bool, description: str | None,
+                           updated_by: str | None) -> dict:
+        """Create or update the one record of (``topic``, ``consumer_id``); returns it.
+
+        Sets ``enabled``, ``updatedAt``, ``updatedBy``; ``createdAt`` only on
+        creation; ``description`` when given (``""`` on creation otherwise).
+        Concurrent calls for one pair leave one record.
+        """
+
+    @abstractmethod
+    def list_topic_consumers(self, *, topic: str | None = None, consumer_id: str | None = None) -> list[dict]:
+        """Topic-consumer records, filtered by the arguments given, sorted by topic then consumer id."""
+
+    # --- events ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def insert_event(self, document: dict) -> bool:
+        """Store a new event; False (and nothing changes) when its ``eventId`` exists already."""
+
+    @abstractmethod
+    def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
+        """The event, or None; with ``fields``, only those of its keys (the ones it has)."""
+
+    @abstractmethod
+    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
+        """The events of ``event_ids`` in that order, each once; unknown ids are left out."""
+
+    @abstractmethod
+    def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
+        """PENDING → SENT: ``status``, ``statusAt``, ``sentAt``, ``lastSentAt`` = ``sent_at``, ``lastError`` None,
+        the relay lease removed; True.
+
+        If it is no longer PENDING (feedback rolled it up first), only
+        ``sentAt`` and ``lastSentAt`` are set, and only when ``sentAt`` is
+        unset; False.
+        """
+
+    @abstractmethod
+    def record_send_error(self, event_id: str, error: str) -> None:
+        """Set ``lastError`` (its first 2000 characters) and remove the relay lease."""
+
+    @abstractmethod
+    def stale_pending(self, older_than: datetime, limit: int) -> list[str]:
+        """Up to ``limit`` eventIds of PENDING events with ``statusAt`` ≤ ``older_than``, oldest
+        ``occurredAt`` first."""
+
+    @abstractmethod
+    def lease_for_relay(self, event_id: str, now: datetime, until: datetime) -> dict | None:
+        """Lease a PENDING event for one relay run: the event with ``relayLeaseUntil`` = ``until``, or None
+        when it is not PENDING or another lease runs past ``now``. Atomic: one of concurrent relays gets it."""
+
+    @abstractmethod
+    def claim_repush(self, event_id: str, *, now: datetime, max_count: int, statuses: Iterable[str],
+                     sent_before: datetime) -> dict | None:
+        """Count one re-push if the event may be re-pushed; the updated event, or None.
+
+        Allowed when ``retryCount`` < ``max_count``, the status is one of
+        ``statuses`` or it is SENT with ``lastSentAt`` ≤ ``sent_before``, and
+        ``expireAt`` is unset or after ``now``. Then, in the same atomic step:
+        ``retryCount`` + 1, ``lastSentAt`` and ``statusAt`` = ``now``, status RETRYING.
+        """
+
+    @abstractmethod
+    def set_status_if(self, event_id: str, expected_status: str, expected_at: datetime | None, status: str,
+                      now: datetime) -> bool:
+        """Write ``status`` and ``statusAt`` = ``now`` (nothing else) if the event's status and statusAt are
+        still ``expected_status`` and ``expected_at``; whether it did."""
+
+    @abstractmethod
+    def find_events(self, query: EventQuery, *, skip: int, limit: int) -> tuple[int, list[dict]]:
+        """``(total matching, page)``: newest ``occurredAt`` first, then by eventId; ``skip`` then ``limit``."""
+
+    @abstractmethod
+    def count_events(self, query: EventQuery | None = None) -> int:
+        """How many events match ``query`` (all of them when None)."""
+
+    @abstractmethod
+    def trace_events(self, trace_id: str, limit: int) -> list[dict]:
+        """Up to ``limit`` events of ``trace_id``, oldest ``occurredAt`` first, then by eventId."""
+
+    @abstractmethod
+    def children(self, event_id: str, limit: int) -> list[dict]:
+        """Up to ``limit`` events whose ``parentEventId`` is ``event_id``, oldest first, then by eventId."""
+
+    # --- consumptions (append-only feedback, §2.5) -------------------------------------------
+
+    @abstractmethod
+    def init_consumptions(self, event_id: str, consumers: Iterable[str], now: datetime) -> None:
+        """One pending row (attemptNo 0, success None, source ``send``) per consumer; existing rows are kept."""
+
+    @abstractmethod
+    def latest_consumption(self, event_id: str, consumer_id: str) -> dict | None:
+        """The consumer's row with the highest attemptNo for the event, or None."""
+
+    @abstractmethod
+    def latest_consumptions(self, event_id: str) -> dict[str, dict]:
+        """``{consumerId: its row with the highest attemptNo}`` for the event (what the rollup reads)."""
+
+    @abstractmethod
+    def consumption_rows(self, event_ids: Iterable[str]) -> list[dict]:
+        """Every row of ``event_ids``, sorted by eventId, consumerId, attemptNo."""
+
+    @abstractmethod
+    def count_consumptions(self) -> int:
+        """How many feedback rows there are."""
+
+    @abstractmethod
+    def insert_attempt(self, row: dict) -> bool:
+        """Insert one feedback row; False (nothing stored) when its (eventId, consumerId, attemptNo) is taken."""
+
+    def insert_feedback(self, event_id: str, consumer_id: str, fields: dict, *,
+                        known_latest: int | None = None) -> dict:
+        """Insert a feedback row with the next attemptNo for (eventId, consumerId); returns it.
+
+        The number is the latest plus one; two writers that read the same
+        latest collide on the unique (eventId, consumerId, attemptNo) and the
+        loser reads again. ``known_latest`` (an attemptNo the caller has just
+        read) saves the first read. Raises :class:`ConsumerNotExpected` when
+        the consumer has no row for the event (it was not expected when it was sent).
+        """
+        for attempt in range(ATTEMPT_RETRIES):
+            if attempt == 0 and known_latest is not None:
+                number = known_latest + 1
+            else:
+                latest = self.latest_consumption(event_id, consumer_id)
+                if latest is None:
+                    raise ConsumerNotExpected(event_id, consumer_id)
+                number = latest["attemptNo"] + 1
+            row = {"eventId": event_id, "consumerId": consumer_id, "attemptNo": number, **fields}
+            if self.insert_attempt(row):
+                return row
+            time.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
+        raise BusError(f"feedback of {consumer_id!r} on {event_id!r}: no free attempt number after "
+                       f"{ATTEMPT_RETRIES} tries (too many concurrent writers)")
+
+    # --- the consumers' inbox (seed 002) -------------------------------------------------------
+
+    @abstractmethod
+    def inbox_insert(self, consumer_id: str, event_id: str, *, owner: str, now: datetime,
+                     lease_until: datetime) -> bool:
+        """Create the (consumer, event) entry as ``processing`` by ``owner``; False if it exists."""
+
+    @abstractmethod
+    def inbox_take_over(self, consumer_id: str, event_id: str, *, owner: str, now: datetime,
+                        lease_until: datetime) -> bool:
+        """Give a ``processing`` entry whose lease ended by ``now`` to ``owner``; whether it did (atomic)."""
+
+    @abstractmethod
+    def inbox_state(self, consumer_id: str, event_id: str) -> str | None:
+        """``processing``, ``done`` or None."""
+
+    @abstractmethod
+    def inbox_done(self, consumer_id: str, event_id: str, *, owner: str, now: datetime) -> bool:
+        """Mark the entry ``done`` (lease removed) if ``owner`` holds it; whether it did."""
+
+    @abstractmethod
+    def inbox_release(self, consumer_id: str, event_id: str, *, owner: str) -> None:
+        """Delete the entry if ``owner`` holds it and it is still ``processing``."""
+
+    # --- sequences per consumer and partition (seed 002) ---------------------------------------
+
+    @abstractmethod
+    def last_sequence(self, consumer_id: str, partition_key: str) -> int | None:
+        """The last applied sequence, or None."""
+
+    @abstractmethod
+    def advance_sequence(self, consumer_id: str, partition_key: str, sequence: int, now: datetime) -> None:
+        """Raise the stored sequence to ``sequence``; never lowers it."""
+
+    @abstractmethod
+    def accept_sequence(self, consumer_id: str, partition_key: str, sequence: int, now: datetime) -> bool:
+        """Store ``sequence`` if it is above the stored one (or none is stored); whether it did (atomic)."""
+
+    @abstractmethod
+    def restore_sequence(self, consumer_id: str, partition_key: str, *, accepted: int, previous: int | None,
+                         now: datetime) -> bool:
+        """Undo an ``accept_sequence`` whose handling failed: back to ``previous`` (None: no record).
+
+        Only while the stored sequence is still ``accepted`` (no newer one came
+        since); whether it did (atomic).
+        """
+
+    # --- re-push audit (§5) ------------------------------------------------------------------------
+
+    @abstractmethod
+    def insert_repush(self, record: dict) -> None:
+        """Record who re-pushed what and when (``eventId``, ``requestedAt``, …)."""
+
+    @abstractmethod
+    def repush_history(self, event_id: str, limit: int = 100) -> list[dict]:
+        """Up to ``limit`` re-push records of the event, newest ``requestedAt`` first."""

@@ -1,0 +1,215 @@
+"""The storage contracts every backend implements.
+
+Backends own document shape, uniqueness and atomicity; callers rely only on
+what these docstrings promise. ``wow_django.testing`` holds the conformance
+suite that proves a backend keeps the promises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from wow_django.exceptions import EventStoreError, KeyAlreadyPrepared
+from wow_django.persistence.records import FOREVER, MAX_VERSION, AggregateId, EventStream, PreparedValue, Snapshot
+
+
+def check_version_range(head_version: int, tail_version: int) -> None:
+    """Raise ``ValueError`` unless ``1 ≤ head_version ≤ tail_version``."""
+    for name, value in (("head_version", head_version), ("tail_version", tail_version)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if head_version < 1:
+        raise ValueError(f"head_version must be ≥ 1, got {head_version}")
+    if tail_version < head_version:
+        raise ValueError(
+            f"tail_version ({tail_version}) must be ≥ head_version ({head_version})"
+        )
+
+
+def check_time_range(start_time: int, end_time: int) -> None:
+    for name, value in (("start_time", start_time), ("end_time", end_time)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be epoch milliseconds (an integer ≥ 0), got {value!r}")
+    if end_time < start_time:
+        raise ValueError(f"end_time ({end_time}) must be ≥ start_time ({start_time})")
+
+
+def check_scan_args(after_id: str, limit: int) -> None:
+    if not isinstance(after_id, str):
+        raise ValueError(f"after_id must be a string, got {after_id!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer ≥ 1, got {limit!r}")
+
+
+class EventStore(ABC):
+    """Append-only store of event streams, one collection per aggregate type."""
+
+    @abstractmethod
+    def append(self, stream: EventStream) -> None:
+        """Store ``stream`` or raise.
+
+        Raises ``DuplicateAggregateId`` (version 1 taken), ``EventVersionConflict``
+        (version taken), ``DuplicateRequestId`` (request id already stored),
+        ``RecoverableStoreError`` (transient; retry with the same request id) or
+        ``UnacknowledgedWriteError``. Nothing is stored when it raises one of
+        the first three.
+        """
+
+    def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
+        """Append independent streams; one result per stream (``None`` = stored).
+
+        Unordered: a failing stream does not stop the others.
+        """
+        results: list[Exception | None] = []
+        for stream in streams:
+            try:
+                self.append(stream)
+            except EventStoreError as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+        return results
+
+    @abstractmethod
+    def load(
+        self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
+    ) -> list[EventStream]:
+        """Streams with ``head_version ≤ version ≤ tail_version`` in version order.
+
+        ``ValueError`` when ``head_version < 1`` or ``tail_version < head_version``;
+        an unknown aggregate gives an empty list.
+        """
+
+    @abstractmethod
+    def load_by_time(self, aggregate_id: AggregateId, start_time: int, end_time: int) -> list[EventStream]:
+        """Streams created in ``[start_time, end_time]`` (epoch ms) in version order."""
+
+    @abstractmethod
+    def last(self, aggregate_id: AggregateId) -> EventStream | None:
+        """The stream with the highest version, or ``None``."""
+
+    @abstractmethod
+    def scan_aggregate_ids(
+        self,
+        aggregate_name: str,
+        after_id: str = "",
+        limit: int = 100,
+        *,
+        context_name: str | None = None,
+        tenant_id: str | None = None,
+    ) -> list[AggregateId]:
+        """Up to ``limit`` aggregate ids ``> after_id`` in lexicographic order, each once."""
+
+    @abstractmethod
+    def exists_request_id(self, aggregate_name: str, request_id: str, aggregate_id: str | None = None) -> bool:
+        """Whether a stream with ``request_id`` exists (for one aggregate when given)."""
+
+    @abstractmethod
+    def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
+        """The stream one aggregate stored for ``request_id``, or ``None``."""
+
+    def iter_all(self, aggregate_name: str, *, batch: int = 500) -> Iterator[AggregateId]:
+        """Every aggregate id of a type, by repeated scans."""
+        after = ""
+        while True:
+            ids = self.scan_aggregate_ids(aggregate_name, after, batch)
+            yield from ids
+            if len(ids) < batch:
+                return
+            after = ids[-1].id
+
+    def close(self) -> None:
+        """Release background resources (batching threads)."""
+
+
+class SnapshotStore(ABC):
+    """Latest state per aggregate; saves are version-guarded."""
+
+    @abstractmethod
+    def load(self, aggregate_id: AggregateId) -> Snapshot | None:
+        """The stored snapshot, or ``None``."""
+
+    @abstractmethod
+    def save(self, snapshot: Snapshot) -> None:
+        """Store ``snapshot`` unless a higher version is stored (atomically).
+
+        A candidate with the same version replaces the stored one; an older
+        candidate is a no-op; a stored version that is missing or not an
+        integer is replaced. Concurrent saves leave the highest version.
+        """
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+def resolve_ttl(ttl: timedelta | datetime | None) -> datetime:
+    """The UTC end of a reservation: ``None`` → forever, a timedelta → from now."""
+    if ttl is None:
+        return FOREVER
+    if isinstance(ttl, timedelta):
+        if ttl <= timedelta(0):
+            raise ValueError(f"ttl must be positive, got {ttl}")
+        return datetime.now(UTC) + ttl
+    if isinstance(ttl, datetime):
+        if ttl.tzinfo is None:
+            raise ValueError("ttl datetime must be timezone-aware")
+        return ttl.astimezone(UTC)
+    raise ValueError(f"ttl must be a timedelta, an aware datetime or None, got {ttl!r}")
+
+
+def check_key(key: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"prepare key must be a non-empty string, got {key!r}")
+
+
+_MISSING: Any = object()
+
+
+class PrepareKey(ABC):
+    """Reservations of unique keys (e.g. usernames) with an expiry.
+
+    A key is *taken* while a reservation exists and has not expired.
+    """
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"prepare key name must be letters, digits, '_' or '-', got {name!r}")
+        self.name = name
+
+    @abstractmethod
+    def prepare(self, key: str, value: Any, ttl: timedelta | datetime | None = None) -> bool:
+        """Reserve ``key`` for ``value``; ``False`` when it is taken."""
+
+    @abstractmethod
+    def get(self, key: str) -> PreparedValue | None:
+        """The live reservation of ``key``, or ``None`` (missing or expired)."""
+
+    @abstractmethod
+    def rollback(self, key: str, value: Any = _MISSING) -> bool:
+        """Release a live reservation (only if it holds ``value`` when given)."""
+
+    @abstractmethod
+    def reprepare(
+        self, key: str, new_value: Any, *, old_value: Any = _MISSING, ttl: timedelta | datetime | None = None
+    ) -> bool:
+        """Replace the value of a live reservation (only if it holds ``old_value`` when given)."""
+
+    @contextlib.contextmanager
+    def using_prepare(self, key: str, value: Any, ttl: timedelta | datetime | None = None) -> Iterator[PreparedValue]:
+        """Reserve ``key`` for the block; roll it back if the block raises.
+
+        Raises ``KeyAlreadyPrepared`` when the key is taken.
+        """
+        ttl_at = resolve_ttl(ttl)
+        if not self.prepare(key, value, ttl_at):
+            raise KeyAlreadyPrepared(self.name, key)
+        try:
+            yield PreparedValue(value, ttl_at)
+        except BaseException:
+            self.rollback(key, value)
+            raise
+
