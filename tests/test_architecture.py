@@ -1,0 +1,165 @@
+"""The package's shape: one-way layers, no import cycles, a pure domain.
+
+Every module of ``wow_django`` is parsed (not imported) and every import is
+read, also those inside functions and ``TYPE_CHECKING`` blocks. See README
+"Architecture" for the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+import wow_django
+
+ROOT = Path(wow_django.__file__).parent
+
+# Lowest first. A module may import modules of its own layer and of lower ones.
+# The bus package's __init__ is its public facade (get_bus, send) and sits with the edges,
+# as do its Django app parts; the bus's own modules sit below the application.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("wow_django", "wow_django.exceptions")),
+    ("domain", ("wow_django.domain",)),
+    ("query", ("wow_django.query",)),
+    ("settings", ("wow_django.conf",)),
+    ("persistence", ("wow_django.persistence",)),
+    ("backends", ("wow_django.backends",)),
+    ("bus", ("wow_django.bus.",)),
+    ("application", ("wow_django.application",)),
+    ("edges", ("wow_django.http", "wow_django.tasks", "wow_django.management", "wow_django.testing",
+               "wow_django.checks", "wow_django.apps", "wow_django.admin", "wow_django.bus",
+               "wow_django.bus.apps", "wow_django.bus.models", "wow_django.bus.checks", "wow_django.bus.migrations")),
+]
+FOREIGN_TO_DOMAIN = ("django", "pymongo", "bson", "mongomock", "rest_framework", "celery", "kombu", "redis",
+                     "drf_spectacular")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def imports_of(name: str) -> list[tuple[str, int]]:
+    """``(imported module, line)`` for every import in the module, at any depth."""
+    path = modules()[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                # "from pkg import module" imports the module; "from module import name" the module.
+                candidate = f"{base}.{alias.name}"
+                found.append((candidate if candidate in modules() else base, node.lineno))
+    return found
+
+
+def internal_graph() -> dict[str, set[str]]:
+    return {name: {target for target, _ in imports_of(name) if target in modules() and target != name}
+            for name in modules()}
+
+
+def layer_of(name: str) -> int:
+    best, best_len = None, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            exact = name == prefix
+            under = prefix.endswith(".") and name.startswith(prefix) or name.startswith(prefix + ".")
+            if (exact or under) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    if best is None:
+        raise AssertionError(f"{name} is in no layer: add it to LAYERS in tests/test_architecture.py")
+    return best
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_scan_sees_function_level_imports():
+    # The bus facade imports the runtime inside get_bus(): the scan must see it.
+    assert "wow_django.application.runtime" in {t for t, _ in imports_of("wow_django.bus")}
+    assert len(modules()) > 60
+
+
+def test_no_import_cycles_inside_wow_django():
+    assert cycles(internal_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_flow_one_way_between_layers():
+    upward = []
+    for name in modules():
+        own = layer_of(name)
+        for target, line in imports_of(name):
+            if target in modules() and layer_of(target) > own:
+                upward.append(f"{name}:{line} ({LAYERS[own][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
+    assert upward == []
+
+
+@pytest.mark.parametrize("name", sorted(n for n in modules() if n.startswith("wow_django.domain")))
+def test_the_domain_is_pure(name):
+    foreign = [f"{target} (line {line})" for target, line in imports_of(name)
+               if target.split(".")[0] in FOREIGN_TO_DOMAIN]
+    assert foreign == [], f"{name} imports {', '.join(foreign)}"
+
+
+def test_the_domain_imports_nothing_of_wow_django_but_the_domain_and_exceptions():
+    for name in modules():
+        if name.startswith("wow_django.domain"):
+            others = {t for t, _ in imports_of(name) if t.startswith("wow_django")
+                      and not t.startswith("wow_django.domain") and t != "wow_django.exceptions"}
+            assert others == set(), f"{name} imports {others}"
