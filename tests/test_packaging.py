@@ -1,0 +1,67 @@
+"""Packaging: the runtime dependencies are exactly what the app imports at run time."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from wow_django.backends.mongo.client import MongoConnection
+
+from .test_architecture import imports_of, modules
+
+SETUP_CFG = Path(__file__).resolve().parent.parent / "setup.cfg"
+# Distribution name → the top-level modules it provides.
+PROVIDES = {
+    "django": {"django"}, "djangorestframework": {"rest_framework"}, "pymongo": {"pymongo", "bson", "gridfs"},
+    "celery": {"celery"}, "kombu": {"kombu"}, "pydantic": {"pydantic"}, "drf-spectacular": {"drf_spectacular"},
+    "mongomock": {"mongomock"}, "redis": {"redis"},
+}
+# Imported only where the extra is in use, with an error saying what to install.
+OPTIONAL = {"mongomock"}
+
+
+def requirements(section: str, key: str) -> set[str]:
+    parser = configparser.ConfigParser()
+    parser.read(SETUP_CFG)
+    lines = [line.strip() for line in parser[section][key].splitlines() if line.strip()]
+    return {re.split(r"[<>=!~ ]", line, maxsplit=1)[0].lower() for line in lines}
+
+
+def third_party_imports(include_testing: bool) -> set[str]:
+    stdlib = set(sys.stdlib_module_names)
+    found = set()
+    for name in modules():
+        if not include_testing and name.startswith("wow_django.testing"):
+            continue
+        for target, _ in imports_of(name):
+            top = target.split(".")[0]
+            if top and top not in stdlib and top != "wow_django" and top != "__future__":
+                found.add(top)
+    return found
+
+
+def test_install_requires_covers_every_runtime_import_and_nothing_else():
+    required = requirements("options", "install_requires")
+    provided = set().union(*(PROVIDES[dist] for dist in required))
+    imported = third_party_imports(include_testing=False)
+    assert imported - provided == OPTIONAL  # only the embedded engine is optional
+    unused = {dist for dist in required if not PROVIDES[dist] & imported}
+    assert unused == set()
+
+
+def test_the_embedded_engine_and_celerys_redis_client_are_extras():
+    assert {"mongomock", "redis"}.isdisjoint(requirements("options", "install_requires"))
+    assert requirements("options.extras_require", "mongomock") == {"mongomock"}
+    assert {"mongomock", "redis"} <= requirements("options.extras_require", "sample")
+    assert {"mongomock", "redis"} <= requirements("options.extras_require", "test")
+
+
+def test_a_mongomock_uri_without_mongomock_installed_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mongomock", None)  # as if it were not installed
+    with pytest.raises(ImproperlyConfigured, match=r"pip install 'wow-django\[mongomock\]'"):
+        MongoConnection("mongomock://localhost/wow")
