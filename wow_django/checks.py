@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from wow_django.conf import validate_user_settings, wow_settings
+from wow_django.application.ports import TaskQueue
+from wow_django.conf import IMPORT_STRINGS, validate_user_settings, wow_settings
 
 
 @checks.register("wow_django")
@@ -18,6 +19,18 @@ def check_settings(app_configs=None, **kwargs):
         checks.Error(f"WOW[{key!r}] {problem}", hint=f"Fix WOW[{key!r}] in your settings.", id="wow_django.E001")
         for key, problem in problems
     ]
+    if messages:
+        return messages
+    for name in IMPORT_STRINGS:  # a dotted path that does not import is a check error, not a 500 later
+        try:
+            getattr(wow_settings, name)
+        except ImproperlyConfigured as exc:
+            messages.append(checks.Error(str(exc), hint=f"Fix WOW[{name!r}] in your settings.", id="wow_django.E001"))
+    if not messages and not (isinstance(wow_settings.TASK_QUEUE, type) and issubclass(wow_settings.TASK_QUEUE, TaskQueue)):
+        messages.append(checks.Error(
+            f"WOW['TASK_QUEUE'] must name a wow_django.application.TaskQueue subclass, got {wow_settings.TASK_QUEUE!r}",
+            hint="Use wow_django.tasks.CeleryTaskQueue or your own TaskQueue subclass.", id="wow_django.E001",
+        ))
     if messages:
         return messages
     uses_mongo = any(wow_settings.storage_for(p) == "mongo" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE"))

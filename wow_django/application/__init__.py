@@ -12,7 +12,7 @@
 """
 
 from wow_django.application.gateway import CommandGateway, CommandMessage, CommandResult, WaitStage
-from wow_django.application.ports import InlineTaskQueue, TaskQueue
+from wow_django.application.ports import TaskQueue
 from wow_django.application.repository import DomainEventMessage
 from wow_django.application.runtime import Runtime, close_runtime, get_runtime
 
@@ -23,6 +23,6 @@ def send(command, **options) -> CommandResult:
 
 
 __all__ = [
-    "CommandGateway", "CommandMessage", "CommandResult", "DomainEventMessage", "InlineTaskQueue", "Runtime",
+    "CommandGateway", "CommandMessage", "CommandResult", "DomainEventMessage", "Runtime",
     "TaskQueue", "WaitStage", "close_runtime", "get_runtime", "send",
 ]

@@ -1,0 +1,200 @@
+"""The runtime: one object owning the process's stores, gateway, bus and task queue."""
+
+from __future__ import annotations
+
+import os
+import threading
+from decimal import Decimal
+
+import pytest
+from django.test import override_settings
+
+from sample_project.orders.aggregates import OrderLine, PlaceOrder
+from wow_django.application import TaskQueue, WaitStage, close_runtime, get_runtime, send
+from wow_django.backends.memory import MemoryBackend
+from wow_django.checks import check_settings
+from wow_django.exceptions import RecoverableStoreError
+from wow_django.persistence.batching import BatchingEventStore
+from wow_django.persistence.records import AggregateId
+from wow_django.testing import make_stream
+
+from .support import fresh_wow, in_forked_child
+
+ORDER = PlaceOrder(customer_id="c-1", items=[OrderLine(sku="A", quantity=1, unit_price=Decimal("2"))])
+
+
+class RecordingTaskQueue(TaskQueue):
+    """A task queue that keeps what it was given (class-level: the runtime builds it)."""
+
+    given: list[tuple] = []
+    fail_rollups = False
+
+    def process_command(self, message: dict) -> None:
+        self.given.append(("process_command", message["command_name"], message["request_id"]))
+
+    def request_snapshot(self, aggregate_name: str, aggregate_id: str) -> bool:
+        self.given.append(("request_snapshot", aggregate_name, aggregate_id))
+        return True
+
+    def rollup(self, event_id: str) -> None:
+        if self.fail_rollups:
+            raise ConnectionError("broker down")
+        self.given.append(("rollup", event_id))
+
+
+@pytest.fixture
+def recording_queue():
+    RecordingTaskQueue.given = []
+    RecordingTaskQueue.fail_rollups = False
+    settings = fresh_wow("in_memory", TASK_QUEUE=f"{__name__}.RecordingTaskQueue")
+    with override_settings(WOW=settings):
+        yield RecordingTaskQueue
+
+
+def test_each_part_is_built_once_and_shared(wow):
+    runtime = get_runtime()
+    assert get_runtime() is runtime
+    assert runtime.event_store is runtime.event_store
+    assert runtime.gateway.event_store is runtime.event_store
+    assert runtime.gateway.snapshot_store is runtime.snapshot_store
+    assert runtime.bus.store is runtime.bus_store
+    assert runtime.prepare_key("username") is runtime.prepare_key("username")
+    assert runtime.prepare_key("username") is not runtime.prepare_key("email")
+
+
+def test_concurrent_first_uses_build_one_instance(wow):
+    runtime = get_runtime()
+    barrier = threading.Barrier(8)
+    seen = []
+
+    def first_use():
+        barrier.wait()
+        seen.append((runtime.event_store, runtime.gateway))
+
+    threads = [threading.Thread(target=first_use) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(store) for store, _ in seen}) == 1 and len({id(g) for _, g in seen}) == 1
+
+
+def test_building_a_slow_part_does_not_block_the_others(wow_memory, monkeypatch):
+    """Building may talk to a server (schema checks): other parts must not wait on it."""
+    started, release = threading.Event(), threading.Event()
+    build = MemoryBackend.prepare_key
+
+    def slow_prepare_key(self, name):
+        started.set()
+        assert release.wait(10)
+        return build(self, name)
+
+    monkeypatch.setattr(MemoryBackend, "prepare_key", slow_prepare_key)
+    runtime = get_runtime()
+    slow = threading.Thread(target=runtime.prepare_key, args=("username",))
+    slow.start()
+    try:
+        assert started.wait(10)
+        got = []
+        other = threading.Thread(target=lambda: got.append(runtime.event_store))
+        other.start()
+        other.join(5)
+        assert got, "building the event store waited for another part's build"
+    finally:
+        release.set()
+        slow.join(10)
+
+
+def test_a_settings_change_closes_the_runtime_and_the_next_call_builds_a_new_one():
+    with override_settings(WOW=fresh_wow("in_memory", EVENT_STORE_BATCH={"ENABLED": True})):
+        old = get_runtime()
+        store = old.event_store
+        assert isinstance(store, BatchingEventStore)
+        store.append(make_stream(AggregateId("order", "o-1"), 1))
+        with override_settings(WOW=fresh_wow("in_memory")):
+            new = get_runtime()
+            assert new is not old and new.event_store is not store
+            with pytest.raises(RuntimeError, match="closed"):
+                _ = old.gateway
+            with pytest.raises(RecoverableStoreError, match="closed"):  # its batcher was flushed and stopped
+                store.append(make_stream(AggregateId("order", "o-2"), 1))
+        assert get_runtime() is not old
+
+
+def test_close_runtime_closes_the_parts(wow):
+    runtime = get_runtime()
+    gateway = runtime.gateway
+    close_runtime()
+    assert get_runtime() is not runtime
+    with pytest.raises(RuntimeError, match="closed"):
+        _ = runtime.event_store
+    assert gateway.dispatcher._threads == [None] * gateway.dispatcher.lane_count  # lanes stopped
+
+
+def test_a_forked_child_builds_its_own_runtime(wow):
+    parent = get_runtime()
+    parent_store = parent.event_store
+
+    def probe():
+        child = get_runtime()
+        return (child is not parent, child.event_store is not parent_store)
+
+    assert in_forked_child(probe) == (True, True)
+    assert get_runtime() is parent  # the parent keeps its own
+
+
+def test_a_forked_child_does_not_repeat_the_parents_ids():
+    from wow_django.domain.ids import generate_id
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then leave at once
+        try:
+            os.write(write, generate_id().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child_id = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    parent_id = generate_id()
+    # Without reseeding, both would draw the same 64 random bits next.
+    assert len(child_id) == 32 and child_id[16:] != parent_id[16:]
+
+
+# --- the task queue port ------------------------------------------------------------------------
+
+
+def test_a_sent_command_goes_to_the_task_queue(recording_queue):
+    result = send(ORDER, request_id="req-q", wait=WaitStage.SENT)
+    assert result.stage is WaitStage.SENT and result.aggregate_version is None
+    assert recording_queue.given == [("process_command", "place_order", "req-q")]
+
+
+def test_celery_mode_snapshots_are_requested_from_the_task_queue(recording_queue):
+    with override_settings(WOW=fresh_wow("in_memory", TASK_QUEUE=f"{__name__}.RecordingTaskQueue",
+                                         SNAPSHOT_MODE="celery")):
+        result = send(ORDER, wait=WaitStage.SNAPSHOT)
+        assert ("request_snapshot", "order", result.aggregate_id) in recording_queue.given
+        assert get_runtime().snapshot_store.load(AggregateId("order", result.aggregate_id)) is None
+
+
+def test_bus_feedback_queues_its_rollup_and_rolls_up_inline_when_the_queue_fails(recording_queue):
+    bus = get_runtime().bus
+    bus.set_topic_consumer("order.purchased", "member-service")
+    bus.send("order.purchased", {"orderId": "o-1"}, event_id="evt-port")
+    bus.record_feedback("evt-port", "member-service", True)
+    assert recording_queue.given == [("rollup", "evt-port")]
+    assert bus.store.get_event("evt-port")["status"] == "SENT"  # queued, not run
+    recording_queue.fail_rollups = True
+    bus.record_feedback("evt-port", "member-service", True)
+    assert bus.store.get_event("evt-port")["status"] == "CONSUMED"  # rolled up inline
+
+
+def test_a_task_queue_that_does_not_import_or_is_not_a_task_queue_is_a_check_error():
+    with override_settings(WOW={"TASK_QUEUE": "no.such.Queue"}):
+        [error] = check_settings()
+        assert error.id == "wow_django.E001" and "TASK_QUEUE" in error.msg
+    with override_settings(WOW={"TASK_QUEUE": "decimal.Decimal"}):
+        [error] = check_settings()
+        assert error.id == "wow_django.E001" and "TaskQueue subclass" in error.msg
