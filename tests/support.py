@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import uuid
+from functools import cache
+from pathlib import Path
+
+import wow_django
 
 
 def fresh_wow(storage: str, **extra) -> dict:
@@ -26,3 +31,42 @@ def in_forked_child(probe) -> tuple[bool, ...]:
     os.close(read)
     os.waitpid(pid, 0)
     return tuple(c == ord("1") for c in answer)
+
+
+# --- reading the package's imports without importing it ------------------------------------
+
+ROOT = Path(wow_django.__file__).parent
+
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def imports_of(name: str) -> list[tuple[str, int]]:
+    """``(imported module, line)`` for every import in the module, at any depth."""
+    path = modules()[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                # "from pkg import module" imports the module; "from module import name" the module.
+                candidate = f"{base}.{alias.name}"
+                found.append((candidate if candidate in modules() else base, node.lineno))
+    return found

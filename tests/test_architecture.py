@@ -7,15 +7,9 @@ read, also those inside functions and ``TYPE_CHECKING`` blocks. See README
 
 from __future__ import annotations
 
-import ast
-from functools import cache
-from pathlib import Path
-
 import pytest
 
-import wow_django
-
-ROOT = Path(wow_django.__file__).parent
+from .support import imports_of, modules
 
 # Lowest first. A module may import modules of its own layer and of lower ones.
 # The bus package's __init__ is its public facade (get_bus, send) and sits with the edges,
@@ -35,39 +29,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 FOREIGN_TO_DOMAIN = ("django", "pymongo", "bson", "mongomock", "rest_framework", "celery", "kombu", "redis",
                      "drf_spectacular")
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-@cache
-def modules() -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
-
-
-def imports_of(name: str) -> list[tuple[str, int]]:
-    """``(imported module, line)`` for every import in the module, at any depth."""
-    path = modules()[name]
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.extend((alias.name, node.lineno) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            for alias in node.names:
-                # "from pkg import module" imports the module; "from module import name" the module.
-                candidate = f"{base}.{alias.name}"
-                found.append((candidate if candidate in modules() else base, node.lineno))
-    return found
 
 
 def internal_graph() -> dict[str, set[str]]:

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from wow_django.backends.mongo.client import MongoConnection
 
-from .test_architecture import imports_of, modules
+from .support import imports_of, modules
 
 SETUP_CFG = Path(__file__).resolve().parent.parent / "setup.cfg"
 # Distribution name → the top-level modules it provides.

@@ -180,12 +180,6 @@ class DomainError(CommandError):
         super().__init__(message)
 
 
-class CommandTimeout(CommandError):
-    """The command was appended but a later wait stage did not finish in time."""
-
-    error_code = "WAIT_TIMEOUT"
-
-
 # --- integration-event bus -----------------------------------------------
 
 

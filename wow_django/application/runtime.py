@@ -43,13 +43,14 @@ from wow_django.bus.service import EventBus
 from wow_django.bus.transport import BusTransport
 from wow_django.conf import wow_settings
 from wow_django.domain import ids
+from wow_django.persistence.backend import Backend
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.bus import BusStore
 from wow_django.persistence.contracts import EventStore, PrepareKey, SnapshotStore
 from wow_django.persistence.query import QueryService
 
 #: Backend class per ``WOW['STORAGE']`` value.
-BACKENDS: dict[str, type] = {"in_memory": MemoryBackend, "mongo": MongoBackend}
+BACKENDS: dict[str, type[Backend]] = {"in_memory": MemoryBackend, "mongo": MongoBackend}
 
 
 class Runtime:
@@ -78,7 +79,7 @@ class Runtime:
                     self._parts[key] = part
             return part
 
-    def backend(self, purpose: str):
+    def backend(self, purpose: str) -> Backend:
         """The backend serving ``purpose`` (``"EVENT_STORE"``, ``"SNAPSHOT_STORE"``, ``"PREPARE_STORE"``,
         ``"BUS_STORE"``); one instance per backend kind, shared by its purposes."""
         name = wow_settings.storage_for(purpose)

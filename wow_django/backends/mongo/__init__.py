@@ -11,7 +11,11 @@ from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
 from wow_django.backends.mongo.bus_schema import BUS_SPECS
+from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.backends.mongo.client import MongoConnection, check_database_name, connect, parse_uri, redact
+from wow_django.backends.mongo.event_store import MongoEventStore
+from wow_django.backends.mongo.prepare_key import MongoPrepareKey
+from wow_django.backends.mongo.queries import MongoEventStreamQueryService, MongoSnapshotQueryService
 from wow_django.backends.mongo.schema import (
     CollectionSpec,
     SchemaGuard,
@@ -22,8 +26,10 @@ from wow_django.backends.mongo.schema import (
     reconcile_collection,
     snapshot_spec,
 )
+from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
 from wow_django.conf import DEFAULT_MONGO_URI, wow_settings
 from wow_django.domain import registry
+from wow_django.persistence.backend import Backend
 
 PURPOSES = ("EVENT_STREAM", "SNAPSHOT", "PREPARE", "BUS")
 
@@ -55,7 +61,7 @@ def get_connection() -> MongoConnection:
     return connect(configured_uri())
 
 
-class MongoBackend:
+class MongoBackend(Backend):
     """Stores and query services on MongoDB for one runtime; one schema guard shared by its stores."""
 
     name = "mongo"
@@ -66,41 +72,27 @@ class MongoBackend:
         self.schema_guard = SchemaGuard(wow_settings.CONTEXT_NAME, auto_init=wow_settings.AUTO_INIT_SCHEMA)
 
     def event_store(self, *, request_id_index: str):
-        from wow_django.backends.mongo.event_store import MongoEventStore
-
         return MongoEventStore(self.connection, database_name("EVENT_STREAM"), schema=self.schema_guard,
                                request_id_index=request_id_index, max_time_ms=self.max_time_ms)
 
     def snapshot_store(self):
-        from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
-
         return MongoSnapshotStore(self.connection, database_name("SNAPSHOT"), schema=self.schema_guard,
                                   max_time_ms=self.max_time_ms)
 
     def prepare_key(self, name: str):
-        from wow_django.backends.mongo.prepare_key import MongoPrepareKey
-
         return MongoPrepareKey(name, self.connection, database_name("PREPARE"), schema=self.schema_guard,
                                max_time_ms=self.max_time_ms)
 
     def bus_store(self):
-        from wow_django.backends.mongo.bus_store import MongoBusStore
-
         return MongoBusStore(self.connection, database_name("BUS"), schema_guard=self.schema_guard,
                              max_time_ms=self.max_time_ms)
 
     def snapshot_queries(self, store, aggregate_name: str):
-        from wow_django.backends.mongo.queries import MongoSnapshotQueryService
-
         return MongoSnapshotQueryService(store, aggregate_name)
 
     def event_queries(self, store, aggregate_name: str):
-        from wow_django.backends.mongo.queries import MongoEventStreamQueryService
-
         return MongoEventStreamQueryService(store, aggregate_name)
 
-    def close(self) -> None:
-        """Nothing of its own to close: the connection is the process's (see :mod:`.client`)."""
 
 
 def planned_specs() -> list[tuple[str, CollectionSpec]]:
