@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-from urllib.parse import urlparse
 
 import kombu.pools
 import pytest
@@ -26,9 +25,9 @@ from wow_django.bus.envelope import Envelope
 from wow_django.bus.transport import queue_name
 from wow_django.testing.bus import (
     ConsumerRecorder,
-    TcpProxy,
     amqp_url,
     delete_amqp_entities,
+    proxied_broker,
     queue_depth,
     take_messages,
     unique_exchange,
@@ -94,22 +93,19 @@ def test_durable_topic_exchange_durable_queues_persistent_confirmed_messages(rab
 
 
 @pytest.fixture
-def proxied_broker(bus_store):
+def proxied(bus_store):
     """``(proxy, settings)``: the bus talks to RabbitMQ through a TCP proxy the test can take down."""
-    target = urlparse(amqp_url())
-    proxy = TcpProxy(target.hostname, target.port or 5672)
-    proxy.start()
-    settings = rabbit_settings(proxy.url(), BUS_STORE=bus_store)
-    try:
-        yield proxy, settings
-    finally:
-        proxy.stop()
-        delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA, BETA))
-        disconnect(settings["MONGO_URI"])
+    with proxied_broker(amqp_url()) as proxy:
+        settings = rabbit_settings(proxy.url(), BUS_STORE=bus_store)
+        try:
+            yield proxy, settings
+        finally:
+            delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA, BETA))
+            disconnect(settings["MONGO_URI"])
 
 
-def test_broker_unreachable_during_send_leaves_pending_then_the_relay_delivers(recorder, proxied_broker):
-    proxy, settings = proxied_broker
+def test_broker_unreachable_during_send_leaves_pending_then_the_relay_delivers(recorder, proxied):
+    proxy, settings = proxied
     with override_settings(WOW=settings):
         bus = get_bus()
         for consumer_id in (ALPHA, BETA):
@@ -294,9 +290,9 @@ def test_feedback_rolls_up_on_a_celery_worker_of_the_rollup_queue(rabbit, record
         task_postrun.disconnect(record)
 
 
-def test_the_first_send_after_a_broker_restart_is_published(recorder, proxied_broker):
+def test_the_first_send_after_a_broker_restart_is_published(recorder, proxied):
     """A pooled connection that died with the broker is replaced at once, not left to the relay."""
-    proxy, settings = proxied_broker
+    proxy, settings = proxied
     with override_settings(WOW=settings):
         bus = get_bus()
         bus.set_topic_consumer(TOPIC, ALPHA)
