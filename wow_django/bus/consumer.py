@@ -32,8 +32,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ImproperlyConfigured
@@ -46,6 +45,7 @@ from wow_django.bus.inbox import BUSY, DONE, Inbox
 from wow_django.bus.ordering import SequenceTracker
 from wow_django.bus.rollup import outcome
 from wow_django.conf import wow_settings
+from wow_django.domain.registry import Current
 from wow_django.exceptions import EnvelopeValidationError
 
 logger = logging.getLogger("wow_django.bus.consumer")
@@ -103,26 +103,17 @@ class ConsumerRegistry:
             return dict(self._consumers.get(consumer_id, {}))
 
 
-_current = ConsumerRegistry()
-_swap_lock = threading.Lock()
+_current: Current[ConsumerRegistry] = Current(ConsumerRegistry())
 
 
 def consumers() -> ConsumerRegistry:
     """The current consumer registry."""
-    return _current
+    return _current.get()
 
 
-@contextmanager
-def use_consumers(registry: ConsumerRegistry) -> Iterator[ConsumerRegistry]:
-    """Make ``registry`` the current one inside the block; the previous one comes back after it."""
-    global _current
-    with _swap_lock:
-        previous, _current = _current, registry
-    try:
-        yield registry
-    finally:
-        with _swap_lock:
-            _current = previous
+def use_consumers(registry: ConsumerRegistry):
+    """Make ``registry`` the current one inside a ``with`` block; the previous one comes back after it."""
+    return _current.use(registry)
 
 
 def consumer(consumer_id: str, *, topics: Iterable[str], drop_stale: bool = False):
@@ -139,7 +130,7 @@ def consumer(consumer_id: str, *, topics: Iterable[str], drop_stale: bool = Fals
 
     def decorate(fn):
         for topic in topics:
-            _current.add(HandlerSpec(consumer_id, topic, fn, drop_stale))
+            consumers().add(HandlerSpec(consumer_id, topic, fn, drop_stale))
         return fn
 
     return decorate
@@ -216,9 +207,9 @@ class ConsumerWorker:
     def __init__(self, consumer_id: str, *, bus, prefetch: int | None = None, max_attempts: int | None = None,
                  backoff_s: float | None = None, lease_s: float | None = None):
         """``bus``: the :class:`~wow_django.bus.service.EventBus` to report to (``get_bus()`` for the process's)."""
-        self.handlers = _current.handlers_of(consumer_id)
+        self.handlers = consumers().handlers_of(consumer_id)
         if not self.handlers:
-            known = ", ".join(_current.consumer_ids()) or "none"
+            known = ", ".join(consumers().consumer_ids()) or "none"
             raise ImproperlyConfigured(
                 f"no consumer {consumer_id!r} is declared (declared: {known}); declare it with "
                 "@wow_django.bus.consumer in an installed app's consumers or integration module"

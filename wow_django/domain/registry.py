@@ -16,9 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from wow_django.exceptions import DeclarationError
+
+T = TypeVar("T")
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _MESSAGE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -173,49 +175,62 @@ class Registry:
         return any(h.aggregate_name == aggregate_name for h in self._handlers)
 
 
-_current = Registry()
-_swap_lock = threading.Lock()
+class Current(Generic[T]):
+    """A process-wide current value that a block can replace for its duration (tests isolate with it)."""
+
+    def __init__(self, value: T) -> None:
+        self._value = value
+        self._lock = threading.Lock()
+
+    def get(self) -> T:
+        return self._value
+
+    @contextmanager
+    def use(self, value: T) -> Iterator[T]:
+        """Make ``value`` current inside the block; the previous value comes back after it."""
+        with self._lock:
+            previous, self._value = self._value, value
+        try:
+            yield value
+        finally:
+            with self._lock:
+                self._value = previous
+
+
+_current: Current[Registry] = Current(Registry())
 
 
 def current() -> Registry:
     """The registry declarations go to and the runtime reads."""
-    return _current
+    return _current.get()
 
 
-@contextmanager
-def use_registry(registry: Registry) -> Iterator[Registry]:
-    """Make ``registry`` the current one inside the block; the previous one comes back after it."""
-    global _current
-    with _swap_lock:
-        previous, _current = _current, registry
-    try:
-        yield registry
-    finally:
-        with _swap_lock:
-            _current = previous
+def use_registry(registry: Registry):
+    """Make ``registry`` the current one inside a ``with`` block; the previous one comes back after it."""
+    return _current.use(registry)
 
 
 # Shortcuts to the current registry.
 def aggregate_type(name: str) -> Any:
-    return _current.aggregate_type(name)
+    return current().aggregate_type(name)
 
 
 def aggregate_for_command(command_name: str) -> Any:
-    return _current.aggregate_for_command(command_name)
+    return current().aggregate_for_command(command_name)
 
 
 def aggregates() -> dict[str, Any]:
-    return _current.aggregates()
+    return current().aggregates()
 
 
 def command_type(name: str) -> Any:
-    return _current.command_type(name)
+    return current().command_type(name)
 
 
 def event_type(name: str) -> Any:
-    return _current.event_type(name)
+    return current().event_type(name)
 
 
 def declare_prepare_key(name: str) -> str:
     """Declare a PrepareKey name so ``wow_init_schema`` creates its collection; returns the name."""
-    return _current.add_prepare_key(name)
+    return current().add_prepare_key(name)
