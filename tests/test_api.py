@@ -23,13 +23,20 @@ from wow_django.domain.aggregate import CommandHandler
 from wow_django.exceptions import (
     AggregateIsDeleted,
     AggregateNotFound,
+    BusError,
     CommandValidationError,
+    ConsumerNotExpected,
     DomainError,
     DuplicateAggregateId,
     DuplicateRequestId,
+    EnvelopeValidationError,
+    EventNotFound,
     EventVersionConflict,
     KeyAlreadyPrepared,
     RecoverableStoreError,
+    RepushRefused,
+    TraceNotFound,
+    TransportUnavailable,
     UnacknowledgedWriteError,
     UnknownAggregate,
     UnknownCommand,
@@ -698,3 +705,37 @@ def test_error_mapping(error, status, code):
 @pytest.mark.parametrize("error", [ValueError("bug"), UnacknowledgedWriteError("w=0"), KeyError("x")])
 def test_server_faults_are_not_dressed_as_client_errors(error):
     assert error_response(error) is None
+
+
+def test_every_wow_django_view_answers_through_the_one_exception_handler():
+    from django.urls import URLPattern, URLResolver
+
+    from wow_django.http import bus_urls, urls
+    from wow_django.http.errors import exception_handler
+
+    def views(patterns):
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                yield from views(entry.url_patterns)
+            elif isinstance(entry, URLPattern):
+                yield entry.callback.view_class
+
+    found = list(views(urls.build_urlpatterns())) + list(views(bus_urls.urlpatterns))
+    assert len({cls.__module__ for cls in found}) == 2  # aggregate views and bus views
+    assert all(cls().get_exception_handler() is exception_handler for cls in found)
+
+
+@pytest.mark.parametrize(("error", "status", "code"), [
+    (EventNotFound("e-1"), 404, "EVENT_NOT_FOUND"),
+    (TraceNotFound("t-1"), 404, "TRACE_NOT_FOUND"),
+    (ConsumerNotExpected("e-1", "c-1"), 403, "CONSUMER_NOT_EXPECTED"),
+    (RepushRefused("REPUSH_TOO_EARLY", "wait"), 409, "REPUSH_TOO_EARLY"),
+    (EnvelopeValidationError.from_errors("envelope", [{"name": "topic", "msg": "is required"}]), 400,
+     "BUS_VALIDATION"),
+    (TransportUnavailable("broker down"), 503, "BUS_TRANSPORT_UNAVAILABLE"),
+    (BusError("rollup did not settle"), 503, "BUS_ERROR"),
+])
+def test_bus_errors_map_in_the_same_table(error, status, code):
+    response = error_response(error)
+    assert response.status_code == status and response.data["errorCode"] == code
+    assert (response.get("Retry-After") == "1") is (status == 503)
