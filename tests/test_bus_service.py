@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
+from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import (
     ConsumerNotExpected,
@@ -65,6 +66,13 @@ def rows(bus, event_id):
     return bus.store.consumption_rows([event_id])
 
 
+def stored_counts(store) -> tuple[int, int]:
+    """``(events, feedback rows)`` the bus store holds, read past the store contract (which counts neither)."""
+    if isinstance(store, MongoBusStore):
+        return store.events.count_documents({}), store.consumptions.count_documents({})
+    return len(store._events), sum(len(attempts) for attempts in store._attempts.values())
+
+
 # --- send ----------------------------------------------------------------------------
 
 
@@ -78,7 +86,7 @@ def test_send_with_no_enabled_consumer_logs_an_error_and_stores_and_publishes_no
         unknown = bus.send("never.configured", {})
     assert (result.status, result.stored, unknown.stored) == (None, False, False)
     assert published == []
-    assert bus.store.count_events() == 0 and bus.store.count_consumptions() == 0
+    assert stored_counts(bus.store) == (0, 0)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2 and "'order.refunded' has no enabled consumer" in errors[0].getMessage()
     assert "evt-refund-1" in errors[0].getMessage()
@@ -118,7 +126,7 @@ def test_the_same_event_id_twice_keeps_one_record(bus, bus_env):
     first = bus.send("order.purchased", {"n": 1}, event_id="evt-dup")
     second = bus.send("order.purchased", {"n": 2}, event_id="evt-dup")
     assert (first.duplicate, second.duplicate, second.status) == (False, True, "SENT")
-    assert bus.store.count_events() == 1
+    assert stored_counts(bus.store) == (1, 2)
     assert bus.store.get_event("evt-dup")["payload"] == {"n": 1}
     assert len(rows(bus, "evt-dup")) == 2
     assert len(messages(bus_env, "member-service")) == 1
@@ -130,7 +138,7 @@ def test_an_invalid_envelope_raises_and_stores_nothing(bus):
     assert {e["name"] for e in caught.value.binding_errors} == {"topic", "payload", "sequence"}
     with pytest.raises(EnvelopeValidationError):
         bus.send_envelope({"topic": "order.purchased", "payload": {}, "status": "CONSUMED"})
-    assert bus.store.count_events() == 0 and bus.store.count_consumptions() == 0
+    assert stored_counts(bus.store) == (0, 0)
 
 
 def test_broker_down_leaves_pending_with_the_error_and_the_relay_publishes_later(bus, bus_env, monkeypatch):

@@ -1,11 +1,15 @@
 """The bus store contract: events, topic consumers, consumptions, inbox, sequences, re-push audit.
 
-:class:`BusStore` is what the bus, its consumers and its views rely on; the
-backends are :class:`~wow_django.backends.mongo.bus_store.MongoBusStore` (MongoDB, the
+One small ABC per concern: :class:`TopicConsumerRecords`, :class:`EventRecords`,
+:class:`ConsumptionRecords`, :class:`InboxRecords`, :class:`SequenceRecords`
+and :class:`RepushAudit`. :class:`BusStore` combines them: it is what the
+bus, its consumers and its views rely on (a part that needs one concern, such
+as the consumers' inbox, asks for that one). The backends are
+:class:`~wow_django.backends.mongo.bus_store.MongoBusStore` (MongoDB, the
 production store) and :class:`~wow_django.backends.memory.bus_store.InMemoryBusStore`
 (one process, nothing persisted). ``WOW['BUS_STORE']`` picks one.
-:class:`wow_django.testing.BusStoreContract` proves a backend keeps the promises
-made here.
+:class:`wow_django.testing.BusStoreContract` (one mixin per concern) proves a
+backend keeps the promises made here.
 
 Records are plain dicts with the camelCase keys of seed 004 and naive-UTC
 datetimes at millisecond precision (what BSON stores); a record read from a
@@ -52,7 +56,7 @@ def to_bson_time(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
-#: Tries :meth:`BusStore.insert_feedback` makes before giving up on concurrent writers.
+#: Tries :meth:`ConsumptionRecords.insert_feedback` makes before giving up on concurrent writers.
 ATTEMPT_RETRIES = 64
 
 
@@ -90,10 +94,8 @@ class EventQuery:
         return True
 
 
-class BusStore(ABC):
-    """Storage of the bus records. Subclasses implement every abstract method; see the module docstring."""
-
-    # --- topic consumers (seed 004 §2.3) -------------------------------------------------
+class TopicConsumerRecords(ABC):
+    """``topic_consumers`` (seed 004 §2.3): which consumers expect the events of a topic."""
 
     @abstractmethod
     def enabled_consumers(self, topic: str) -> list[str]:
@@ -113,7 +115,9 @@ class BusStore(ABC):
     def list_topic_consumers(self, *, topic: str | None = None, consumer_id: str | None = None) -> list[dict]:
         """Topic-consumer records, filtered by the arguments given, sorted by topic then consumer id."""
 
-    # --- events ---------------------------------------------------------------------------
+
+class EventRecords(ABC):
+    """``events``: the envelopes with their delivery status, and the reads of the views (listing, trace)."""
 
     @abstractmethod
     def insert_event(self, document: dict) -> bool:
@@ -122,10 +126,6 @@ class BusStore(ABC):
     @abstractmethod
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
         """The event, or None; with ``fields``, only those of its keys (the ones it has)."""
-
-    @abstractmethod
-    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
-        """The events of ``event_ids`` in that order, each once; unknown ids are left out."""
 
     @abstractmethod
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
@@ -173,10 +173,6 @@ class BusStore(ABC):
         """``(total matching, page)``: newest ``occurredAt`` first, then by eventId; ``skip`` then ``limit``."""
 
     @abstractmethod
-    def count_events(self, query: EventQuery | None = None) -> int:
-        """How many events match ``query`` (all of them when None)."""
-
-    @abstractmethod
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         """Up to ``limit`` events of ``trace_id``, oldest ``occurredAt`` first, then by eventId."""
 
@@ -184,7 +180,9 @@ class BusStore(ABC):
     def children(self, event_id: str, limit: int) -> list[dict]:
         """Up to ``limit`` events whose ``parentEventId`` is ``event_id``, oldest first, then by eventId."""
 
-    # --- consumptions (append-only feedback, §2.5) -------------------------------------------
+
+class ConsumptionRecords(ABC):
+    """``event_consumptions`` (§2.5): append-only feedback rows, one per (eventId, consumerId, attemptNo)."""
 
     @abstractmethod
     def init_consumptions(self, event_id: str, consumers: Iterable[str], now: datetime) -> None:
@@ -201,10 +199,6 @@ class BusStore(ABC):
     @abstractmethod
     def consumption_rows(self, event_ids: Iterable[str]) -> list[dict]:
         """Every row of ``event_ids``, sorted by eventId, consumerId, attemptNo."""
-
-    @abstractmethod
-    def count_consumptions(self) -> int:
-        """How many feedback rows there are."""
 
     @abstractmethod
     def insert_attempt(self, row: dict) -> bool:
@@ -235,7 +229,9 @@ class BusStore(ABC):
         raise BusError(f"feedback of {consumer_id!r} on {event_id!r}: no free attempt number after "
                        f"{ATTEMPT_RETRIES} tries (too many concurrent writers)")
 
-    # --- the consumers' inbox (seed 002) -------------------------------------------------------
+
+class InboxRecords(ABC):
+    """``consumer_inbox`` (seed 002): one entry per (consumer, event), so a consumer handles an event once."""
 
     @abstractmethod
     def inbox_insert(self, consumer_id: str, event_id: str, *, owner: str, now: datetime,
@@ -259,7 +255,9 @@ class BusStore(ABC):
     def inbox_release(self, consumer_id: str, event_id: str, *, owner: str) -> None:
         """Delete the entry if ``owner`` holds it and it is still ``processing``."""
 
-    # --- sequences per consumer and partition (seed 002) ---------------------------------------
+
+class SequenceRecords(ABC):
+    """``consumer_sequences`` (seed 002): the last applied sequence per consumer and partition key."""
 
     @abstractmethod
     def last_sequence(self, consumer_id: str, partition_key: str) -> int | None:
@@ -282,7 +280,9 @@ class BusStore(ABC):
         since); whether it did (atomic).
         """
 
-    # --- re-push audit (§5) ------------------------------------------------------------------------
+
+class RepushAudit(ABC):
+    """``event_repushes`` (§5): who re-pushed what and when."""
 
     @abstractmethod
     def insert_repush(self, record: dict) -> None:
@@ -291,3 +291,7 @@ class BusStore(ABC):
     @abstractmethod
     def repush_history(self, event_id: str, limit: int = 100) -> list[dict]:
         """Up to ``limit`` re-push records of the event, newest ``requestedAt`` first."""
+
+
+class BusStore(TopicConsumerRecords, EventRecords, ConsumptionRecords, InboxRecords, SequenceRecords, RepushAudit):
+    """Storage of the bus records: every concern above. Subclasses implement every abstract method."""

@@ -85,7 +85,6 @@ class InMemoryBusStore(BusStore):
         # (eventId, consumerId) → attemptNo → row; eventId → consumer ids with rows
         self._attempts: dict[tuple[str, str], dict[int, dict]] = {}
         self._consumers_of: dict[str, set[str]] = {}
-        self._row_count = 0
         self._inbox: dict[tuple[str, str], dict] = {}
         self._sequences: dict[tuple[str, str], dict] = {}
         self._repushes: dict[str, list[dict]] = {}
@@ -151,11 +150,6 @@ class InMemoryBusStore(BusStore):
             if fields is not None:
                 return {field: _copy(event[field]) for field in fields if field in event}
             return _copy(event)
-
-    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
-        ids = list(dict.fromkeys(event_ids))
-        with self._lock:
-            return [_copy(self._events[i]) for i in ids if i in self._events]
 
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         sent_at = to_bson_time(sent_at)
@@ -258,14 +252,6 @@ class InMemoryBusStore(BusStore):
             page = _newest_first(found)[skip:skip + limit] if limit > 0 else []
             return len(found), [_copy(e) for e in page]
 
-    def count_events(self, query: EventQuery | None = None) -> int:
-        with self._lock:
-            if query is None or query == EventQuery():
-                return len(self._events)
-            if query == EventQuery(status=query.status):
-                return len(self._by_status.get(query.status, ()))
-            return len(self._matching(query))
-
     def _in_time_order(self, event_ids: Iterable[str], limit: int) -> list[dict]:
         """Copies of the first ``limit`` of these events in time order. Call with the lock held."""
         found = sorted((self._events[i] for i in event_ids), key=_time_order)
@@ -291,7 +277,6 @@ class InMemoryBusStore(BusStore):
         elif row["attemptNo"] in attempts:
             return False
         attempts[row["attemptNo"]] = row
-        self._row_count += 1
         return True
 
     def init_consumptions(self, event_id: str, consumers: Iterable[str], now: datetime) -> None:
@@ -325,10 +310,6 @@ class InMemoryBusStore(BusStore):
                     attempts = self._attempts[(event_id, consumer)]
                     rows.extend(_copy(attempts[n]) for n in sorted(attempts))
         return rows
-
-    def count_consumptions(self) -> int:
-        with self._lock:
-            return self._row_count
 
     def insert_attempt(self, row: dict) -> bool:
         stored = _stored(row)

@@ -159,13 +159,6 @@ class MongoBusStore(BusStore):
         return self.run(self.events, f"reading event {event_id}",
                         lambda c: c.find_one({"eventId": event_id}, projection, max_time_ms=self.max_time_ms))
 
-    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
-        ids = list(dict.fromkeys(event_ids))
-        found = self.run(self.events, "reading events", lambda c: list(
-            c.find({"eventId": {"$in": ids}}, NO_ID, max_time_ms=self.max_time_ms)))
-        by_id = {doc["eventId"]: doc for doc in found}
-        return [by_id[event_id] for event_id in ids if event_id in by_id]
-
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         result = self.run(self.events, f"marking {event_id} sent", lambda c: c.update_one(
             {"eventId": event_id, "status": EventStatus.PENDING.value},
@@ -239,11 +232,6 @@ class MongoBusStore(BusStore):
 
         return self.run(self.events, "listing events", read)
 
-    def count_events(self, query: EventQuery | None = None) -> int:
-        found = event_filter(query or EventQuery())
-        return self.run(self.events, "counting events",
-                        lambda c: c.count_documents(found, maxTimeMS=self.max_time_ms))
-
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         return self.run(self.events, f"reading trace {trace_id}", lambda c: list(
             c.find({"traceId": trace_id}, NO_ID, max_time_ms=self.max_time_ms).sort(TIME_ORDER).limit(limit)))
@@ -284,10 +272,6 @@ class MongoBusStore(BusStore):
         return self.run(self.consumptions, "reading feedback", lambda c: list(
             c.find({"eventId": {"$in": ids}}, NO_ID, max_time_ms=self.max_time_ms)
             .sort([("eventId", ASCENDING), ("consumerId", ASCENDING), ("attemptNo", ASCENDING)])))
-
-    def count_consumptions(self) -> int:
-        return self.run(self.consumptions, "counting feedback",
-                        lambda c: c.count_documents({}, maxTimeMS=self.max_time_ms))
 
     def insert_attempt(self, row: dict) -> bool:
         try:
