@@ -99,6 +99,7 @@ def test_send_over_http_then_list_and_detail(bus_env, operator, viewer):
     assert item["consumption"]["text"] == "0/2 consumed" and item["occurredAt"].endswith("Z")
     detail = viewer.get("/bus/events/evt-http-1/").json()
     assert detail["event"]["eventId"] == "evt-http-1" and detail["parent"] is None and detail["children"] == []
+    assert "statusRevision" not in item and "statusRevision" not in detail["event"]  # the store's CAS token
     assert [c["consumerId"] for c in detail["consumers"]] == list(CONSUMERS)
 
 

@@ -236,19 +236,20 @@ def test_feedback_for_an_unknown_event_or_an_unexpected_consumer_stores_nothing(
     assert len(rows(bus, "evt-fb")) == 2
 
 
-def test_rollup_writes_only_status_and_is_idempotent(bus):
+def test_rollup_writes_only_status_and_is_idempotent(bus, monkeypatch):
     bus.send("order.purchased", {}, event_id="evt-roll")
     before = bus.store.get_event("evt-roll")
-    time.sleep(0.002)  # times are milliseconds: let statusAt move on
+    assert (before["status"], before["statusRevision"]) == ("SENT", 1)
+    rolled_at = before["statusAt"] + timedelta(milliseconds=1)
+    monkeypatch.setattr(bus_service, "utcnow", lambda: rolled_at)  # the bus's clock from here on
     bus.record_feedback("evt-roll", "member-service", True)
-    assert bus.store.get_event("evt-roll")["status"] == "SENT"
+    assert bus.store.get_event("evt-roll") == before  # still SENT: nothing written
     bus.record_feedback("evt-roll", "message-service", False, "template missing")
     partial = bus.store.get_event("evt-roll")
-    assert partial["status"] == "PARTIAL"
-    assert {k for k in partial if partial[k] != before.get(k)} == {"status", "statusAt"}
+    assert partial == {**before, "status": "PARTIAL", "statusAt": rolled_at, "statusRevision": 2}
     for _ in range(3):
         assert bus.rollup("evt-roll") == "PARTIAL"
-    assert bus.store.get_event("evt-roll") == partial  # statusAt too
+    assert bus.store.get_event("evt-roll") == partial  # statusAt and statusRevision too
     bus.record_feedback("evt-roll", "message-service", True)
     assert bus.store.get_event("evt-roll")["status"] == "CONSUMED"
     assert bus.rollup("evt-missing") is None
@@ -257,10 +258,40 @@ def test_rollup_writes_only_status_and_is_idempotent(bus):
 def test_a_rollup_that_read_a_stale_status_cannot_overwrite(bus):
     bus.send("order.purchased", {}, event_id="evt-cas")
     event = bus.store.get_event("evt-cas")
-    assert bus.store.set_status_if("evt-cas", "SENT", event["statusAt"] - timedelta(seconds=1), "FAILED", utcnow()) \
-        is False
-    assert bus.store.set_status_if("evt-cas", "PARTIAL", event["statusAt"], "FAILED", utcnow()) is False
-    assert bus.store.get_event("evt-cas")["status"] == "SENT"
+    assert bus.store.set_status_if("evt-cas", "SENT", event["statusRevision"] - 1, "FAILED", utcnow()) is False
+    assert bus.store.set_status_if("evt-cas", "PARTIAL", event["statusRevision"], "FAILED", utcnow()) is False
+    assert bus.store.get_event("evt-cas") == event
+
+
+def test_a_rollup_that_read_before_a_status_write_of_the_same_millisecond_reads_again(bus, monkeypatch):
+    frozen = utcnow()
+    monkeypatch.setattr(bus_service, "utcnow", lambda: frozen)  # every status write below: one statusAt
+    failed_event(bus, "evt-same-ms")
+    bus.repush("evt-same-ms", requested_by="alice")
+    read = bus.store.get_event("evt-same-ms")
+    assert (read["status"], read["statusAt"], read["statusRevision"]) == ("RETRYING", frozen, 3)
+    store = bus.store
+    read_rows, write_status = store.latest_consumptions, store.set_status_if
+    writes = []
+
+    def rows_then_a_repush(event_id):
+        latest = read_rows(event_id)
+        if not writes:  # between the rollup's reads and its write: RETRYING again, at the statusAt it read
+            bus.repush(event_id, requested_by="bob")
+        return latest
+
+    def recorded(event_id, expected_status, expected_revision, status, now):
+        done = write_status(event_id, expected_status, expected_revision, status, now)
+        writes.append((expected_status, expected_revision, status, done))
+        return done
+
+    monkeypatch.setattr(store, "latest_consumptions", rows_then_a_repush)
+    monkeypatch.setattr(store, "set_status_if", recorded)
+    assert bus.rollup("evt-same-ms") == "FAILED"
+    assert writes == [("RETRYING", 3, "FAILED", False), ("RETRYING", 4, "FAILED", True)]
+    event = bus.store.get_event("evt-same-ms")
+    assert (event["status"], event["statusAt"], event["statusRevision"], event["retryCount"]) == (
+        "FAILED", frozen, 5, 2)
 
 
 def test_each_feedback_queues_the_rollup_on_its_queue_and_rolls_up_inline_if_it_cannot(bus, monkeypatch):
@@ -294,17 +325,19 @@ def failed_event(bus, event_id="evt-r"):
     return event_id
 
 
-def test_repush_a_failed_event_to_every_consumer(bus, bus_env):
+def test_repush_a_failed_event_to_every_consumer(bus, bus_env, monkeypatch):
     failed_event(bus)
     for consumer in CONSUMERS:
         messages(bus_env, consumer)
     before = bus.store.get_event("evt-r")
-    time.sleep(0.002)  # times are milliseconds: let lastSentAt move on
+    repushed_at = before["lastSentAt"] + timedelta(milliseconds=1)
+    monkeypatch.setattr(bus_service, "utcnow", lambda: repushed_at)  # the bus's clock for the re-push
     result = bus.repush("evt-r", requested_by="alice")
-    assert (result.retry_count, result.status, result.consumer_id) == (1, "RETRYING", None)
+    assert (result.retry_count, result.status, result.consumer_id, result.requested_at) == (
+        1, "RETRYING", None, repushed_at)
     event = bus.store.get_event("evt-r")
-    assert event["retryCount"] == 1 and event["status"] == "RETRYING"
-    assert event["lastSentAt"] == event["statusAt"] == result.requested_at > before["lastSentAt"]
+    assert event == {**before, "retryCount": 1, "status": "RETRYING", "statusAt": repushed_at,
+                     "lastSentAt": repushed_at, "statusRevision": before["statusRevision"] + 1}
     for consumer in CONSUMERS:
         [message] = messages(bus_env, consumer)
         assert message.payload["eventId"] == "evt-r" and "wow-target-consumer" not in message.headers

@@ -15,6 +15,13 @@ Records are plain dicts with the camelCase keys of seed 004 and naive-UTC
 datetimes at millisecond precision (what BSON stores); a record read from a
 store is the caller's own copy. Every conditional write is atomic: of two
 concurrent writers whose condition holds for both, exactly one wins.
+
+An event's ``statusRevision`` counts the writes of its ``status``: each one
+(:meth:`EventRecords.mark_sent`, :meth:`EventRecords.claim_repush`,
+:meth:`EventRecords.set_status_if`) adds 1 in the same atomic step, and an
+event without the field (stored before it existed, or never written since it
+was inserted) is at revision 0. It is the compare-and-set token of the rollup:
+unlike ``statusAt`` it tells apart two writes made in the same millisecond.
 """
 
 from __future__ import annotations
@@ -54,6 +61,24 @@ def to_bson_time(moment: datetime) -> datetime:
     elif not moment.microsecond % 1000:
         return moment
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+#: The field counting the writes of an event's status (see the module docstring).
+STATUS_REVISION = "statusRevision"
+
+
+def status_revision(event: dict) -> int:
+    """The ``statusRevision`` of an event read from a store: 0 when it has none."""
+    return event.get(STATUS_REVISION) or 0
+
+
+def check_revision(revision: object) -> int:
+    """``revision`` if it is a status revision (an int ≥ 0); TypeError/ValueError otherwise."""
+    if isinstance(revision, bool) or not isinstance(revision, int):
+        raise TypeError(f"a status revision is an int, got {revision!r}")
+    if revision < 0:
+        raise ValueError(f"a status revision is never negative, got {revision}")
+    return revision
 
 
 #: Tries :meth:`ConsumptionRecords.insert_feedback` makes before giving up on concurrent writers.
@@ -130,7 +155,7 @@ class EventRecords(ABC):
     @abstractmethod
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         """PENDING → SENT: ``status``, ``statusAt``, ``sentAt``, ``lastSentAt`` = ``sent_at``, ``lastError`` None,
-        the relay lease removed; True.
+        ``statusRevision`` + 1, the relay lease removed; True.
 
         If it is no longer PENDING (feedback rolled it up first), only
         ``sentAt`` and ``lastSentAt`` are set, and only when ``sentAt`` is
@@ -159,14 +184,19 @@ class EventRecords(ABC):
         Allowed when ``retryCount`` < ``max_count``, the status is one of
         ``statuses`` or it is SENT with ``lastSentAt`` ≤ ``sent_before``, and
         ``expireAt`` is unset or after ``now``. Then, in the same atomic step:
-        ``retryCount`` + 1, ``lastSentAt`` and ``statusAt`` = ``now``, status RETRYING.
+        ``retryCount`` + 1, ``lastSentAt`` and ``statusAt`` = ``now``, status RETRYING,
+        ``statusRevision`` + 1 (also when it was RETRYING already).
         """
 
     @abstractmethod
-    def set_status_if(self, event_id: str, expected_status: str, expected_at: datetime | None, status: str,
+    def set_status_if(self, event_id: str, expected_status: str, expected_revision: int, status: str,
                       now: datetime) -> bool:
-        """Write ``status`` and ``statusAt`` = ``now`` (nothing else) if the event's status and statusAt are
-        still ``expected_status`` and ``expected_at``; whether it did."""
+        """Write ``status``, ``statusAt`` = ``now`` and ``statusRevision`` + 1 (nothing else) if the event's
+        status and ``statusRevision`` are still ``expected_status`` and ``expected_revision``; whether it did.
+
+        A writer that read the event before another status write is refused,
+        even when both happened in the same millisecond.
+        """
 
     @abstractmethod
     def find_events(self, query: EventQuery, *, skip: int, limit: int) -> tuple[int, list[dict]]:

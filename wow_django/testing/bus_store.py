@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from wow_django.exceptions import ConsumerNotExpected
-from wow_django.persistence.bus import BusStore, EventQuery
+from wow_django.persistence.bus import BusStore, EventQuery, status_revision
 
 T0 = datetime(2024, 2, 28, 10, 0, 0)
 
@@ -212,8 +212,8 @@ class EventRecordsContract(BusStoreCase):
         sent_at = T0 + timedelta(seconds=5)
         self.assertTrue(self.store.mark_sent("evt-s", sent_at))
         event = self.store.get_event("evt-s")
-        self.assertEqual((event["status"], event["statusAt"], event["sentAt"], event["lastSentAt"], event["lastError"]),
-                         ("SENT", sent_at, sent_at, sent_at, None))
+        self.assertEqual((event["status"], event["statusAt"], event["sentAt"], event["lastSentAt"], event["lastError"],
+                          event["statusRevision"]), ("SENT", sent_at, sent_at, sent_at, None, 1))
         self.assertNotIn("relayLeaseUntil", event)
         self.assertFalse(self.store.mark_sent("evt-s", sent_at + timedelta(seconds=1)))
         self.assertEqual(self.store.get_event("evt-s"), event)  # the first send time stays
@@ -221,11 +221,12 @@ class EventRecordsContract(BusStoreCase):
 
     def test_mark_sent_after_the_rollup_records_the_send_time_and_keeps_the_status(self):
         self.insert(make_event("evt-fast"))
-        self.assertTrue(self.store.set_status_if("evt-fast", "PENDING", T0, "CONSUMED", T0 + timedelta(seconds=1)))
+        self.assertTrue(self.store.set_status_if("evt-fast", "PENDING", 0, "CONSUMED", T0 + timedelta(seconds=1)))
         sent_at = T0 + timedelta(seconds=2)
         self.assertFalse(self.store.mark_sent("evt-fast", sent_at))
         event = self.store.get_event("evt-fast")
-        self.assertEqual((event["status"], event["sentAt"], event["lastSentAt"]), ("CONSUMED", sent_at, sent_at))
+        self.assertEqual((event["status"], event["statusAt"], event["sentAt"], event["lastSentAt"],
+                          event["statusRevision"]), ("CONSUMED", T0 + timedelta(seconds=1), sent_at, sent_at, 1))
 
     def test_record_send_error_keeps_2000_characters_and_ends_the_relay_lease(self):
         self.insert(make_event("evt-e"))
@@ -234,7 +235,7 @@ class EventRecordsContract(BusStoreCase):
         event = self.store.get_event("evt-e")
         self.assertEqual(event["lastError"], "x" * 2000)
         self.assertNotIn("relayLeaseUntil", event)
-        self.assertEqual(event["status"], "PENDING")
+        self.assertEqual((event["status"], status_revision(event)), ("PENDING", 0))  # not a status write
         self.store.record_send_error("evt-unknown", "nothing to record")
         self.assertEqual(self.find(), ["evt-e"])
 
@@ -276,7 +277,7 @@ class EventRecordsContract(BusStoreCase):
         statuses = ("FAILED", "PARTIAL", "RETRYING")
         self.insert(
             make_event("evt-failed", status="FAILED", lastSentAt=T0, retryCount=1),
-            make_event("evt-partial", status="PARTIAL", lastSentAt=T0),
+            make_event("evt-partial", status="PARTIAL", lastSentAt=T0, statusRevision=4),
             make_event("evt-old-sent", status="SENT", lastSentAt=sent_before),
             make_event("evt-new-sent", status="SENT", lastSentAt=sent_before + timedelta(seconds=1)),
             make_event("evt-consumed", status="CONSUMED", lastSentAt=T0),
@@ -290,16 +291,19 @@ class EventRecordsContract(BusStoreCase):
             return self.store.claim_repush(event_id, now=now, max_count=3, statuses=statuses, sent_before=sent_before)
 
         claimed = claim("evt-failed")
-        self.assertEqual((claimed["retryCount"], claimed["status"], claimed["lastSentAt"], claimed["statusAt"]),
-                         (2, "RETRYING", now, now))
+        self.assertEqual((claimed["retryCount"], claimed["status"], claimed["lastSentAt"], claimed["statusAt"],
+                          claimed["statusRevision"]), (2, "RETRYING", now, now, 1))
         self.assertEqual(self.store.get_event("evt-failed"), claimed)
-        for event_id in ("evt-partial", "evt-old-sent", "evt-expiring"):
-            self.assertEqual(claim(event_id)["retryCount"], 1, event_id)
+        for event_id, revision in (("evt-partial", 5), ("evt-old-sent", 1), ("evt-expiring", 1)):
+            claimed = claim(event_id)
+            self.assertEqual((claimed["retryCount"], claimed["statusRevision"]), (1, revision), event_id)
+            self.assertEqual(self.store.get_event(event_id), claimed)
         for event_id in ("evt-new-sent", "evt-consumed", "evt-pending", "evt-limit", "evt-expired", "evt-unknown"):
             self.assertIsNone(claim(event_id), event_id)
-        self.assertEqual(self.store.get_event("evt-limit")["status"], "FAILED")
+        self.assertEqual(self.store.get_event("evt-limit"), make_event("evt-limit", status="FAILED", retryCount=3))
         self.assertEqual(self.store.get_event("evt-new-sent")["retryCount"], 0)
-        self.assertEqual(claim("evt-failed")["retryCount"], 3)  # RETRYING may be re-pushed again
+        again = claim("evt-failed")  # RETRYING may be re-pushed again: a status write, though the status stays
+        self.assertEqual((again["retryCount"], again["status"], again["statusRevision"]), (3, "RETRYING", 2))
         self.assertIsNone(claim("evt-failed"))  # up to max_count
 
     def test_concurrent_repush_claims_never_exceed_the_maximum(self):
@@ -308,20 +312,60 @@ class EventRecordsContract(BusStoreCase):
             "evt-many", now=T0, max_count=3, statuses=("FAILED", "RETRYING"), sent_before=T0))
         self.assertEqual(errors, [])
         self.assertEqual(sorted(r["retryCount"] for r in results if r is not None), [1, 2, 3])
-        self.assertEqual(self.store.get_event("evt-many")["retryCount"], 3)
+        self.assertEqual(sorted(r["statusRevision"] for r in results if r is not None), [1, 2, 3])
+        event = self.store.get_event("evt-many")
+        self.assertEqual((event["retryCount"], event["statusRevision"]), (3, 3))
 
-    def test_set_status_if_writes_only_status_and_status_at_when_unchanged(self):
-        self.insert(make_event("evt-cas", status="SENT"), make_event("evt-no-time", status="SENT", statusAt=None))
+    def test_set_status_if_writes_only_the_status_when_status_and_revision_are_unchanged(self):
+        self.insert(make_event("evt-cas", status="SENT"), make_event("evt-no-time", status="SENT", statusAt=None),
+                    make_event("evt-rev", status="SENT", statusRevision=7))
         before = self.store.get_event("evt-cas")
+        self.assertNotIn("statusRevision", before)  # never written: revision 0
         later = T0 + timedelta(seconds=3)
-        self.assertFalse(self.store.set_status_if("evt-cas", "SENT", T0 - timedelta(seconds=1), "FAILED", later))
-        self.assertFalse(self.store.set_status_if("evt-cas", "PARTIAL", T0, "FAILED", later))
+        self.assertFalse(self.store.set_status_if("evt-cas", "SENT", 1, "FAILED", later))
+        self.assertFalse(self.store.set_status_if("evt-cas", "PARTIAL", 0, "FAILED", later))
         self.assertEqual(self.store.get_event("evt-cas"), before)
-        self.assertTrue(self.store.set_status_if("evt-cas", "SENT", T0, "PARTIAL", later))
-        self.assertEqual(self.store.get_event("evt-cas"), {**before, "status": "PARTIAL", "statusAt": later})
-        self.assertFalse(self.store.set_status_if("evt-cas", "SENT", T0, "FAILED", later))  # read before the write
-        self.assertTrue(self.store.set_status_if("evt-no-time", "SENT", None, "CONSUMED", later))
-        self.assertFalse(self.store.set_status_if("evt-unknown", "SENT", None, "CONSUMED", later))
+        self.assertTrue(self.store.set_status_if("evt-cas", "SENT", 0, "PARTIAL", later))
+        after = {**before, "status": "PARTIAL", "statusAt": later, "statusRevision": 1}
+        self.assertEqual(self.store.get_event("evt-cas"), after)
+        self.assertFalse(self.store.set_status_if("evt-cas", "SENT", 0, "FAILED", later))  # read before the write
+        self.assertFalse(self.store.set_status_if("evt-cas", "PARTIAL", 0, "FAILED", later))  # the status, not the revision
+        self.assertEqual(self.store.get_event("evt-cas"), after)
+        self.assertTrue(self.store.set_status_if("evt-cas", "PARTIAL", 1, "FAILED", later))
+        self.assertEqual(self.store.get_event("evt-cas"), {**after, "status": "FAILED", "statusRevision": 2})
+        self.assertTrue(self.store.set_status_if("evt-no-time", "SENT", 0, "CONSUMED", later))
+        self.assertFalse(self.store.set_status_if("evt-rev", "SENT", 0, "CONSUMED", later))
+        self.assertTrue(self.store.set_status_if("evt-rev", "SENT", 7, "CONSUMED", later))
+        self.assertEqual(self.store.get_event("evt-rev", fields=("status", "statusRevision")),
+                         {"status": "CONSUMED", "statusRevision": 8})
+        self.assertFalse(self.store.set_status_if("evt-unknown", "SENT", 0, "CONSUMED", later))
+        with self.assertRaises(TypeError):  # a time is not a revision (the token before revisions)
+            self.store.set_status_if("evt-cas", "FAILED", T0, "SENT", later)
+
+    def test_a_stale_revision_is_refused_even_when_status_and_status_at_are_as_read(self):
+        self.insert(make_event("evt-aba", status="SENT"),
+                    make_event("evt-again", status="RETRYING", lastSentAt=T0 - timedelta(hours=1)))
+        read = self.store.get_event("evt-aba")
+        # Two writes within one millisecond (T0, as read) take the status away and back.
+        self.assertTrue(self.store.set_status_if("evt-aba", "SENT", status_revision(read), "FAILED", T0))
+        self.assertTrue(self.store.set_status_if("evt-aba", "FAILED", 1, "SENT", T0))
+        self.assertEqual(self.store.get_event("evt-aba"), {**read, "statusRevision": 2})
+        self.assertFalse(self.store.set_status_if("evt-aba", "SENT", status_revision(read), "CONSUMED", T0))
+        self.assertEqual(self.store.get_event("evt-aba"), {**read, "statusRevision": 2})
+        # A re-push of a RETRYING event at the statusAt read keeps status and statusAt; the revision moves.
+        read = self.store.get_event("evt-again")
+        claimed = self.store.claim_repush("evt-again", now=T0, max_count=5, statuses=("RETRYING",), sent_before=T0)
+        self.assertEqual((claimed["status"], claimed["statusAt"]), (read["status"], read["statusAt"]))
+        self.assertFalse(self.store.set_status_if("evt-again", "RETRYING", status_revision(read), "FAILED", T0))
+        self.assertTrue(self.store.set_status_if("evt-again", "RETRYING", status_revision(claimed), "FAILED", T0))
+
+    def test_concurrent_status_writes_from_one_revision_have_one_winner(self):
+        self.insert(make_event("evt-cas-race", status="SENT"))
+        results, errors = run_together(8, lambda i: self.store.set_status_if(
+            "evt-cas-race", "SENT", 0, ("FAILED", "PARTIAL")[i % 2], T0))
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(results), [False] * 7 + [True])
+        self.assertEqual(self.store.get_event("evt-cas-race")["statusRevision"], 1)
 
     # --- listing --------------------------------------------------------------------------
 
@@ -370,9 +414,9 @@ class EventRecordsContract(BusStoreCase):
         self.insert(*(make_event(f"evt-{n}", occurred_at=T0 + timedelta(seconds=n)) for n in range(4)))
         self.store.mark_sent("evt-0", T0)
         self.store.mark_sent("evt-1", T0)
-        self.store.set_status_if("evt-1", "SENT", T0, "FAILED", T0)
+        self.assertTrue(self.store.set_status_if("evt-1", "SENT", 1, "FAILED", T0))
         self.store.claim_repush("evt-1", now=T0, max_count=5, statuses=("FAILED",), sent_before=T0)
-        self.store.set_status_if("evt-2", "PENDING", T0 + timedelta(seconds=2), "CONSUMED", T0)
+        self.assertTrue(self.store.set_status_if("evt-2", "PENDING", 0, "CONSUMED", T0))
         counts = {s: self.total(status=s) for s in ("PENDING", "SENT", "CONSUMED", "FAILED", "RETRYING")}
         self.assertEqual(counts, {"PENDING": 1, "SENT": 1, "CONSUMED": 1, "FAILED": 0, "RETRYING": 1})
         self.assertEqual(self.find(status="RETRYING"), ["evt-1"])

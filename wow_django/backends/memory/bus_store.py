@@ -16,7 +16,16 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from wow_django.persistence.bus import BusStore, EventQuery, EventStatus, to_bson_time, utcnow
+from wow_django.persistence.bus import (
+    STATUS_REVISION,
+    BusStore,
+    EventQuery,
+    EventStatus,
+    check_revision,
+    status_revision,
+    to_bson_time,
+    utcnow,
+)
 
 PENDING = EventStatus.PENDING.value
 SENT = EventStatus.SENT.value
@@ -158,8 +167,8 @@ class InMemoryBusStore(BusStore):
             if event is None:
                 return False
             if event.get("status") == PENDING:
-                self._set_status(event, SENT)
-                event.update(statusAt=sent_at, sentAt=sent_at, lastSentAt=sent_at, lastError=None)
+                self._set_status(event, SENT, sent_at)
+                event.update(sentAt=sent_at, lastSentAt=sent_at, lastError=None)
                 event.pop("relayLeaseUntil", None)
                 return True
             if event.get("sentAt") is None:
@@ -210,28 +219,32 @@ class InMemoryBusStore(BusStore):
             expire_at = event.get("expireAt")
             if expire_at is not None and not (isinstance(expire_at, datetime) and expire_at > now):
                 return None
-            self._set_status(event, RETRYING)
-            event.update(retryCount=count + 1, lastSentAt=now, statusAt=now)
+            self._set_status(event, RETRYING, now)
+            event.update(retryCount=count + 1, lastSentAt=now)
             return _copy(event)
 
-    def set_status_if(self, event_id: str, expected_status: str, expected_at: datetime | None, status: str,
+    def set_status_if(self, event_id: str, expected_status: str, expected_revision: int, status: str,
                       now: datetime) -> bool:
-        expected_at, now, status = _time(expected_at), to_bson_time(now), _stored(status)
+        expected_revision = check_revision(expected_revision)
+        now, status = to_bson_time(now), _stored(status)
         with self._lock:
             event = self._events.get(event_id)
-            if event is None or event.get("status") != expected_status or event.get("statusAt") != expected_at:
+            if (event is None or event.get("status") != expected_status
+                    or status_revision(event) != expected_revision):
                 return False
-            self._set_status(event, status)
-            event["statusAt"] = now
+            self._set_status(event, status, now)
             return True
 
-    def _set_status(self, event: dict, status: str) -> None:
-        """Change an event's status and the status index. Call with the lock held."""
+    def _set_status(self, event: dict, status: str, at: datetime) -> None:
+        """Write an event's status: ``status``, ``statusAt``, ``statusRevision`` + 1 and the status index.
+        Call with the lock held."""
         old = event.get("status")
         if old != status:
             self._by_status.get(old, {}).pop(event["eventId"], None)
             self._by_status.setdefault(status, {})[event["eventId"]] = None
             event["status"] = status
+        event["statusAt"] = at
+        event[STATUS_REVISION] = status_revision(event) + 1
 
     def _matching(self, query: EventQuery) -> list[dict]:
         query = EventQuery(query.status, query.topic, query.service, query.trace_id, _time(query.since),
