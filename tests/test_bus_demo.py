@@ -84,7 +84,7 @@ def test_paying_publishes_order_purchased_translated_at_the_edge(sample_bus):
 def test_without_topic_consumers_paying_still_succeeds_and_nothing_is_published(sample_bus, caplog):
     with caplog.at_level(logging.ERROR, logger="wow_django.bus"):
         pay_an_order()
-    assert get_bus().store.count_events() == 0
+    assert get_bus().store.find_events(EventQuery(), skip=0, limit=1) == (0, [])
     assert any("'order.purchased' has no enabled consumer" in r.getMessage() for r in caplog.records)
 
 

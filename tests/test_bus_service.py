@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
+from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import (
     ConsumerNotExpected,
@@ -65,6 +66,13 @@ def rows(bus, event_id):
     return bus.store.consumption_rows([event_id])
 
 
+def stored_counts(store) -> tuple[int, int]:
+    """``(events, feedback rows)`` the bus store holds, read past the store contract (which counts neither)."""
+    if isinstance(store, MongoBusStore):
+        return store.events.count_documents({}), store.consumptions.count_documents({})
+    return len(store._events), sum(len(attempts) for attempts in store._attempts.values())
+
+
 # --- send ----------------------------------------------------------------------------
 
 
@@ -78,7 +86,7 @@ def test_send_with_no_enabled_consumer_logs_an_error_and_stores_and_publishes_no
         unknown = bus.send("never.configured", {})
     assert (result.status, result.stored, unknown.stored) == (None, False, False)
     assert published == []
-    assert bus.store.count_events() == 0 and bus.store.count_consumptions() == 0
+    assert stored_counts(bus.store) == (0, 0)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2 and "'order.refunded' has no enabled consumer" in errors[0].getMessage()
     assert "evt-refund-1" in errors[0].getMessage()
@@ -118,7 +126,7 @@ def test_the_same_event_id_twice_keeps_one_record(bus, bus_env):
     first = bus.send("order.purchased", {"n": 1}, event_id="evt-dup")
     second = bus.send("order.purchased", {"n": 2}, event_id="evt-dup")
     assert (first.duplicate, second.duplicate, second.status) == (False, True, "SENT")
-    assert bus.store.count_events() == 1
+    assert stored_counts(bus.store) == (1, 2)
     assert bus.store.get_event("evt-dup")["payload"] == {"n": 1}
     assert len(rows(bus, "evt-dup")) == 2
     assert len(messages(bus_env, "member-service")) == 1
@@ -130,7 +138,7 @@ def test_an_invalid_envelope_raises_and_stores_nothing(bus):
     assert {e["name"] for e in caught.value.binding_errors} == {"topic", "payload", "sequence"}
     with pytest.raises(EnvelopeValidationError):
         bus.send_envelope({"topic": "order.purchased", "payload": {}, "status": "CONSUMED"})
-    assert bus.store.count_events() == 0 and bus.store.count_consumptions() == 0
+    assert stored_counts(bus.store) == (0, 0)
 
 
 def test_broker_down_leaves_pending_with_the_error_and_the_relay_publishes_later(bus, bus_env, monkeypatch):
@@ -228,19 +236,20 @@ def test_feedback_for_an_unknown_event_or_an_unexpected_consumer_stores_nothing(
     assert len(rows(bus, "evt-fb")) == 2
 
 
-def test_rollup_writes_only_status_and_is_idempotent(bus):
+def test_rollup_writes_only_status_and_is_idempotent(bus, monkeypatch):
     bus.send("order.purchased", {}, event_id="evt-roll")
     before = bus.store.get_event("evt-roll")
-    time.sleep(0.002)  # times are milliseconds: let statusAt move on
+    assert (before["status"], before["statusRevision"]) == ("SENT", 1)
+    rolled_at = before["statusAt"] + timedelta(milliseconds=1)
+    monkeypatch.setattr(bus_service, "utcnow", lambda: rolled_at)  # the bus's clock from here on
     bus.record_feedback("evt-roll", "member-service", True)
-    assert bus.store.get_event("evt-roll")["status"] == "SENT"
+    assert bus.store.get_event("evt-roll") == before  # still SENT: nothing written
     bus.record_feedback("evt-roll", "message-service", False, "template missing")
     partial = bus.store.get_event("evt-roll")
-    assert partial["status"] == "PARTIAL"
-    assert {k for k in partial if partial[k] != before.get(k)} == {"status", "statusAt"}
+    assert partial == {**before, "status": "PARTIAL", "statusAt": rolled_at, "statusRevision": 2}
     for _ in range(3):
         assert bus.rollup("evt-roll") == "PARTIAL"
-    assert bus.store.get_event("evt-roll") == partial  # statusAt too
+    assert bus.store.get_event("evt-roll") == partial  # statusAt and statusRevision too
     bus.record_feedback("evt-roll", "message-service", True)
     assert bus.store.get_event("evt-roll")["status"] == "CONSUMED"
     assert bus.rollup("evt-missing") is None
@@ -249,10 +258,40 @@ def test_rollup_writes_only_status_and_is_idempotent(bus):
 def test_a_rollup_that_read_a_stale_status_cannot_overwrite(bus):
     bus.send("order.purchased", {}, event_id="evt-cas")
     event = bus.store.get_event("evt-cas")
-    assert bus.store.set_status_if("evt-cas", "SENT", event["statusAt"] - timedelta(seconds=1), "FAILED", utcnow()) \
-        is False
-    assert bus.store.set_status_if("evt-cas", "PARTIAL", event["statusAt"], "FAILED", utcnow()) is False
-    assert bus.store.get_event("evt-cas")["status"] == "SENT"
+    assert bus.store.set_status_if("evt-cas", "SENT", event["statusRevision"] - 1, "FAILED", utcnow()) is False
+    assert bus.store.set_status_if("evt-cas", "PARTIAL", event["statusRevision"], "FAILED", utcnow()) is False
+    assert bus.store.get_event("evt-cas") == event
+
+
+def test_a_rollup_that_read_before_a_status_write_of_the_same_millisecond_reads_again(bus, monkeypatch):
+    frozen = utcnow()
+    monkeypatch.setattr(bus_service, "utcnow", lambda: frozen)  # every status write below: one statusAt
+    failed_event(bus, "evt-same-ms")
+    bus.repush("evt-same-ms", requested_by="alice")
+    read = bus.store.get_event("evt-same-ms")
+    assert (read["status"], read["statusAt"], read["statusRevision"]) == ("RETRYING", frozen, 3)
+    store = bus.store
+    read_rows, write_status = store.latest_consumptions, store.set_status_if
+    writes = []
+
+    def rows_then_a_repush(event_id):
+        latest = read_rows(event_id)
+        if not writes:  # between the rollup's reads and its write: RETRYING again, at the statusAt it read
+            bus.repush(event_id, requested_by="bob")
+        return latest
+
+    def recorded(event_id, expected_status, expected_revision, status, now):
+        done = write_status(event_id, expected_status, expected_revision, status, now)
+        writes.append((expected_status, expected_revision, status, done))
+        return done
+
+    monkeypatch.setattr(store, "latest_consumptions", rows_then_a_repush)
+    monkeypatch.setattr(store, "set_status_if", recorded)
+    assert bus.rollup("evt-same-ms") == "FAILED"
+    assert writes == [("RETRYING", 3, "FAILED", False), ("RETRYING", 4, "FAILED", True)]
+    event = bus.store.get_event("evt-same-ms")
+    assert (event["status"], event["statusAt"], event["statusRevision"], event["retryCount"]) == (
+        "FAILED", frozen, 5, 2)
 
 
 def test_each_feedback_queues_the_rollup_on_its_queue_and_rolls_up_inline_if_it_cannot(bus, monkeypatch):
@@ -286,17 +325,19 @@ def failed_event(bus, event_id="evt-r"):
     return event_id
 
 
-def test_repush_a_failed_event_to_every_consumer(bus, bus_env):
+def test_repush_a_failed_event_to_every_consumer(bus, bus_env, monkeypatch):
     failed_event(bus)
     for consumer in CONSUMERS:
         messages(bus_env, consumer)
     before = bus.store.get_event("evt-r")
-    time.sleep(0.002)  # times are milliseconds: let lastSentAt move on
+    repushed_at = before["lastSentAt"] + timedelta(milliseconds=1)
+    monkeypatch.setattr(bus_service, "utcnow", lambda: repushed_at)  # the bus's clock for the re-push
     result = bus.repush("evt-r", requested_by="alice")
-    assert (result.retry_count, result.status, result.consumer_id) == (1, "RETRYING", None)
+    assert (result.retry_count, result.status, result.consumer_id, result.requested_at) == (
+        1, "RETRYING", None, repushed_at)
     event = bus.store.get_event("evt-r")
-    assert event["retryCount"] == 1 and event["status"] == "RETRYING"
-    assert event["lastSentAt"] == event["statusAt"] == result.requested_at > before["lastSentAt"]
+    assert event == {**before, "retryCount": 1, "status": "RETRYING", "statusAt": repushed_at,
+                     "lastSentAt": repushed_at, "statusRevision": before["statusRevision"] + 1}
     for consumer in CONSUMERS:
         [message] = messages(bus_env, consumer)
         assert message.payload["eventId"] == "evt-r" and "wow-target-consumer" not in message.headers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unittest
+from datetime import UTC, datetime, timedelta
 
 from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
 from wow_django.backends.mongo.event_store import MongoEventStore
@@ -12,6 +13,7 @@ from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.testing import (
     EventStoreContract,
+    FakeClock,
     PrepareKeyContract,
     SnapshotStoreContract,
     requires_real_mongo,
@@ -107,18 +109,37 @@ class TestRealMongoSnapshotStore(RealMongoBackend, SnapshotStoreContract, unitte
 
 
 class TestInMemoryPrepareKey(PrepareKeyContract, unittest.TestCase):
-    def make_prepare_key(self, name):
-        return InMemoryPrepareKey(name)
+    def make_prepare_key(self, name, clock):
+        return InMemoryPrepareKey(name, clock=clock)
 
 
 class TestEmbeddedMongoPrepareKey(MongoBackend, PrepareKeyContract, unittest.TestCase):
-    def make_prepare_key(self, name):
+    def make_prepare_key(self, name, clock):
         connection, db, guard = self.mongo()
-        return MongoPrepareKey(name, connection, db, schema=guard)
+        return MongoPrepareKey(name, connection, db, schema=guard, clock=clock)
+
+
+class TestPrepareKeyClock(unittest.TestCase):
+    def test_a_fake_clock_starts_on_a_millisecond_and_only_moves_on(self):
+        clock = FakeClock()
+        start = clock()
+        self.assertEqual((start.tzinfo, start.microsecond % 1000), (UTC, 0))
+        self.assertEqual(clock.advance(1.5, milliseconds=1), start + timedelta(seconds=1.501))
+        self.assertEqual(clock(), start + timedelta(seconds=1.501))
+        with self.assertRaises(ValueError):
+            clock.advance(-1)
+        with self.assertRaises(ValueError):
+            FakeClock(datetime(2030, 1, 1))
+        self.assertEqual(FakeClock(datetime(2030, 1, 1, tzinfo=UTC))(), datetime(2030, 1, 1, tzinfo=UTC))
+
+    def test_a_prepare_key_refuses_a_clock_without_a_time_zone(self):
+        keys = InMemoryPrepareKey("username", clock=lambda: datetime(2030, 1, 1))
+        with self.assertRaisesRegex(ValueError, "aware datetime"):
+            keys.prepare("alice", "c-1")
 
 
 @requires_real_mongo
 class TestRealMongoPrepareKey(RealMongoBackend, PrepareKeyContract, unittest.TestCase):
-    def make_prepare_key(self, name):
+    def make_prepare_key(self, name, clock):
         connection, db, guard = self.mongo()
-        return MongoPrepareKey(name, connection, db, schema=guard)
+        return MongoPrepareKey(name, connection, db, schema=guard, clock=clock)

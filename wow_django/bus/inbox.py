@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from wow_django.bus.envelope import utcnow
-from wow_django.persistence.bus import BusStore
+from wow_django.persistence.bus import InboxRecords
 
 CLAIMED = "claimed"
 DONE = "done"
@@ -36,7 +36,7 @@ class Claim:
 
 
 class Inbox:
-    def __init__(self, store: BusStore, consumer_id: str, *, lease_s: float = 60.0):
+    def __init__(self, store: InboxRecords, consumer_id: str, *, lease_s: float = 60.0):
         self.store = store
         self.consumer_id = consumer_id
         self.lease = timedelta(seconds=lease_s)

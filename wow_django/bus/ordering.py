@@ -11,7 +11,7 @@ running twice; this check stops an earlier message from running after a later on
 from __future__ import annotations
 
 from wow_django.bus.envelope import utcnow
-from wow_django.persistence.bus import BusStore
+from wow_django.persistence.bus import SequenceRecords
 
 
 def is_stale(last_applied: int | None, sequence: int) -> bool:
@@ -22,7 +22,7 @@ def is_stale(last_applied: int | None, sequence: int) -> bool:
 class SequenceTracker:
     """The last applied sequence per partition for one consumer (``consumer_sequences``)."""
 
-    def __init__(self, store: BusStore, consumer_id: str):
+    def __init__(self, store: SequenceRecords, consumer_id: str):
         self.store = store
         self.consumer_id = consumer_id
 

@@ -45,7 +45,7 @@ from wow_django.exceptions import (
     TraceNotFound,
     TransportUnavailable,
 )
-from wow_django.persistence.bus import BusStore, EventQuery
+from wow_django.persistence.bus import STATUS_REVISION, BusStore, EventQuery, status_revision
 
 # Pages beyond this would skip more rows than a server should walk (and overflow its skip).
 MAX_PAGE = 100_000
@@ -56,7 +56,8 @@ MAX_ERROR_LENGTH = 4000
 MAX_TRACE_EVENTS = 1000
 MAX_CHILDREN = 200
 ROLLUP_ROUNDS = 16
-ROLLUP_FIELDS = ("status", "statusAt", "consumers")  # what the rollup reads of an event
+ROLLUP_FIELDS = ("status", STATUS_REVISION, "consumers")  # what the rollup reads of an event
+INTERNAL_FIELDS = frozenset({"_id", "relayLeaseUntil", STATUS_REVISION})  # kept out of the output
 REPUSH_STATUSES = (EventStatus.FAILED.value, EventStatus.PARTIAL.value, EventStatus.RETRYING.value)
 
 
@@ -102,7 +103,7 @@ class RepushResult:
 def document_to_json(doc: dict, summary: dict | None = None) -> dict:
     """A stored bus document for output: ISO times, no internal fields."""
     out = {key: iso(value) if isinstance(value, datetime) else value
-           for key, value in doc.items() if key not in ("_id", "relayLeaseUntil")}
+           for key, value in doc.items() if key not in INTERNAL_FIELDS}
     if summary is not None:
         out["consumption"] = summary
     return out
@@ -272,10 +273,11 @@ class EventBus:
             logger.exception("bus: inline rollup of %s failed", event_id)
 
     def rollup(self, event_id: str) -> str | None:
-        """Recompute the status from the latest row per consumer; write only status/statusAt if it changed.
+        """Recompute the status from the latest row per consumer; write only the status if it changed.
 
-        Idempotent. The write is conditional on the status and statusAt read,
-        so a rollup that read stale rows cannot overwrite a newer result; it
+        Idempotent. The write is conditional on the status and its revision
+        (``statusRevision``) read, so a rollup that read stale rows cannot
+        overwrite a newer result, even one written in the same millisecond; it
         reads again instead. Returns the status (None: no such event).
         """
         with self._rollup_lock:
@@ -288,7 +290,7 @@ class EventBus:
                 target = compute_status(expected_consumers(event, latest), latest, event["status"])
                 if target == event["status"]:
                     return target
-                if self.store.set_status_if(event_id, event["status"], event.get("statusAt"), target, utcnow()):
+                if self.store.set_status_if(event_id, event["status"], status_revision(event), target, utcnow()):
                     return target
         raise BusError(f"rollup of {event_id} did not settle after {ROLLUP_ROUNDS} rounds of concurrent changes")
 

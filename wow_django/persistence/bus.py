@@ -1,16 +1,27 @@
 """The bus store contract: events, topic consumers, consumptions, inbox, sequences, re-push audit.
 
-:class:`BusStore` is what the bus, its consumers and its views rely on; the
-backends are :class:`~wow_django.backends.mongo.bus_store.MongoBusStore` (MongoDB, the
+One small ABC per concern: :class:`TopicConsumerRecords`, :class:`EventRecords`,
+:class:`ConsumptionRecords`, :class:`InboxRecords`, :class:`SequenceRecords`
+and :class:`RepushAudit`. :class:`BusStore` combines them: it is what the
+bus, its consumers and its views rely on (a part that needs one concern, such
+as the consumers' inbox, asks for that one). The backends are
+:class:`~wow_django.backends.mongo.bus_store.MongoBusStore` (MongoDB, the
 production store) and :class:`~wow_django.backends.memory.bus_store.InMemoryBusStore`
 (one process, nothing persisted). ``WOW['BUS_STORE']`` picks one.
-:class:`wow_django.testing.BusStoreContract` proves a backend keeps the promises
-made here.
+:class:`wow_django.testing.BusStoreContract` (one mixin per concern) proves a
+backend keeps the promises made here.
 
 Records are plain dicts with the camelCase keys of seed 004 and naive-UTC
 datetimes at millisecond precision (what BSON stores); a record read from a
 store is the caller's own copy. Every conditional write is atomic: of two
 concurrent writers whose condition holds for both, exactly one wins.
+
+An event's ``statusRevision`` counts the writes of its ``status``: each one
+(:meth:`EventRecords.mark_sent`, :meth:`EventRecords.claim_repush`,
+:meth:`EventRecords.set_status_if`) adds 1 in the same atomic step, and an
+event without the field (stored before it existed, or never written since it
+was inserted) is at revision 0. It is the compare-and-set token of the rollup:
+unlike ``statusAt`` it tells apart two writes made in the same millisecond.
 """
 
 from __future__ import annotations
@@ -52,7 +63,25 @@ def to_bson_time(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
-#: Tries :meth:`BusStore.insert_feedback` makes before giving up on concurrent writers.
+#: The field counting the writes of an event's status (see the module docstring).
+STATUS_REVISION = "statusRevision"
+
+
+def status_revision(event: dict) -> int:
+    """The ``statusRevision`` of an event read from a store: 0 when it has none."""
+    return event.get(STATUS_REVISION) or 0
+
+
+def check_revision(revision: object) -> int:
+    """``revision`` if it is a status revision (an int ≥ 0); TypeError/ValueError otherwise."""
+    if isinstance(revision, bool) or not isinstance(revision, int):
+        raise TypeError(f"a status revision is an int, got {revision!r}")
+    if revision < 0:
+        raise ValueError(f"a status revision is never negative, got {revision}")
+    return revision
+
+
+#: Tries :meth:`ConsumptionRecords.insert_feedback` makes before giving up on concurrent writers.
 ATTEMPT_RETRIES = 64
 
 
@@ -90,10 +119,8 @@ class EventQuery:
         return True
 
 
-class BusStore(ABC):
-    """Storage of the bus records. Subclasses implement every abstract method; see the module docstring."""
-
-    # --- topic consumers (seed 004 §2.3) -------------------------------------------------
+class TopicConsumerRecords(ABC):
+    """``topic_consumers`` (seed 004 §2.3): which consumers expect the events of a topic."""
 
     @abstractmethod
     def enabled_consumers(self, topic: str) -> list[str]:
@@ -113,7 +140,9 @@ class BusStore(ABC):
     def list_topic_consumers(self, *, topic: str | None = None, consumer_id: str | None = None) -> list[dict]:
         """Topic-consumer records, filtered by the arguments given, sorted by topic then consumer id."""
 
-    # --- events ---------------------------------------------------------------------------
+
+class EventRecords(ABC):
+    """``events``: the envelopes with their delivery status, and the reads of the views (listing, trace)."""
 
     @abstractmethod
     def insert_event(self, document: dict) -> bool:
@@ -124,13 +153,9 @@ class BusStore(ABC):
         """The event, or None; with ``fields``, only those of its keys (the ones it has)."""
 
     @abstractmethod
-    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
-        """The events of ``event_ids`` in that order, each once; unknown ids are left out."""
-
-    @abstractmethod
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         """PENDING → SENT: ``status``, ``statusAt``, ``sentAt``, ``lastSentAt`` = ``sent_at``, ``lastError`` None,
-        the relay lease removed; True.
+        ``statusRevision`` + 1, the relay lease removed; True.
 
         If it is no longer PENDING (feedback rolled it up first), only
         ``sentAt`` and ``lastSentAt`` are set, and only when ``sentAt`` is
@@ -159,22 +184,23 @@ class BusStore(ABC):
         Allowed when ``retryCount`` < ``max_count``, the status is one of
         ``statuses`` or it is SENT with ``lastSentAt`` ≤ ``sent_before``, and
         ``expireAt`` is unset or after ``now``. Then, in the same atomic step:
-        ``retryCount`` + 1, ``lastSentAt`` and ``statusAt`` = ``now``, status RETRYING.
+        ``retryCount`` + 1, ``lastSentAt`` and ``statusAt`` = ``now``, status RETRYING,
+        ``statusRevision`` + 1 (also when it was RETRYING already).
         """
 
     @abstractmethod
-    def set_status_if(self, event_id: str, expected_status: str, expected_at: datetime | None, status: str,
+    def set_status_if(self, event_id: str, expected_status: str, expected_revision: int, status: str,
                       now: datetime) -> bool:
-        """Write ``status`` and ``statusAt`` = ``now`` (nothing else) if the event's status and statusAt are
-        still ``expected_status`` and ``expected_at``; whether it did."""
+        """Write ``status``, ``statusAt`` = ``now`` and ``statusRevision`` + 1 (nothing else) if the event's
+        status and ``statusRevision`` are still ``expected_status`` and ``expected_revision``; whether it did.
+
+        A writer that read the event before another status write is refused,
+        even when both happened in the same millisecond.
+        """
 
     @abstractmethod
     def find_events(self, query: EventQuery, *, skip: int, limit: int) -> tuple[int, list[dict]]:
         """``(total matching, page)``: newest ``occurredAt`` first, then by eventId; ``skip`` then ``limit``."""
-
-    @abstractmethod
-    def count_events(self, query: EventQuery | None = None) -> int:
-        """How many events match ``query`` (all of them when None)."""
 
     @abstractmethod
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
@@ -184,7 +210,9 @@ class BusStore(ABC):
     def children(self, event_id: str, limit: int) -> list[dict]:
         """Up to ``limit`` events whose ``parentEventId`` is ``event_id``, oldest first, then by eventId."""
 
-    # --- consumptions (append-only feedback, §2.5) -------------------------------------------
+
+class ConsumptionRecords(ABC):
+    """``event_consumptions`` (§2.5): append-only feedback rows, one per (eventId, consumerId, attemptNo)."""
 
     @abstractmethod
     def init_consumptions(self, event_id: str, consumers: Iterable[str], now: datetime) -> None:
@@ -201,10 +229,6 @@ class BusStore(ABC):
     @abstractmethod
     def consumption_rows(self, event_ids: Iterable[str]) -> list[dict]:
         """Every row of ``event_ids``, sorted by eventId, consumerId, attemptNo."""
-
-    @abstractmethod
-    def count_consumptions(self) -> int:
-        """How many feedback rows there are."""
 
     @abstractmethod
     def insert_attempt(self, row: dict) -> bool:
@@ -235,7 +259,9 @@ class BusStore(ABC):
         raise BusError(f"feedback of {consumer_id!r} on {event_id!r}: no free attempt number after "
                        f"{ATTEMPT_RETRIES} tries (too many concurrent writers)")
 
-    # --- the consumers' inbox (seed 002) -------------------------------------------------------
+
+class InboxRecords(ABC):
+    """``consumer_inbox`` (seed 002): one entry per (consumer, event), so a consumer handles an event once."""
 
     @abstractmethod
     def inbox_insert(self, consumer_id: str, event_id: str, *, owner: str, now: datetime,
@@ -259,7 +285,9 @@ class BusStore(ABC):
     def inbox_release(self, consumer_id: str, event_id: str, *, owner: str) -> None:
         """Delete the entry if ``owner`` holds it and it is still ``processing``."""
 
-    # --- sequences per consumer and partition (seed 002) ---------------------------------------
+
+class SequenceRecords(ABC):
+    """``consumer_sequences`` (seed 002): the last applied sequence per consumer and partition key."""
 
     @abstractmethod
     def last_sequence(self, consumer_id: str, partition_key: str) -> int | None:
@@ -282,7 +310,9 @@ class BusStore(ABC):
         since); whether it did (atomic).
         """
 
-    # --- re-push audit (§5) ------------------------------------------------------------------------
+
+class RepushAudit(ABC):
+    """``event_repushes`` (§5): who re-pushed what and when."""
 
     @abstractmethod
     def insert_repush(self, record: dict) -> None:
@@ -291,3 +321,7 @@ class BusStore(ABC):
     @abstractmethod
     def repush_history(self, event_id: str, limit: int = 100) -> list[dict]:
         """Up to ``limit`` re-push records of the event, newest ``requestedAt`` first."""
+
+
+class BusStore(TopicConsumerRecords, EventRecords, ConsumptionRecords, InboxRecords, SequenceRecords, RepushAudit):
+    """Storage of the bus records: every concern above. Subclasses implement every abstract method."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -146,14 +146,23 @@ class SnapshotStore(ABC):
         """Release resources."""
 
 
-def resolve_ttl(ttl: timedelta | datetime | None) -> datetime:
-    """The UTC end of a reservation: ``None`` → forever, a timedelta → from now."""
+#: A clock: returns the current time as an aware UTC datetime.
+Clock = Callable[[], datetime]
+
+
+def system_clock() -> datetime:
+    """The real clock: now, aware UTC."""
+    return datetime.now(UTC)
+
+
+def resolve_ttl(ttl: timedelta | datetime | None, now: datetime | None = None) -> datetime:
+    """The UTC end of a reservation: ``None`` → forever, a timedelta → from ``now`` (default: the real now)."""
     if ttl is None:
         return FOREVER
     if isinstance(ttl, timedelta):
         if ttl <= timedelta(0):
             raise ValueError(f"ttl must be positive, got {ttl}")
-        return datetime.now(UTC) + ttl
+        return (system_clock() if now is None else now) + ttl
     if isinstance(ttl, datetime):
         if ttl.tzinfo is None:
             raise ValueError("ttl datetime must be timezone-aware")
@@ -173,12 +182,22 @@ class PrepareKey(ABC):
     """Reservations of unique keys (e.g. usernames) with an expiry.
 
     A key is *taken* while a reservation exists and has not expired.
+    ``clock`` (default: the real clock) is the store's now: it decides
+    expiry and computes the end of a reservation given as a timedelta.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, clock: Clock | None = None):
         if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"prepare key name must be letters, digits, '_' or '-', got {name!r}")
         self.name = name
+        self.clock: Clock = system_clock if clock is None else clock
+
+    def now(self) -> datetime:
+        """The clock's now, aware UTC."""
+        moment = self.clock()
+        if not isinstance(moment, datetime) or moment.tzinfo is None:
+            raise ValueError(f"the clock of prepare key {self.name!r} must return an aware datetime, got {moment!r}")
+        return moment.astimezone(UTC)
 
     @abstractmethod
     def prepare(self, key: str, value: Any, ttl: timedelta | datetime | None = None) -> bool:
@@ -204,7 +223,7 @@ class PrepareKey(ABC):
 
         Raises ``KeyAlreadyPrepared`` when the key is taken.
         """
-        ttl_at = resolve_ttl(ttl)
+        ttl_at = resolve_ttl(ttl, self.now())
         if not self.prepare(key, value, ttl_at):
             raise KeyAlreadyPrepared(self.name, key)
         try:

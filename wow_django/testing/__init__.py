@@ -9,6 +9,7 @@ Conformance: mix a contract into ``unittest.TestCase`` and say how to build the 
 pytest and ``manage.py test`` both run them. Harness:
 
 * :func:`isolated_registry` — declarations made in a test vanish after it;
+* :class:`FakeClock` — a clock the test moves, for stores that take a ``clock``;
 * :class:`EmbeddedMongoDatabase` / :class:`RealMongoDatabase` — a fresh Mongo
   database per test (``WOW_TEST_MONGO_URI`` for the real server);
 * :mod:`wow_django.testing.bus` — RabbitMQ names and clean-up, a broker outage
@@ -17,6 +18,7 @@ pytest and ``manage.py test`` both run them. Harness:
 """
 
 from wow_django.testing.bus_store import BusStoreContract, make_event
+from wow_django.testing.clock import FakeClock
 from wow_django.testing.event_store import EventStoreContract, make_stream
 from wow_django.testing.mongo import (
     REAL_MONGO_REASON,
@@ -34,6 +36,7 @@ __all__ = [
     "BusStoreContract",
     "EmbeddedMongoDatabase",
     "EventStoreContract",
+    "FakeClock",
     "PrepareKeyContract",
     "REAL_MONGO_REASON",
     "RealMongoDatabase",

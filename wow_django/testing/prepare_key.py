@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from wow_django.exceptions import KeyAlreadyPrepared
-from wow_django.persistence.contracts import PrepareKey
+from wow_django.persistence.contracts import Clock, PrepareKey
+from wow_django.persistence.records import PreparedValue
+from wow_django.testing.clock import FakeClock
 
 
 class PrepareKeyContract:
-    """Mix into ``unittest.TestCase``; implement :meth:`make_prepare_key`."""
+    """Mix into ``unittest.TestCase``; implement :meth:`make_prepare_key`.
 
-    def make_prepare_key(self, name: str) -> PrepareKey:  # pragma: no cover - abstract
-        raise NotImplementedError("return the prepare key under test")
+    ``self.clock`` is a :class:`~wow_django.testing.clock.FakeClock`: the
+    store under test must take its time from it, and the tests move it
+    instead of sleeping.
+    """
+
+    def make_prepare_key(self, name: str, clock: Clock) -> PrepareKey:  # pragma: no cover - abstract
+        raise NotImplementedError("return the prepare key under test, built with clock=clock")
 
     def setUp(self) -> None:
         super().setUp()
-        self.keys = self.make_prepare_key("username")
+        self.clock = FakeClock()
+        self.keys = self.make_prepare_key("username", self.clock)
 
     def key(self) -> str:
         return f"user-{uuid.uuid4().hex[:10]}"
@@ -29,7 +36,7 @@ class PrepareKeyContract:
         self.assertTrue(self.keys.prepare(key, "customer-1"))
         prepared = self.keys.get(key)
         self.assertEqual(prepared.value, "customer-1")
-        self.assertFalse(prepared.expired())
+        self.assertFalse(prepared.expired(self.clock()))
 
     def test_prepare_of_a_taken_key_fails_and_keeps_the_value(self):
         key = self.key()
@@ -47,9 +54,12 @@ class PrepareKeyContract:
 
     def test_expired_reservation_is_gone_and_can_be_prepared_again(self):
         key = self.key()
-        self.assertTrue(self.keys.prepare(key, "first", timedelta(milliseconds=150)))
+        self.assertTrue(self.keys.prepare(key, "first", timedelta(minutes=5)))
+        self.assertEqual(self.keys.get(key), PreparedValue("first", self.clock() + timedelta(minutes=5)))
+        self.clock.advance(minutes=5, milliseconds=-1)  # its last millisecond
         self.assertEqual(self.keys.get(key).value, "first")
-        time.sleep(0.3)
+        self.assertFalse(self.keys.prepare(key, "too-early"))
+        self.clock.advance(milliseconds=1)  # its end: expired
         self.assertIsNone(self.keys.get(key))
         self.assertFalse(self.keys.rollback(key))
         self.assertFalse(self.keys.reprepare(key, "late"))
@@ -58,9 +68,11 @@ class PrepareKeyContract:
 
     def test_ttl_as_a_moment(self):
         key = self.key()
-        until = datetime.now(UTC) + timedelta(hours=1)
+        until = self.clock() + timedelta(hours=1)
         self.assertTrue(self.keys.prepare(key, "v", until))
-        self.assertLess(abs((self.keys.get(key).ttl_at - until).total_seconds()), 0.01)
+        self.assertEqual(self.keys.get(key).ttl_at, until)
+        self.clock.advance(hours=1)
+        self.assertIsNone(self.keys.get(key))
 
     def test_bad_ttl_and_key_are_refused(self):
         with self.assertRaisesRegex(ValueError, "ttl must be positive"):
@@ -98,16 +110,15 @@ class PrepareKeyContract:
         self.keys.prepare(key, "v1")
         self.assertFalse(self.keys.reprepare(key, "v3", old_value="wrong"))
         self.assertEqual(self.keys.get(key).value, "v1")
+        self.clock.advance(minutes=1)
         self.assertTrue(self.keys.reprepare(key, "v2", old_value="v1", ttl=timedelta(hours=1)))
-        prepared = self.keys.get(key)
-        self.assertEqual(prepared.value, "v2")
-        self.assertLess(prepared.ttl_at, datetime.now(UTC) + timedelta(hours=2))
+        self.assertEqual(self.keys.get(key), PreparedValue("v2", self.clock() + timedelta(hours=1)))  # from now
 
     def test_using_prepare_keeps_the_key_when_the_block_succeeds(self):
         key = self.key()
-        with self.keys.using_prepare(key, "c-1") as prepared:
-            self.assertEqual(prepared.value, "c-1")
-        self.assertEqual(self.keys.get(key).value, "c-1")
+        with self.keys.using_prepare(key, "c-1", timedelta(minutes=10)) as prepared:
+            self.assertEqual(prepared, PreparedValue("c-1", self.clock() + timedelta(minutes=10)))
+        self.assertEqual(self.keys.get(key), prepared)
 
     def test_using_prepare_rolls_back_when_the_block_raises(self):
         key = self.key()
@@ -126,7 +137,7 @@ class PrepareKeyContract:
 
     def test_keys_of_different_names_are_independent(self):
         key = self.key()
-        emails = self.make_prepare_key("email")
+        emails = self.make_prepare_key("email", self.clock)
         self.assertTrue(self.keys.prepare(key, "a"))
         self.assertTrue(emails.prepare(key, "b"))
         self.assertEqual(emails.get(key).value, "b")

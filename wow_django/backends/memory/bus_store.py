@@ -16,7 +16,16 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from wow_django.persistence.bus import BusStore, EventQuery, EventStatus, to_bson_time, utcnow
+from wow_django.persistence.bus import (
+    STATUS_REVISION,
+    BusStore,
+    EventQuery,
+    EventStatus,
+    check_revision,
+    status_revision,
+    to_bson_time,
+    utcnow,
+)
 
 PENDING = EventStatus.PENDING.value
 SENT = EventStatus.SENT.value
@@ -85,7 +94,6 @@ class InMemoryBusStore(BusStore):
         # (eventId, consumerId) → attemptNo → row; eventId → consumer ids with rows
         self._attempts: dict[tuple[str, str], dict[int, dict]] = {}
         self._consumers_of: dict[str, set[str]] = {}
-        self._row_count = 0
         self._inbox: dict[tuple[str, str], dict] = {}
         self._sequences: dict[tuple[str, str], dict] = {}
         self._repushes: dict[str, list[dict]] = {}
@@ -152,11 +160,6 @@ class InMemoryBusStore(BusStore):
                 return {field: _copy(event[field]) for field in fields if field in event}
             return _copy(event)
 
-    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
-        ids = list(dict.fromkeys(event_ids))
-        with self._lock:
-            return [_copy(self._events[i]) for i in ids if i in self._events]
-
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         sent_at = to_bson_time(sent_at)
         with self._lock:
@@ -164,8 +167,8 @@ class InMemoryBusStore(BusStore):
             if event is None:
                 return False
             if event.get("status") == PENDING:
-                self._set_status(event, SENT)
-                event.update(statusAt=sent_at, sentAt=sent_at, lastSentAt=sent_at, lastError=None)
+                self._set_status(event, SENT, sent_at)
+                event.update(sentAt=sent_at, lastSentAt=sent_at, lastError=None)
                 event.pop("relayLeaseUntil", None)
                 return True
             if event.get("sentAt") is None:
@@ -216,28 +219,32 @@ class InMemoryBusStore(BusStore):
             expire_at = event.get("expireAt")
             if expire_at is not None and not (isinstance(expire_at, datetime) and expire_at > now):
                 return None
-            self._set_status(event, RETRYING)
-            event.update(retryCount=count + 1, lastSentAt=now, statusAt=now)
+            self._set_status(event, RETRYING, now)
+            event.update(retryCount=count + 1, lastSentAt=now)
             return _copy(event)
 
-    def set_status_if(self, event_id: str, expected_status: str, expected_at: datetime | None, status: str,
+    def set_status_if(self, event_id: str, expected_status: str, expected_revision: int, status: str,
                       now: datetime) -> bool:
-        expected_at, now, status = _time(expected_at), to_bson_time(now), _stored(status)
+        expected_revision = check_revision(expected_revision)
+        now, status = to_bson_time(now), _stored(status)
         with self._lock:
             event = self._events.get(event_id)
-            if event is None or event.get("status") != expected_status or event.get("statusAt") != expected_at:
+            if (event is None or event.get("status") != expected_status
+                    or status_revision(event) != expected_revision):
                 return False
-            self._set_status(event, status)
-            event["statusAt"] = now
+            self._set_status(event, status, now)
             return True
 
-    def _set_status(self, event: dict, status: str) -> None:
-        """Change an event's status and the status index. Call with the lock held."""
+    def _set_status(self, event: dict, status: str, at: datetime) -> None:
+        """Write an event's status: ``status``, ``statusAt``, ``statusRevision`` + 1 and the status index.
+        Call with the lock held."""
         old = event.get("status")
         if old != status:
             self._by_status.get(old, {}).pop(event["eventId"], None)
             self._by_status.setdefault(status, {})[event["eventId"]] = None
             event["status"] = status
+        event["statusAt"] = at
+        event[STATUS_REVISION] = status_revision(event) + 1
 
     def _matching(self, query: EventQuery) -> list[dict]:
         query = EventQuery(query.status, query.topic, query.service, query.trace_id, _time(query.since),
@@ -257,14 +264,6 @@ class InMemoryBusStore(BusStore):
             found = self._matching(query)
             page = _newest_first(found)[skip:skip + limit] if limit > 0 else []
             return len(found), [_copy(e) for e in page]
-
-    def count_events(self, query: EventQuery | None = None) -> int:
-        with self._lock:
-            if query is None or query == EventQuery():
-                return len(self._events)
-            if query == EventQuery(status=query.status):
-                return len(self._by_status.get(query.status, ()))
-            return len(self._matching(query))
 
     def _in_time_order(self, event_ids: Iterable[str], limit: int) -> list[dict]:
         """Copies of the first ``limit`` of these events in time order. Call with the lock held."""
@@ -291,7 +290,6 @@ class InMemoryBusStore(BusStore):
         elif row["attemptNo"] in attempts:
             return False
         attempts[row["attemptNo"]] = row
-        self._row_count += 1
         return True
 
     def init_consumptions(self, event_id: str, consumers: Iterable[str], now: datetime) -> None:
@@ -325,10 +323,6 @@ class InMemoryBusStore(BusStore):
                     attempts = self._attempts[(event_id, consumer)]
                     rows.extend(_copy(attempts[n]) for n in sorted(attempts))
         return rows
-
-    def count_consumptions(self) -> int:
-        with self._lock:
-            return self._row_count
 
     def insert_attempt(self, row: dict) -> bool:
         stored = _stored(row)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from wow_django.exceptions import (
@@ -16,6 +16,7 @@ from wow_django.exceptions import (
 )
 from wow_django.persistence.contracts import (
     _MISSING,
+    Clock,
     EventStore,
     PrepareKey,
     SnapshotStore,
@@ -207,8 +208,8 @@ class InMemorySnapshotStore(SnapshotStore):
 
 
 class InMemoryPrepareKey(PrepareKey):
-    def __init__(self, name: str):
-        super().__init__(name)
+    def __init__(self, name: str, *, clock: Clock | None = None):
+        super().__init__(name, clock=clock)
         self._lock = threading.Lock()
         self._values: dict[str, PreparedValue] = {}
 
@@ -220,22 +221,25 @@ class InMemoryPrepareKey(PrepareKey):
 
     def prepare(self, key: str, value: Any, ttl: timedelta | datetime | None = None) -> bool:
         check_key(key)
-        ttl_at = resolve_ttl(ttl)
+        now = self.now()
+        ttl_at = resolve_ttl(ttl, now)
         with self._lock:
-            if self._live(key, datetime.now(UTC)) is not None:
+            if self._live(key, now) is not None:
                 return False
             self._values[key] = PreparedValue(value, ttl_at)
             return True
 
     def get(self, key: str) -> PreparedValue | None:
         check_key(key)
+        now = self.now()
         with self._lock:
-            return self._live(key, datetime.now(UTC))
+            return self._live(key, now)
 
     def rollback(self, key: str, value: Any = _MISSING) -> bool:
         check_key(key)
+        now = self.now()
         with self._lock:
-            current = self._live(key, datetime.now(UTC))
+            current = self._live(key, now)
             if current is None or (value is not _MISSING and current.value != value):
                 return False
             del self._values[key]
@@ -245,9 +249,10 @@ class InMemoryPrepareKey(PrepareKey):
         self, key: str, new_value: Any, *, old_value: Any = _MISSING, ttl: timedelta | datetime | None = None
     ) -> bool:
         check_key(key)
-        ttl_at = resolve_ttl(ttl)
+        now = self.now()
+        ttl_at = resolve_ttl(ttl, now)
         with self._lock:
-            current = self._live(key, datetime.now(UTC))
+            current = self._live(key, now)
             if current is None or (old_value is not _MISSING and current.value != old_value):
                 return False
             self._values[key] = PreparedValue(new_value, ttl_at)

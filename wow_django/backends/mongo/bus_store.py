@@ -22,10 +22,26 @@ from wow_django.backends.mongo.client import MongoConnection
 from wow_django.backends.mongo.errors import DUPLICATE_KEY_CODES, recoverable_errors
 from wow_django.backends.mongo.schema import CollectionSpec, SchemaGuard
 from wow_django.exceptions import UnacknowledgedWriteError
-from wow_django.persistence.bus import BusStore, EventQuery, EventStatus, utcnow
+from wow_django.persistence.bus import (
+    STATUS_REVISION,
+    BusStore,
+    EventQuery,
+    EventStatus,
+    check_revision,
+    status_revision,
+    utcnow,
+)
 
 NO_ID = {"_id": 0}
 TIME_ORDER = [("occurredAt", ASCENDING), ("eventId", ASCENDING)]
+
+
+def revision_filter(revision: int) -> Any:
+    """The filter of a ``statusRevision``: revision 0 also matches an event without the field.
+
+    ``{"$in": [0, None]}`` matches 0 and a missing field on MongoDB (and null, which no store writes).
+    """
+    return {"$in": [0, None]} if check_revision(revision) == 0 else revision
 
 
 def event_filter(query: EventQuery) -> dict:
@@ -159,18 +175,12 @@ class MongoBusStore(BusStore):
         return self.run(self.events, f"reading event {event_id}",
                         lambda c: c.find_one({"eventId": event_id}, projection, max_time_ms=self.max_time_ms))
 
-    def get_events(self, event_ids: Iterable[str]) -> list[dict]:
-        ids = list(dict.fromkeys(event_ids))
-        found = self.run(self.events, "reading events", lambda c: list(
-            c.find({"eventId": {"$in": ids}}, NO_ID, max_time_ms=self.max_time_ms)))
-        by_id = {doc["eventId"]: doc for doc in found}
-        return [by_id[event_id] for event_id in ids if event_id in by_id]
-
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         result = self.run(self.events, f"marking {event_id} sent", lambda c: c.update_one(
             {"eventId": event_id, "status": EventStatus.PENDING.value},
             {"$set": {"status": EventStatus.SENT.value, "statusAt": sent_at, "sentAt": sent_at,
                       "lastSentAt": sent_at, "lastError": None},
+             "$inc": {STATUS_REVISION: 1},
              "$unset": {"relayLeaseUntil": ""}}))
         self.acknowledged(result, "marking an event sent")
         if result.matched_count:
@@ -216,15 +226,19 @@ class MongoBusStore(BusStore):
         }
         changes = {"lastSentAt": now, "status": EventStatus.RETRYING.value, "statusAt": now}
         before = self.run(self.events, "claiming a re-push", lambda c: c.find_one_and_update(
-            query, {"$inc": {"retryCount": 1}, "$set": changes}, projection=NO_ID,
+            query, {"$inc": {"retryCount": 1, STATUS_REVISION: 1}, "$set": changes}, projection=NO_ID,
             return_document=ReturnDocument.BEFORE))
-        return None if before is None else {**before, **changes, "retryCount": before.get("retryCount", 0) + 1}
+        if before is None:
+            return None
+        return {**before, **changes, "retryCount": before.get("retryCount", 0) + 1,
+                STATUS_REVISION: status_revision(before) + 1}
 
-    def set_status_if(self, event_id: str, expected_status: str, expected_at: datetime | None, status: str,
+    def set_status_if(self, event_id: str, expected_status: str, expected_revision: int, status: str,
                       now: datetime) -> bool:
+        revision = revision_filter(expected_revision)
         result = self.run(self.events, f"rolling up {event_id}", lambda c: c.update_one(
-            {"eventId": event_id, "status": expected_status, "statusAt": expected_at},
-            {"$set": {"status": status, "statusAt": now}}))
+            {"eventId": event_id, "status": expected_status, STATUS_REVISION: revision},
+            {"$set": {"status": status, "statusAt": now}, "$inc": {STATUS_REVISION: 1}}))
         self.acknowledged(result, "rolling up an event")
         return bool(result.matched_count)
 
@@ -238,11 +252,6 @@ class MongoBusStore(BusStore):
             return total, docs
 
         return self.run(self.events, "listing events", read)
-
-    def count_events(self, query: EventQuery | None = None) -> int:
-        found = event_filter(query or EventQuery())
-        return self.run(self.events, "counting events",
-                        lambda c: c.count_documents(found, maxTimeMS=self.max_time_ms))
 
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         return self.run(self.events, f"reading trace {trace_id}", lambda c: list(
@@ -284,10 +293,6 @@ class MongoBusStore(BusStore):
         return self.run(self.consumptions, "reading feedback", lambda c: list(
             c.find({"eventId": {"$in": ids}}, NO_ID, max_time_ms=self.max_time_ms)
             .sort([("eventId", ASCENDING), ("consumerId", ASCENDING), ("attemptNo", ASCENDING)])))
-
-    def count_consumptions(self) -> int:
-        return self.run(self.consumptions, "counting feedback",
-                        lambda c: c.count_documents({}, maxTimeMS=self.max_time_ms))
 
     def insert_attempt(self, row: dict) -> bool:
         try:
