@@ -233,7 +233,7 @@ def bus_end_to_end(url: str, messages: list[dict], senders: int, rollup: str, re
     wow = {"CONTEXT_NAME": "bench", "MONGO_URI": mongo, "BUS_DATABASE": database,
            "BUS_STORE": "in_memory" if store == "memory" else "mongo",
            "BUS_TRANSPORT_URL": url, "BUS_EXCHANGE": exchange, "BUS_ROLLUP_QUEUE": rollup_queue}
-    from wow_django.bus import tasks  # noqa: F401  (registers the bus tasks with the app below)
+    from wow_django import tasks  # noqa: F401  (registers the tasks with the app below)
 
     app = Celery("bench_bus", set_as_current=True)
     app.conf.update(broker_url=redis_url, result_backend=None, task_ignore_result=True,
