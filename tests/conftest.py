@@ -6,9 +6,11 @@ import pytest
 from django.test import override_settings
 
 from wow_django.backends.mongo.client import disconnect
+from wow_django.bus import get_bus
 from wow_django.testing import isolated_registry
+from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
-from .support import fresh_wow, in_forked_child  # noqa: F401 (tests import them from here too)
+from .support import CONSUMERS, TOKENS, fresh_wow
 
 
 @pytest.fixture(params=["in_memory", "mongo"])
@@ -65,3 +67,17 @@ def _isolated_declarations():
     """Aggregates, events, projections and consumers a test declares vanish after it."""
     with isolated_registry():
         yield
+
+
+@pytest.fixture
+def bus_http_env(bus_store):
+    """The bus over HTTP: consumers member-service and message-service on order.purchased, with callback tokens."""
+    settings = fresh_wow("mongo", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
+                         BUS_CALLBACK_TOKENS=TOKENS, BUS_STORE=bus_store)
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer in CONSUMERS:
+            bus.set_topic_consumer("order.purchased", consumer)
+        yield settings
+        delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS)
+    disconnect(settings["MONGO_URI"])

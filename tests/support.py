@@ -8,7 +8,12 @@ import uuid
 from functools import cache
 from pathlib import Path
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from rest_framework.test import APIClient
+
 import wow_django
+from wow_django.backends.mongo.bus_store import MongoBusStore
 
 
 def fresh_wow(storage: str, **extra) -> dict:
@@ -70,3 +75,32 @@ def imports_of(name: str) -> list[tuple[str, int]]:
                 candidate = f"{base}.{alias.name}"
                 found.append((candidate if candidate in modules() else base, node.lineno))
     return found
+
+
+# --- the bus over HTTP --------------------------------------------------------------------
+
+TOKENS = {"member-service": "member-token-0123456789abcdef", "message-service": "message-token-0123456789abcd"}
+CONSUMERS = tuple(TOKENS)
+
+
+def client_with(*codenames, staff=False, superuser=False, name="user"):
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw", is_staff=staff,
+                                                is_superuser=superuser)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="wow_bus", codename=codename))
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def callback(token, body, client=None):
+    client = client or APIClient()
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    return (client or APIClient()).post("/bus/callback/", body, format="json", **headers)
+
+
+def stored_counts(store) -> tuple[int, int]:
+    """``(events, feedback rows)`` the bus store holds, read past the store contract (which counts neither)."""
+    if isinstance(store, MongoBusStore):
+        return store.events.count_documents({}), store.consumptions.count_documents({})
+    return len(store._events), sum(len(attempts) for attempts in store._attempts.values())

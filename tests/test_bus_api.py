@@ -5,46 +5,15 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
 from wow_django.http.bus_authentication import consumer_for_token
-from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
-from .conftest import fresh_wow
-from .test_bus_service import stored_counts
+from .support import CONSUMERS, TOKENS, callback, client_with, stored_counts
 
 pytestmark = pytest.mark.django_db
-
-TOKENS = {"member-service": "member-token-0123456789abcdef", "message-service": "message-token-0123456789abcd"}
-CONSUMERS = tuple(TOKENS)
-
-
-@pytest.fixture
-def bus_env(bus_store):
-    settings = fresh_wow("mongo", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
-                         BUS_CALLBACK_TOKENS=TOKENS, BUS_STORE=bus_store)
-    with override_settings(WOW=settings):
-        bus = get_bus()
-        for consumer in CONSUMERS:
-            bus.set_topic_consumer("order.purchased", consumer)
-        yield settings
-        delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS)
-    disconnect(settings["MONGO_URI"])
-
-
-def client_with(*codenames, staff=False, superuser=False, name="user"):
-    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw", is_staff=staff,
-                                                is_superuser=superuser)
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(content_type__app_label="wow_bus", codename=codename))
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
 
 @pytest.fixture
 def viewer():
@@ -56,19 +25,13 @@ def operator():
     return client_with("view_busevent", "repush_event", "send_event", "manage_topic_consumers", name="operator")
 
 
-def callback(token, body, client=None):
-    client = client or APIClient()
-    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-    return (client or APIClient()).post("/bus/callback/", body, format="json", **headers)
-
-
 def error(response):
     body = response.json()
     assert set(body) == {"errorCode", "errorMsg", "bindingErrors"}
     return body
 
 
-def test_reading_needs_authentication_and_the_view_permission(bus_env):
+def test_reading_needs_authentication_and_the_view_permission(bus_http_env):
     response = APIClient().get("/bus/events/")
     assert response.status_code == 401 and error(response)["errorCode"] == "NOT_AUTHENTICATED"
     staff_only = client_with(staff=True, name="staff")
@@ -78,7 +41,7 @@ def test_reading_needs_authentication_and_the_view_permission(bus_env):
     assert client_with(superuser=True, name="root").get("/bus/events/").status_code == 200
 
 
-def test_send_over_http_then_list_and_detail(bus_env, operator, viewer):
+def test_send_over_http_then_list_and_detail(bus_http_env, operator, viewer):
     response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"orderId": "o-1"},
                                               "eventId": "evt-http-1"}, format="json", HTTP_X_REQUEST_ID="req-42")
     assert response.status_code == 201
@@ -103,7 +66,7 @@ def test_send_over_http_then_list_and_detail(bus_env, operator, viewer):
     assert [c["consumerId"] for c in detail["consumers"]] == list(CONSUMERS)
 
 
-def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_env, operator, viewer):
+def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_http_env, operator, viewer):
     response = operator.post("/bus/events/", {"topic": "order purchased", "payload": {"$bad": 1},
                                               "initiator": {"service": 5}}, format="json")
     body = error(response)
@@ -125,7 +88,7 @@ def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_env, oper
     assert viewer.delete("/bus/events/").status_code == 405
 
 
-def test_repush_endpoint(bus_env, operator, viewer):
+def test_repush_endpoint(bus_http_env, operator, viewer):
     bus = get_bus()
     bus.send("order.purchased", {}, event_id="evt-rp")
     assert viewer.post("/bus/events/evt-rp/repush/", {}, format="json").status_code == 403
@@ -147,7 +110,7 @@ def test_repush_endpoint(bus_env, operator, viewer):
     assert operator.post("/bus/events/evt-none/repush/", {}, format="json").status_code == 404
 
 
-def test_trace_endpoint(bus_env, viewer):
+def test_trace_endpoint(bus_http_env, viewer):
     bus = get_bus()
     bus.set_topic_consumer("points.added", "message-service")
     bus.send("order.purchased", {}, event_id="evt-a", trace_id="trace-http")
@@ -158,7 +121,7 @@ def test_trace_endpoint(bus_env, viewer):
     assert viewer.get("/bus/events/evt-b/").json()["parent"]["eventId"] == "evt-a"
 
 
-def test_topic_consumers_endpoint(bus_env, operator, viewer):
+def test_topic_consumers_endpoint(bus_http_env, operator, viewer):
     response = operator.post("/bus/topic-consumers/", {"topic": "order.shipped", "consumerId": "message-service",
                                                        "enabled": True, "description": "shipping notice"},
                              format="json")
@@ -172,7 +135,7 @@ def test_topic_consumers_endpoint(bus_env, operator, viewer):
     assert response.status_code == 400 and error(response)["bindingErrors"][0]["name"] == "enabled"
 
 
-def test_callback_records_feedback_for_the_tokens_consumer(bus_env):
+def test_callback_records_feedback_for_the_tokens_consumer(bus_http_env):
     bus = get_bus()
     bus.send("order.purchased", {}, event_id="evt-cb")
     first = callback(TOKENS["member-service"], {"eventId": "evt-cb", "success": False, "error": "timeout"})
@@ -189,7 +152,7 @@ def test_callback_records_feedback_for_the_tokens_consumer(bus_env):
                     ("message-service", 1, True, "callback")]
 
 
-def test_an_unauthenticated_or_foreign_callback_is_refused_and_stores_nothing(bus_env):
+def test_an_unauthenticated_or_foreign_callback_is_refused_and_stores_nothing(bus_http_env):
     bus = get_bus()
     bus.send("order.purchased", {}, event_id="evt-deny")
     body = {"eventId": "evt-deny", "success": True}
@@ -244,20 +207,20 @@ def test_weak_or_misnamed_callback_tokens_are_reported_by_checks():
     ('{"topic": "order.purchased", "payload": {}, "occurredAt": "0001-01-01T00:00:00+01:00"}', 400, "BUS_VALIDATION"),
     ('{"topic": "order.purchased", "payload": {}, "expireAt": "9999-12-31T23:59:59-01:00"}', 400, "BUS_VALIDATION"),
 ])
-def test_client_input_bson_or_json_cannot_hold_is_a_400_and_stores_nothing(bus_env, operator, body, status_code,
+def test_client_input_bson_or_json_cannot_hold_is_a_400_and_stores_nothing(bus_http_env, operator, body, status_code,
                                                                            code):
     response = operator.post("/bus/events/", body, content_type="application/json")
     assert response.status_code == status_code and error(response)["errorCode"] == code
     assert stored_counts(get_bus().store) == (0, 0)
 
 
-def test_a_form_post_is_refused_so_no_cross_site_form_can_send(bus_env, operator):
+def test_a_form_post_is_refused_so_no_cross_site_form_can_send(bus_http_env, operator):
     response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": "x"})  # form-encoded
     assert response.status_code == 415 and error(response)["errorCode"] == "UNSUPPORTED_MEDIA_TYPE"
     assert stored_counts(get_bus().store) == (0, 0)
 
 
-def test_an_oversized_body_is_a_json_413(bus_env, operator, settings):
+def test_an_oversized_body_is_a_json_413(bus_http_env, operator, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"x": "y" * 2000}},
                              format="json")
@@ -267,7 +230,7 @@ def test_an_oversized_body_is_a_json_413(bus_env, operator, settings):
 
 @pytest.mark.parametrize("params", [{"page": "99999999999999999999"}, {"since": "0001-01-01T00:00:00+01:00"},
                                     {"until": "9999-12-31T23:59:59-01:00"}])
-def test_listing_parameters_out_of_range_are_a_400(bus_env, viewer, params):
+def test_listing_parameters_out_of_range_are_a_400(bus_http_env, viewer, params):
     response = viewer.get("/bus/events/", params)
     assert response.status_code == 400 and error(response)["errorCode"] == "BUS_VALIDATION"
     assert list(params) == [e["name"] for e in error(response)["bindingErrors"]]

@@ -21,7 +21,7 @@ from wow_django.testing.bus import ConsumerRecorder, delete_amqp_entities, uniqu
 from wow_django.testing.bus import RunningConsumers as Running
 from wow_django.testing.bus import event_status as status
 
-from .conftest import fresh_wow
+from .support import fresh_wow
 
 ALPHA, BETA = "t-alpha", "t-beta"
 TOPIC = "shop.purchased"

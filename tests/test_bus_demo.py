@@ -21,7 +21,7 @@ from wow_django.bus.envelope import Envelope
 from wow_django.persistence.bus import EventQuery
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
-from .conftest import fresh_wow
+from .support import fresh_wow
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from wow_django.bus import get_bus
 
-from .test_bus_api import TOKENS, bus_env, callback, client_with  # noqa: F401 - fixtures
+from .support import TOKENS, callback, client_with
 
 FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -63,14 +63,14 @@ def operator_client(db):
 @given(text=raw_texts)
 @example(text='{"topic": "order.purchased", "payload": {}, "occurredAt": "0001-01-01T00:00:00+01:00"}')
 @example(text='{"topic": "order.purchased", "payload": {"n": 100000000000000000000000}}')
-def test_sending_anything_is_never_a_500(bus_env, operator_client, text):  # noqa: F811
+def test_sending_anything_is_never_a_500(bus_http_env, operator_client, text):  # noqa: F811
     response = operator_client.post("/bus/events/", text, content_type="application/json")
     assert_no_server_error(response)
 
 
 @FUZZ
 @given(body=bodies)
-def test_feedback_of_anything_is_never_a_500(bus_env, body):  # noqa: F811
+def test_feedback_of_anything_is_never_a_500(bus_http_env, body):  # noqa: F811
     get_bus().send("order.purchased", {"n": 1}, event_id="evt-fuzz")
     assert_no_server_error(callback(TOKENS["member-service"], body))
 
@@ -78,13 +78,13 @@ def test_feedback_of_anything_is_never_a_500(bus_env, body):  # noqa: F811
 @FUZZ
 @given(params=st.dictionaries(st.sampled_from(["status", "topic", "service", "since", "until", "traceId", "page",
                                                "size", "x"]), st.text(max_size=25), max_size=5))
-def test_listing_with_any_parameters_is_never_a_500(bus_env, operator_client, params):  # noqa: F811
+def test_listing_with_any_parameters_is_never_a_500(bus_http_env, operator_client, params):  # noqa: F811
     assert_no_server_error(operator_client.get("/bus/events/", params))
 
 
 @FUZZ
 @given(event_id=path_ids, body=bodies)
-def test_any_path_id_is_never_a_500(bus_env, operator_client, event_id, body):  # noqa: F811
+def test_any_path_id_is_never_a_500(bus_http_env, operator_client, event_id, body):  # noqa: F811
     assert_no_server_error(operator_client.get(f"/bus/events/{event_id}/"))
     assert_no_server_error(operator_client.get(f"/bus/traces/{event_id}/"))
     assert_no_server_error(operator_client.post(f"/bus/events/{event_id}/repush/", body, format="json"))
@@ -92,5 +92,5 @@ def test_any_path_id_is_never_a_500(bus_env, operator_client, event_id, body):  
 
 @FUZZ
 @given(body=bodies)
-def test_configuring_consumers_with_anything_is_never_a_500(bus_env, operator_client, body):  # noqa: F811
+def test_configuring_consumers_with_anything_is_never_a_500(bus_http_env, operator_client, body):  # noqa: F811
     assert_no_server_error(operator_client.post("/bus/topic-consumers/", body, format="json"))

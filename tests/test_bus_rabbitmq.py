@@ -39,7 +39,7 @@ from wow_django.testing.bus import (
     event_status as status,
 )
 
-from .conftest import fresh_wow
+from .support import fresh_wow
 
 pytestmark = pytest.mark.integration
 

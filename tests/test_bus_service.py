@@ -13,7 +13,6 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import (
     ConsumerNotExpected,
@@ -31,7 +30,7 @@ from wow_django.bus.inbox import BUSY, CLAIMED, DONE, Inbox
 from wow_django.http.errors import error_response
 from wow_django.testing.bus import delete_amqp_entities, take_messages, unique_exchange
 
-from .conftest import fresh_wow
+from .support import fresh_wow, stored_counts
 
 CONSUMERS = ("member-service", "message-service")
 
@@ -64,13 +63,6 @@ def messages(bus_env, consumer):
 
 def rows(bus, event_id):
     return bus.store.consumption_rows([event_id])
-
-
-def stored_counts(store) -> tuple[int, int]:
-    """``(events, feedback rows)`` the bus store holds, read past the store contract (which counts neither)."""
-    if isinstance(store, MongoBusStore):
-        return store.events.count_documents({}), store.consumptions.count_documents({})
-    return len(store._events), sum(len(attempts) for attempts in store._attempts.values())
 
 
 # --- send ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from wow_django.bus import get_bus
 from wow_django.checks import check_settings
 from wow_django.conf import DEFAULTS, validate_user_settings, wow_settings
 
-from .conftest import fresh_wow, in_forked_child
+from .support import fresh_wow, in_forked_child
 
 
 @pytest.fixture(autouse=True)

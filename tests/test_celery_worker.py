@@ -24,7 +24,7 @@ from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.persistence.records import AggregateId
 
-from .conftest import fresh_wow
+from .support import fresh_wow
 
 pytestmark = pytest.mark.integration
 

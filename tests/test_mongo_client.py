@@ -9,7 +9,7 @@ from django.test import override_settings
 from wow_django.backends.mongo import database_name
 from wow_django.backends.mongo.client import connect, disconnect, parse_uri, redact
 
-from .conftest import in_forked_child
+from .support import in_forked_child
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from .conftest import fresh_wow
+from .support import fresh_wow
 
 ROOT = Path(__file__).resolve().parent.parent
 

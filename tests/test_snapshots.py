@@ -19,7 +19,7 @@ from wow_django.domain.aggregate import Aggregate
 from wow_django.persistence.records import AggregateId
 from wow_django.tasks import _snapshot_key
 
-from .conftest import fresh_wow
+from .support import fresh_wow
 
 
 def snapshot_version(name, aggregate_id):
