@@ -16,6 +16,7 @@ from wow_django.testing import (
     EventStoreContract,
     PrepareKeyContract,
     SnapshotStoreContract,
+    make_snapshot,
     make_stream,
     requires_real_mongo,
     temporary_database,
@@ -141,6 +142,62 @@ class TestRealMongoSnapshotStore(RealMongoBackend, SnapshotStoreContract, unitte
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoSnapshotStore(connection, name, schema=guard)
+
+
+class MongoSnapshotStoreStoredVersions:
+    """The save rule against documents the store did not write itself (an older release, a hand edit).
+
+    A candidate replaces the stored document when its version is ≥ the stored
+    one, or when the stored version is missing or not a number; otherwise the
+    stored document stays as it is. Run on the embedded engine this checks
+    the embedded save path (read, compare, replace under the write guard);
+    on a real server, the update pipeline.
+    """
+
+    CASES = [
+        # (stored version, or MISSING; candidate version; replaced?)
+        (5, 4, False),
+        (5, 5, True),
+        (5, 6, True),
+        (5.0, 4, False),
+        (2**40, 7, False),  # a long
+        ("MISSING", 1, True),
+        ("7", 1, True),  # a string, even one that reads as a higher number
+        ("7", 9, True),
+        (None, 1, True),
+        ({"n": 9}, 1, True),
+        ([9], 1, True),
+        (True, 1, True),  # a boolean is not a version
+    ]
+
+    def test_save_over_a_raw_stored_document(self):
+        connection, name, guard = self.mongo()
+        store = MongoSnapshotStore(connection, name, schema=guard)
+        collection = store.collection("order")
+        for n, (stored_version, candidate_version, replaced) in enumerate(self.CASES):
+            with self.subTest(stored=stored_version, candidate=candidate_version):
+                agg = AggregateId("order", f"raw-{n}", "test-context", "tenant-a")
+                raw = {"_id": agg.id, "state": {"written": "by hand"}}
+                if stored_version != "MISSING":
+                    raw["version"] = stored_version
+                collection.insert_one(dict(raw))
+                candidate = make_snapshot(agg, candidate_version, status="candidate")
+                store.save(candidate)
+                if replaced:
+                    self.assertEqual(store.load(agg), candidate)
+                else:
+                    self.assertEqual(collection.find_one({"_id": agg.id}), raw)
+
+
+class TestEmbeddedMongoSnapshotStoreStoredVersions(MongoBackend, MongoSnapshotStoreStoredVersions,
+                                                   unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoSnapshotStoreStoredVersions(RealMongoBackend, MongoSnapshotStoreStoredVersions,
+                                               unittest.TestCase):
+    pass
 
 
 # --- prepare key --------------------------------------------------------------------
