@@ -204,6 +204,63 @@ def test_wait_projected_waits_for_projections_and_reports_failures(wow):
     assert seen[-1] == ("order_cancelled", 2)
 
 
+def test_wait_projected_times_out_while_the_projection_runs(wow):
+    """The command's own projection blocks: the snapshot step is done, the projection is not."""
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    @projection("order")
+    def blocked(message):
+        started.set()
+        release.wait(10)
+        finished.set()
+
+    try:
+        began = time.monotonic()
+        result = place(wait=WaitStage.PROJECTED, timeout=0.2)
+        waited = time.monotonic() - began
+        assert started.is_set() and not finished.is_set()
+        assert result.error_code == "WAIT_TIMEOUT" and not result.succeeded
+        assert result.error_msg == "appended, but PROJECTED did not finish within 0.2s"
+        assert result.stage is WaitStage.SNAPSHOT  # the last stage reached
+        assert (result.aggregate_version, result.events) == (1, ("order_placed",))
+        assert 0.2 <= waited < 5  # the timeout given, not the gateway's 30 s default
+        assert versions(result.aggregate_id) == [1]  # appended all the same
+        assert get_runtime().snapshot_store.load(AggregateId("order", result.aggregate_id)).version == 1
+    finally:
+        release.set()
+    assert finished.wait(10)
+
+
+def test_wait_times_out_at_processed_while_the_aggregate_lane_is_busy(wow):
+    """An earlier command's projection holds the aggregate's dispatch lane: not even the snapshot step is done."""
+    started, release = threading.Event(), threading.Event()
+    projected: list[int] = []
+
+    @projection("order")
+    def blocked(message):
+        if message.version == 1:
+            started.set()
+            release.wait(10)
+        projected.append(message.version)
+
+    gateway = get_runtime().gateway
+    try:
+        placed = place()  # PROCESSED: returns once appended; its projection then holds the lane
+        assert started.wait(10)
+        paid = gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=placed.aggregate_id,
+                            wait=WaitStage.PROJECTED, timeout=0.2)
+        assert (paid.error_code, paid.stage) == ("WAIT_TIMEOUT", WaitStage.PROCESSED)
+        assert paid.error_msg == "appended, but SNAPSHOT did not finish within 0.2s"
+        assert (paid.aggregate_version, paid.events) == (2, ("order_paid",))
+        assert versions(placed.aggregate_id) == [1, 2]
+        assert projected == []
+    finally:
+        release.set()
+    gateway.dispatcher.close()  # drains the lane
+    assert projected == [1, 2]
+    assert get_runtime().snapshot_store.load(AggregateId("order", placed.aggregate_id)).version == 2
+
+
 def test_projections_see_each_aggregate_in_version_order(wow):
     seen: dict[str, list[int]] = {}
     lock = threading.Lock()
