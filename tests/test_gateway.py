@@ -463,16 +463,25 @@ def test_a_reservation_held_by_another_aggregate_is_never_released(wow_memory):
     assert get_runtime().prepare_key("username").get("linus").value == "cust-1"
 
 
-class Latency:
-    """Wraps an event store: reads take a moment, as over a network, so other writers get in between."""
+class RivalReads:
+    """One gateway's view of the shared event store.
 
-    def __init__(self, inner):
+    Once armed, its next read waits at a barrier shared with the other
+    gateway's view: both have read the same version before either appends,
+    so their appends of the next version conflict, whatever the scheduling.
+    """
+
+    def __init__(self, inner, barrier: threading.Barrier, conflicts: list[int]):
         self.inner = inner
-        self.conflicts: list[int] = []
+        self.barrier = barrier
+        self.conflicts = conflicts
+        self.armed = False
 
     def load(self, *args, **kwargs):
         streams = self.inner.load(*args, **kwargs)
-        time.sleep(0.0005)
+        if self.armed:  # read under the gateway's aggregate lock: one reader at a time per view
+            self.armed = False
+            self.barrier.wait()
         return streams
 
     def append(self, stream):
@@ -488,10 +497,14 @@ class Latency:
 
 def test_two_gateways_on_one_store_conflict_and_retry(wow):
     """Two gateways stand for two processes: their commands really conflict and are retried."""
-    store = Latency(get_runtime().event_store)
-    gateways = [CommandGateway(store, None, context_name="order-service", prepare_keys=get_runtime().prepare_key, retry_limit=30, retry_backoff_ms=0.2)
-                for _ in range(2)]
+    barrier, conflicts = threading.Barrier(2, timeout=10), []
+    views = [RivalReads(get_runtime().event_store, barrier, conflicts) for _ in range(2)]
+    gateways = [CommandGateway(view, None, context_name="order-service", prepare_keys=get_runtime().prepare_key,
+                               retry_limit=30, retry_backoff_ms=0.2)
+                for view in views]
     customer = gateways[0].send(RegisterCustomer(username="shared", display_name="s")).aggregate_id
+    for view in views:
+        view.armed = True  # the first command of each gateway reads version 1, then appends version 2
 
     def worker(n):
         gateway = gateways[n % 2]
@@ -506,4 +519,4 @@ def test_two_gateways_on_one_store_conflict_and_retry(wow):
     for gateway in gateways:
         gateway.close()
     assert versions(customer, "customer") == list(range(1, 152))
-    assert store.conflicts, "the two gateways never conflicted: the retry path was not exercised"
+    assert 2 in conflicts, "the two gateways' first commands did not conflict: the retry path was not exercised"
