@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from rest_framework.test import APIClient
 from sample_project.orders.aggregates import Customer, Order
 from wow_django.application.gateway import derived_aggregate_id
 from wow_django.application.runtime import get_runtime
+from wow_django.domain import projection
 from wow_django.domain.aggregate import CommandHandler
 from wow_django.exceptions import (
     AggregateIsDeleted,
@@ -151,13 +153,36 @@ def test_sent_is_queued_and_answers_202(api, queued_commands):
     assert versions(message["aggregate_id"]) == [1]  # the fixture ran the queued command
 
 
-def test_a_stage_not_confirmed_answers_202(api, monkeypatch):
-    from wow_django.application.gateway import CommandGateway
+@pytest.mark.parametrize("blocked, stage_reached", [("order_paid", "SNAPSHOT"), ("order_placed", "PROCESSED")])
+def test_a_stage_not_confirmed_within_the_wait_timeout_answers_202(api, wow, blocked, stage_reached):
+    """A projection that does not finish within WOW['COMMAND_WAIT_TIMEOUT_S']: stored, but not confirmed.
 
-    monkeypatch.setattr(CommandGateway, "_wait", lambda self, message, stream, tracker, wait, timeout: self._result(
-        message, stream.version, wait, error_code="WAIT_TIMEOUT", error_msg="did not finish"))
-    response = post(api, "order/place_order", ORDER, stage="PROJECTED")
-    assert response.status_code == 202 and response.json()["errorCode"] == "WAIT_TIMEOUT"
+    It blocks on the pay command's own event (its snapshot step is done), or on
+    the earlier place command's event, holding the order's dispatch lane (not even that).
+    """
+    started, release = threading.Event(), threading.Event()
+
+    @projection("order", events=[blocked])
+    def block(message):
+        started.set()
+        release.wait(10)
+
+    with override_settings(WOW={**wow, "COMMAND_WAIT_TIMEOUT_S": 0.2}):
+        try:
+            order_id = post(api, "order/place_order", ORDER, tenant="t1", stage="PROCESSED").json()["aggregateId"]
+            if blocked == "order_placed":
+                assert started.wait(10)  # the lane is held before the pay command is sent
+            response = post(api, f"order/{order_id}/pay_order", {"amount": "7.00", "payment_id": "p-1"},
+                            tenant="t1", stage="PROJECTED")
+            assert started.is_set()
+            assert response.status_code == 202
+            result = response.json()
+            assert (result["errorCode"], result["stage"], result["aggregateVersion"], result["events"]) == (
+                "WAIT_TIMEOUT", stage_reached, 2, ["order_paid"])
+            assert result["errorMsg"].endswith("did not finish within 0.2s")
+            assert versions(order_id) == [1, 2]  # stored all the same
+        finally:
+            release.set()
 
 
 def test_wait_stage_header_is_validated(api):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from decimal import Decimal
 from io import StringIO
 
@@ -19,6 +20,7 @@ from wow_django.bus import get_bus
 from wow_django.bus.consumer import ConsumerContext
 from wow_django.bus.envelope import Envelope
 from wow_django.persistence.bus import EventQuery
+from wow_django.persistence.records import AggregateId
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
 from .support import fresh_wow
@@ -70,10 +72,16 @@ def test_paying_publishes_order_purchased_translated_at_the_edge(sample_bus):
     placed, paid = pay_an_order()
     bus = get_bus()
     [event] = bus.list_events(topic=integration.PURCHASED)["list"]
+    # The payment's event stream (v2) is when it occurred, to the millisecond, in UTC.
+    payment = get_runtime().event_store.load(AggregateId("order", placed.aggregate_id))[1]
+    assert (payment.version, payment.command_id) == (2, paid.command_id)
+    seconds, millis = divmod(payment.create_time, 1000)
+    occurred_at = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{millis:03d}Z"
     assert event["payload"] == {
         "orderId": placed.aggregate_id, "userId": "user-A", "amount": "51.00", "currency": "CNY",
-        "paymentId": "pay-1", "occurredAt": event["payload"]["occurredAt"], "channel": "app",
+        "paymentId": "pay-1", "occurredAt": occurred_at, "channel": "app",
     }
+    assert event["occurredAt"] == occurred_at
     assert event["traceId"] == f"trace-{paid.command_id}" and event["parentEventId"] is None
     assert event["initiator"] == {"service": "order-service", "operation": "pay_order", "userId": "user-A",
                                   "clientRequestId": paid.request_id}

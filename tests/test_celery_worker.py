@@ -95,8 +95,9 @@ def test_sent_commands_are_processed_by_the_worker(worker):
         # The stored events are this very command's (same command id): its first result, nothing appended.
         assert redelivered["aggregateVersion"] == 1 and redelivered["errorCode"] == "Ok"
         assert redelivered["commandId"] == sent.command_id
-        assert [s.version for s in get_runtime().event_store.load(key)] == [1, 2]
-        assert paid.request_id != sent.request_id
+        first, second = get_runtime().event_store.load(key)
+        assert (first.version, first.command_id) == (1, sent.command_id)
+        assert (second.version, second.request_id, second.command_id) == (2, paid.request_id, paid.command_id)
 
 
 def test_refused_queued_command_reports_its_error(worker):
@@ -110,16 +111,33 @@ def test_refused_queued_command_reports_its_error(worker):
         assert result["errorCode"] == "NOT_FOUND" and "does not exist" in result["errorMsg"]
 
 
-def test_snapshot_tasks_run_on_the_worker_and_coalesce(worker):
+def test_snapshot_tasks_run_on_the_worker_and_coalesce(worker, monkeypatch):
+    """Snapshot requests for one aggregate while its task is pending queue one task; the worker runs it."""
+    from wow_django import tasks
+
+    send_to_worker = tasks.save_snapshot.delay
+    held: list[tuple] = []  # queued tasks, held back until every request was made
+    monkeypatch.setattr(tasks.save_snapshot, "delay", lambda *args: held.append(args))
     cache.clear()
     with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_MODE="celery")):
         gateway = get_runtime().gateway
-        customer = gateway.send(RegisterCustomer(username="worker", display_name="w")).aggregate_id
+        # Wait stage SNAPSHOT: each send returns once its snapshot request was made.
+        customer = gateway.send(RegisterCustomer(username="worker", display_name="w"),
+                                wait=WaitStage.SNAPSHOT).aggregate_id
         for n in range(5):
-            gateway.send(ChangeDisplayName(display_name=f"n{n}"), aggregate_id=customer)
+            gateway.send(ChangeDisplayName(display_name=f"n{n}"), aggregate_id=customer, wait=WaitStage.SNAPSHOT)
         key = AggregateId("customer", customer)
-        snapshot = wait_for(lambda: (s := get_runtime().snapshot_store.load(key)) and s.version == 6 and s)
-        assert snapshot.state["display_name"] == "n4"
+        assert held == [("customer", customer)]  # six requests, one task
+        assert get_runtime().snapshot_store.load(key) is None
+        assert send_to_worker(*held.pop()).get(timeout=20) == 6  # the worker runs it
+        snapshot = get_runtime().snapshot_store.load(key)
+        assert (snapshot.version, snapshot.state["display_name"]) == (6, "n4")
+        # The task cleared the marker when it started: the next request queues a new task.
+        gateway.send(ChangeDisplayName(display_name="n5"), aggregate_id=customer, wait=WaitStage.SNAPSHOT)
+        assert held == [("customer", customer)]
+        assert send_to_worker(*held.pop()).get(timeout=20) == 7
+        assert get_runtime().snapshot_store.load(key).state["display_name"] == "n5"
+    cache.clear()
 
 
 def test_rebuild_task_on_the_worker(worker):

@@ -11,11 +11,15 @@ from wow_django.backends.mongo.prepare_key import MongoPrepareKey
 from wow_django.backends.mongo.schema import SchemaGuard
 from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
 from wow_django.persistence.batching import BatchingEventStore
+from wow_django.persistence.documents import stream_to_document
+from wow_django.persistence.records import AggregateId
 from wow_django.testing import (
     EventStoreContract,
     FakeClock,
     PrepareKeyContract,
     SnapshotStoreContract,
+    make_snapshot,
+    make_stream,
     requires_real_mongo,
     temporary_database,
 )
@@ -84,6 +88,43 @@ class TestRealMongoBatchingEventStore(RealMongoBackend, EventStoreContract, unit
         return BatchingEventStore(MongoEventStore(connection, name, schema=guard), lane_count=2)
 
 
+class MongoEventStoreReadOrder:
+    """Reads sort by version, not by what the engine returns first (its natural order is insertion order).
+
+    The documents are written straight into the collection, out of version
+    order, bypassing ``append``: only the read's own sort can put them in order.
+    """
+
+    def test_documents_stored_out_of_order_load_and_last_in_version_order(self):
+        connection, name, guard = self.mongo()
+        store = MongoEventStore(connection, name, schema=guard)
+        collection = store.collection("order")
+        # Newest first; then an order whose first and last documents are both not the highest version.
+        for insertion_order in ((5, 4, 3, 2, 1), (2, 5, 1, 4, 3)):
+            with self.subTest(insertion_order=insertion_order):
+                agg = AggregateId("order", f"raw-{''.join(map(str, insertion_order))}", "test-context", "tenant-a")
+                streams = {v: make_stream(agg, v, create_time=1_000 * v) for v in range(1, 6)}
+                for version in insertion_order:
+                    collection.insert_one(stream_to_document(streams[version]))
+                natural = collection.find({"aggregateId": agg.id}).sort("$natural", 1)
+                self.assertEqual(tuple(d["version"] for d in natural), insertion_order)  # the engine's own order
+                in_order = [streams[v] for v in range(1, 6)]
+                self.assertEqual(store.load(agg), in_order)
+                self.assertEqual(store.load(agg, 2, 4), in_order[1:4])
+                self.assertEqual(store.load_by_time(agg, 0, 10_000), in_order)
+                self.assertEqual(store.load_by_time(agg, 2_000, 3_000), in_order[1:3])
+                self.assertEqual(store.last(agg), streams[5])
+
+
+class TestEmbeddedMongoEventStoreReadOrder(MongoBackend, MongoEventStoreReadOrder, unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoEventStoreReadOrder(RealMongoBackend, MongoEventStoreReadOrder, unittest.TestCase):
+    pass
+
+
 # --- snapshot store ---------------------------------------------------------------
 
 
@@ -103,6 +144,62 @@ class TestRealMongoSnapshotStore(RealMongoBackend, SnapshotStoreContract, unitte
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoSnapshotStore(connection, name, schema=guard)
+
+
+class MongoSnapshotStoreStoredVersions:
+    """The save rule against documents the store did not write itself (an older release, a hand edit).
+
+    A candidate replaces the stored document when its version is ≥ the stored
+    one, or when the stored version is missing or not a number; otherwise the
+    stored document stays as it is. Run on the embedded engine this checks
+    the embedded save path (read, compare, replace under the write guard);
+    on a real server, the update pipeline.
+    """
+
+    CASES = [
+        # (stored version, or MISSING; candidate version; replaced?)
+        (5, 4, False),
+        (5, 5, True),
+        (5, 6, True),
+        (5.0, 4, False),
+        (2**40, 7, False),  # a long
+        ("MISSING", 1, True),
+        ("7", 1, True),  # a string, even one that reads as a higher number
+        ("7", 9, True),
+        (None, 1, True),
+        ({"n": 9}, 1, True),
+        ([9], 1, True),
+        (True, 1, True),  # a boolean is not a version
+    ]
+
+    def test_save_over_a_raw_stored_document(self):
+        connection, name, guard = self.mongo()
+        store = MongoSnapshotStore(connection, name, schema=guard)
+        collection = store.collection("order")
+        for n, (stored_version, candidate_version, replaced) in enumerate(self.CASES):
+            with self.subTest(stored=stored_version, candidate=candidate_version):
+                agg = AggregateId("order", f"raw-{n}", "test-context", "tenant-a")
+                raw = {"_id": agg.id, "state": {"written": "by hand"}}
+                if stored_version != "MISSING":
+                    raw["version"] = stored_version
+                collection.insert_one(dict(raw))
+                candidate = make_snapshot(agg, candidate_version, status="candidate")
+                store.save(candidate)
+                if replaced:
+                    self.assertEqual(store.load(agg), candidate)
+                else:
+                    self.assertEqual(collection.find_one({"_id": agg.id}), raw)
+
+
+class TestEmbeddedMongoSnapshotStoreStoredVersions(MongoBackend, MongoSnapshotStoreStoredVersions,
+                                                   unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoSnapshotStoreStoredVersions(RealMongoBackend, MongoSnapshotStoreStoredVersions,
+                                               unittest.TestCase):
+    pass
 
 
 # --- prepare key --------------------------------------------------------------------

@@ -204,6 +204,63 @@ def test_wait_projected_waits_for_projections_and_reports_failures(wow):
     assert seen[-1] == ("order_cancelled", 2)
 
 
+def test_wait_projected_times_out_while_the_projection_runs(wow):
+    """The command's own projection blocks: the snapshot step is done, the projection is not."""
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    @projection("order")
+    def blocked(message):
+        started.set()
+        release.wait(10)
+        finished.set()
+
+    try:
+        began = time.monotonic()
+        result = place(wait=WaitStage.PROJECTED, timeout=0.2)
+        waited = time.monotonic() - began
+        assert started.is_set() and not finished.is_set()
+        assert result.error_code == "WAIT_TIMEOUT" and not result.succeeded
+        assert result.error_msg == "appended, but PROJECTED did not finish within 0.2s"
+        assert result.stage is WaitStage.SNAPSHOT  # the last stage reached
+        assert (result.aggregate_version, result.events) == (1, ("order_placed",))
+        assert 0.2 <= waited < 5  # the timeout given, not the gateway's 30 s default
+        assert versions(result.aggregate_id) == [1]  # appended all the same
+        assert get_runtime().snapshot_store.load(AggregateId("order", result.aggregate_id)).version == 1
+    finally:
+        release.set()
+    assert finished.wait(10)
+
+
+def test_wait_times_out_at_processed_while_the_aggregate_lane_is_busy(wow):
+    """An earlier command's projection holds the aggregate's dispatch lane: not even the snapshot step is done."""
+    started, release = threading.Event(), threading.Event()
+    projected: list[int] = []
+
+    @projection("order")
+    def blocked(message):
+        if message.version == 1:
+            started.set()
+            release.wait(10)
+        projected.append(message.version)
+
+    gateway = get_runtime().gateway
+    try:
+        placed = place()  # PROCESSED: returns once appended; its projection then holds the lane
+        assert started.wait(10)
+        paid = gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=placed.aggregate_id,
+                            wait=WaitStage.PROJECTED, timeout=0.2)
+        assert (paid.error_code, paid.stage) == ("WAIT_TIMEOUT", WaitStage.PROCESSED)
+        assert paid.error_msg == "appended, but SNAPSHOT did not finish within 0.2s"
+        assert (paid.aggregate_version, paid.events) == (2, ("order_paid",))
+        assert versions(placed.aggregate_id) == [1, 2]
+        assert projected == []
+    finally:
+        release.set()
+    gateway.dispatcher.close()  # drains the lane
+    assert projected == [1, 2]
+    assert get_runtime().snapshot_store.load(AggregateId("order", placed.aggregate_id)).version == 2
+
+
 def test_projections_see_each_aggregate_in_version_order(wow):
     seen: dict[str, list[int]] = {}
     lock = threading.Lock()
@@ -406,16 +463,25 @@ def test_a_reservation_held_by_another_aggregate_is_never_released(wow_memory):
     assert get_runtime().prepare_key("username").get("linus").value == "cust-1"
 
 
-class Latency:
-    """Wraps an event store: reads take a moment, as over a network, so other writers get in between."""
+class RivalReads:
+    """One gateway's view of the shared event store.
 
-    def __init__(self, inner):
+    Once armed, its next read waits at a barrier shared with the other
+    gateway's view: both have read the same version before either appends,
+    so their appends of the next version conflict, whatever the scheduling.
+    """
+
+    def __init__(self, inner, barrier: threading.Barrier, conflicts: list[int]):
         self.inner = inner
-        self.conflicts: list[int] = []
+        self.barrier = barrier
+        self.conflicts = conflicts
+        self.armed = False
 
     def load(self, *args, **kwargs):
         streams = self.inner.load(*args, **kwargs)
-        time.sleep(0.0005)
+        if self.armed:  # read under the gateway's aggregate lock: one reader at a time per view
+            self.armed = False
+            self.barrier.wait()
         return streams
 
     def append(self, stream):
@@ -431,10 +497,14 @@ class Latency:
 
 def test_two_gateways_on_one_store_conflict_and_retry(wow):
     """Two gateways stand for two processes: their commands really conflict and are retried."""
-    store = Latency(get_runtime().event_store)
-    gateways = [CommandGateway(store, None, context_name="order-service", prepare_keys=get_runtime().prepare_key, retry_limit=30, retry_backoff_ms=0.2)
-                for _ in range(2)]
+    barrier, conflicts = threading.Barrier(2, timeout=10), []
+    views = [RivalReads(get_runtime().event_store, barrier, conflicts) for _ in range(2)]
+    gateways = [CommandGateway(view, None, context_name="order-service", prepare_keys=get_runtime().prepare_key,
+                               retry_limit=30, retry_backoff_ms=0.2)
+                for view in views]
     customer = gateways[0].send(RegisterCustomer(username="shared", display_name="s")).aggregate_id
+    for view in views:
+        view.armed = True  # the first command of each gateway reads version 1, then appends version 2
 
     def worker(n):
         gateway = gateways[n % 2]
@@ -449,4 +519,4 @@ def test_two_gateways_on_one_store_conflict_and_retry(wow):
     for gateway in gateways:
         gateway.close()
     assert versions(customer, "customer") == list(range(1, 152))
-    assert store.conflicts, "the two gateways never conflicted: the retry path was not exercised"
+    assert 2 in conflicts, "the two gateways' first commands did not conflict: the retry path was not exercised"

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
+from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo import database_name
 from wow_django.backends.mongo.client import connect, disconnect, parse_uri, redact
@@ -58,7 +62,34 @@ def test_one_connection_per_uri():
     disconnect("mongomock://localhost/conn_b")
 
 
-def test_server_client_is_lazy_and_recreated_after_fork():
+def test_server_client_is_lazy():
+    """Opening a server connection talks to nobody; its first operation is what reaches the server.
+
+    The "server" is a socket that listens and never answers: a connection
+    attempt shows as a pending connection in its backlog.
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    uri = f"mongodb://127.0.0.1:{listener.getsockname()[1]}/lazy_test?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+    before = set(threading.enumerate())
+    try:
+        connection = connect(uri)
+        database = connection.database("lazy_test")
+        started = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("pymongo")]
+        assert started == []  # no server monitor, no background I/O
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody has connected
+        with pytest.raises(pymongo_errors.ServerSelectionTimeoutError):
+            database.command("ping")  # the silent server never answers the handshake
+        listener.settimeout(10)
+        peer, _ = listener.accept()  # the first operation connected
+        peer.close()
+    finally:
+        disconnect(uri)
+        listener.close()
+
+
+def test_server_client_is_recreated_after_fork():
     # connect=False: creating the client talks to nobody, so port 1 is fine.
     uri = "mongodb://127.0.0.1:1/fork_test?serverSelectionTimeoutMS=100"
     parent = connect(uri)

@@ -25,9 +25,14 @@ def test_wow_demo_fills_and_reports():
     with override_settings(WOW=fresh_wow("mongo")):
         call_command("wow_demo", "--orders", "6", stdout=out)
     text = out.getvalue()
-    assert "orders by status:" in text
+    assert "orders by status: CANCELLED 2, PAID 1, PLACED 1, SHIPPED 2\n" in text  # seed 7
     assert "is refused: USERNAME_TAKEN" in text
-    assert "consumed" in text  # the integration-event scenario ran
+    # The integration-event scenario ran, and every event was consumed by all its consumers.
+    assert "Bus demo: 3 paid orders published order.purchased" in text
+    assert "did not settle" not in text
+    assert text.count("order.purchased    CONSUMED  2/2 consumed") == 3
+    assert text.count("points.added       CONSUMED  1/1 consumed") == 3
+    assert text.count("notification.sent  CONSUMED  1/1 consumed") == 6
 
 
 def test_wow_demo_is_idempotent_for_its_own_requests():

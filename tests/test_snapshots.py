@@ -13,8 +13,9 @@ from django.test import override_settings
 
 from sample_project.orders.aggregates import ChangeDisplayName, Customer, OrderLine, PlaceOrder, RegisterCustomer
 from wow_django.application.gateway import WaitStage
+from wow_django.application.repository import AggregateRepository
 from wow_django.application.runtime import get_runtime
-from wow_django.application.snapshotting import should_snapshot
+from wow_django.application.snapshotting import rebuild_snapshots, refresh_snapshot, should_snapshot
 from wow_django.domain.aggregate import Aggregate
 from wow_django.persistence.records import AggregateId
 from wow_django.tasks import _snapshot_key
@@ -176,14 +177,29 @@ def test_rebuild_refuses_unknown_aggregates():
             run_rebuild("invoice")
 
 
-def test_rebuild_never_lowers_a_newer_snapshot():
-    with override_settings(WOW=fresh_wow("mongo")):
-        customer = register()
-        renamed(customer, 2)
-        repository = get_runtime().gateway.repository
-        stale = repository.load(Customer, customer, tail_version=1)
-        from wow_django.application.repository import snapshot_of
+@pytest.mark.parametrize("storage", ["in_memory", "mongo"])
+def test_rebuild_never_lowers_a_newer_snapshot(storage):
+    """A command and its snapshot land while the rebuild replays the aggregate: the newer snapshot stays."""
+    with override_settings(WOW=fresh_wow(storage, SNAPSHOT_STRATEGY="none")):
+        busy, quiet = register("busy"), register("quiet")
+        renamed(busy, 2)
+        runtime = get_runtime()
+        replayed: dict[str, int] = {}
 
-        get_runtime().snapshot_store.save(snapshot_of(stale, "order-service"))
-        assert snapshot_version("customer", customer) == 2
+        class LiveTraffic(AggregateRepository):
+            """The rebuild's repository: live traffic gets in between its replay of ``busy`` and the save."""
 
+            def load(self, cls, aggregate_id, **kwargs):
+                aggregate = super().load(cls, aggregate_id, **kwargs)
+                replayed[aggregate_id] = aggregate.version
+                if aggregate_id == busy:
+                    renamed(busy, 3)
+                    assert refresh_snapshot(runtime.gateway.repository, Customer, busy) == 3
+                return aggregate
+
+        repository = LiveTraffic(runtime.event_store, runtime.snapshot_store, "order-service")
+        assert rebuild_snapshots(repository, Customer) == 2
+        assert replayed == {busy: 2, quiet: 1}  # the rebuild saved its v2 of busy after v3 was stored
+        snapshot = runtime.snapshot_store.load(AggregateId("customer", busy))
+        assert (snapshot.version, snapshot.state["display_name"]) == (3, "name 3")
+        assert snapshot_version("customer", quiet) == 1  # nothing newer there: the rebuild's snapshot

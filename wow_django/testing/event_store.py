@@ -121,6 +121,47 @@ class EventStoreContract:
             self.store.append(stream)
         self.assertEqual(self.store.last(agg), streams[-1])
 
+    # --- version order, whatever the order of appends ---------------------------
+    #
+    # A store only forbids a version twice; it does not require versions to
+    # arrive in order (two writers of one aggregate can land v3 before v2).
+    # Reads are in version order all the same.
+
+    def test_streams_appended_out_of_order_load_in_version_order(self):
+        agg = self.agg()
+        # Insertion order 3, 1, 2; creation times in the reverse of version
+        # order; only version order is neither of the two.
+        streams = {v: make_stream(agg, v, events=v, create_time=t) for v, t in ((1, 3_000), (2, 2_000), (3, 1_000))}
+        for version in (3, 1, 2):
+            self.store.append(streams[version])
+        in_order = [streams[1], streams[2], streams[3]]
+        self.assertEqual(self.store.load(agg), in_order)
+        self.assertEqual(self.store.load(agg, 1, 2), in_order[:2])
+        self.assertEqual(self.store.load(agg, 2), in_order[1:])
+        self.assertEqual(self.store.load(agg, 2, 3), in_order[1:])
+        self.assertEqual(self.store.load_by_time(agg, 0, 10_000), in_order)
+        self.assertEqual(self.store.load_by_time(agg, 1_000, 2_000), [streams[2], streams[3]])
+        self.assertEqual(self.store.last(agg), streams[3])
+
+    def test_last_is_the_highest_version_not_the_last_appended(self):
+        agg = self.agg()
+        streams = {v: make_stream(agg, v) for v in (1, 2, 3)}
+        for version in (1, 3, 2):
+            self.store.append(streams[version])
+        self.assertEqual(self.store.last(agg), streams[3])
+        self.assertEqual(self.store.load(agg), [streams[1], streams[2], streams[3]])
+
+    def test_a_gap_filled_later_loads_in_version_order(self):
+        agg = self.agg()
+        streams = {v: make_stream(agg, v) for v in range(1, 7)}
+        appended: list[int] = []
+        for version in (6, 2, 4, 1, 5, 3):
+            self.store.append(streams[version])
+            appended.append(version)
+            self.assertEqual(self.store.load(agg), [streams[v] for v in sorted(appended)])
+            self.assertEqual(self.store.last(agg), streams[6])
+        self.assertEqual(self.store.load(agg, 3, 5), [streams[3], streams[4], streams[5]])
+
     def test_aggregates_of_one_type_do_not_mix(self):
         first, second = self.agg(), self.agg()
         a = make_stream(first, 1)
