@@ -124,3 +124,21 @@ def test_the_domain_imports_nothing_of_wow_django_but_the_domain_and_exceptions(
             others = {t for t, _ in imports_of(name) if t.startswith("wow_django")
                       and not t.startswith("wow_django.domain") and t != "wow_django.exceptions"}
             assert others == set(), f"{name} imports {others}"
+
+
+def test_no_test_module_imports_another_test_module():
+    """Shared helpers live in tests/support.py or wow_django.testing, never in a test module."""
+    import ast
+    from pathlib import Path
+
+    offenders = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                if any(n.rpartition(".")[2].startswith("test_") or n.startswith("tests.test_") for n in names):
+                    offenders.append(f"{path.name}:{node.lineno}")
+            elif isinstance(node, ast.Import):
+                if any(a.name.rpartition(".")[2].startswith("test_") for a in node.names):
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []

@@ -6,9 +6,7 @@ import unittest
 
 from wow_django.backends.memory.bus_store import InMemoryBusStore
 from wow_django.backends.mongo.bus_store import MongoBusStore
-from wow_django.testing import BusStoreContract, requires_real_mongo
-
-from .test_conformance import MongoBackend, RealMongoBackend
+from wow_django.testing import BusStoreContract, EmbeddedMongoDatabase, RealMongoDatabase, requires_real_mongo
 
 
 class TestInMemoryBusStore(BusStoreContract, unittest.TestCase):
@@ -16,14 +14,14 @@ class TestInMemoryBusStore(BusStoreContract, unittest.TestCase):
         return InMemoryBusStore()
 
 
-class TestEmbeddedMongoBusStore(MongoBackend, BusStoreContract, unittest.TestCase):
+class TestEmbeddedMongoBusStore(EmbeddedMongoDatabase, BusStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoBusStore(connection, name, schema_guard=guard)
 
 
 @requires_real_mongo
-class TestRealMongoBusStore(RealMongoBackend, BusStoreContract, unittest.TestCase):
+class TestRealMongoBusStore(RealMongoDatabase, BusStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoBusStore(connection, name, schema_guard=guard)

@@ -8,45 +8,21 @@ from datetime import UTC, datetime, timedelta
 from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.prepare_key import MongoPrepareKey
-from wow_django.backends.mongo.schema import SchemaGuard
 from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.records import AggregateId
 from wow_django.testing import (
+    EmbeddedMongoDatabase,
     EventStoreContract,
     FakeClock,
     PrepareKeyContract,
+    RealMongoDatabase,
     SnapshotStoreContract,
     make_snapshot,
     make_stream,
     requires_real_mongo,
-    temporary_database,
 )
-from wow_django.testing.mongo import embedded_connection, server_connection
-
-
-class MongoBackend:
-    """Each test gets its own database on a fresh connection."""
-
-    def connection(self):
-        return embedded_connection()
-
-    def mongo(self):
-        """``(connection, database name, schema guard)`` for this test."""
-        if not hasattr(self, "_mongo"):
-            connection = self.connection()
-            self.addCleanup(connection.close)
-            context = temporary_database(connection)
-            self._mongo = (connection, context.__enter__(), SchemaGuard("test-context"))
-            self.addCleanup(context.__exit__, None, None, None)
-        return self._mongo
-
-
-class RealMongoBackend(MongoBackend):
-    def connection(self):
-        return server_connection()
-
 
 # --- event store -----------------------------------------------------------------
 
@@ -61,13 +37,13 @@ class TestInMemoryBatchingEventStore(EventStoreContract, unittest.TestCase):
         return BatchingEventStore(InMemoryEventStore(), max_size=16, max_delay_ms=0.5, lane_count=3)
 
 
-class TestEmbeddedMongoEventStore(MongoBackend, EventStoreContract, unittest.TestCase):
+class TestEmbeddedMongoEventStore(EmbeddedMongoDatabase, EventStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoEventStore(connection, name, schema=guard)
 
 
-class TestEmbeddedMongoBatchingEventStore(MongoBackend, EventStoreContract, unittest.TestCase):
+class TestEmbeddedMongoBatchingEventStore(EmbeddedMongoDatabase, EventStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         inner = MongoEventStore(connection, name, schema=guard)
@@ -75,14 +51,14 @@ class TestEmbeddedMongoBatchingEventStore(MongoBackend, EventStoreContract, unit
 
 
 @requires_real_mongo
-class TestRealMongoEventStore(RealMongoBackend, EventStoreContract, unittest.TestCase):
+class TestRealMongoEventStore(RealMongoDatabase, EventStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoEventStore(connection, name, schema=guard)
 
 
 @requires_real_mongo
-class TestRealMongoBatchingEventStore(RealMongoBackend, EventStoreContract, unittest.TestCase):
+class TestRealMongoBatchingEventStore(RealMongoDatabase, EventStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return BatchingEventStore(MongoEventStore(connection, name, schema=guard), lane_count=2)
@@ -116,12 +92,12 @@ class MongoEventStoreReadOrder:
                 self.assertEqual(store.last(agg), streams[5])
 
 
-class TestEmbeddedMongoEventStoreReadOrder(MongoBackend, MongoEventStoreReadOrder, unittest.TestCase):
+class TestEmbeddedMongoEventStoreReadOrder(EmbeddedMongoDatabase, MongoEventStoreReadOrder, unittest.TestCase):
     pass
 
 
 @requires_real_mongo
-class TestRealMongoEventStoreReadOrder(RealMongoBackend, MongoEventStoreReadOrder, unittest.TestCase):
+class TestRealMongoEventStoreReadOrder(RealMongoDatabase, MongoEventStoreReadOrder, unittest.TestCase):
     pass
 
 
@@ -133,14 +109,14 @@ class TestInMemorySnapshotStore(SnapshotStoreContract, unittest.TestCase):
         return InMemorySnapshotStore()
 
 
-class TestEmbeddedMongoSnapshotStore(MongoBackend, SnapshotStoreContract, unittest.TestCase):
+class TestEmbeddedMongoSnapshotStore(EmbeddedMongoDatabase, SnapshotStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoSnapshotStore(connection, name, schema=guard)
 
 
 @requires_real_mongo
-class TestRealMongoSnapshotStore(RealMongoBackend, SnapshotStoreContract, unittest.TestCase):
+class TestRealMongoSnapshotStore(RealMongoDatabase, SnapshotStoreContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoSnapshotStore(connection, name, schema=guard)
@@ -191,13 +167,13 @@ class MongoSnapshotStoreStoredVersions:
                     self.assertEqual(collection.find_one({"_id": agg.id}), raw)
 
 
-class TestEmbeddedMongoSnapshotStoreStoredVersions(MongoBackend, MongoSnapshotStoreStoredVersions,
+class TestEmbeddedMongoSnapshotStoreStoredVersions(EmbeddedMongoDatabase, MongoSnapshotStoreStoredVersions,
                                                    unittest.TestCase):
     pass
 
 
 @requires_real_mongo
-class TestRealMongoSnapshotStoreStoredVersions(RealMongoBackend, MongoSnapshotStoreStoredVersions,
+class TestRealMongoSnapshotStoreStoredVersions(RealMongoDatabase, MongoSnapshotStoreStoredVersions,
                                                unittest.TestCase):
     pass
 
@@ -210,7 +186,7 @@ class TestInMemoryPrepareKey(PrepareKeyContract, unittest.TestCase):
         return InMemoryPrepareKey(name, clock=clock)
 
 
-class TestEmbeddedMongoPrepareKey(MongoBackend, PrepareKeyContract, unittest.TestCase):
+class TestEmbeddedMongoPrepareKey(EmbeddedMongoDatabase, PrepareKeyContract, unittest.TestCase):
     def make_prepare_key(self, name, clock):
         connection, db, guard = self.mongo()
         return MongoPrepareKey(name, connection, db, schema=guard, clock=clock)
@@ -236,7 +212,7 @@ class TestPrepareKeyClock(unittest.TestCase):
 
 
 @requires_real_mongo
-class TestRealMongoPrepareKey(RealMongoBackend, PrepareKeyContract, unittest.TestCase):
+class TestRealMongoPrepareKey(RealMongoDatabase, PrepareKeyContract, unittest.TestCase):
     def make_prepare_key(self, name, clock):
         connection, db, guard = self.mongo()
         return MongoPrepareKey(name, connection, db, schema=guard, clock=clock)
