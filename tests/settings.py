@@ -1,8 +1,38 @@
-"""Settings for the test suite: the sample project on embedded defaults."""
+"""Settings for the test suite: the sample project on embedded defaults.
+
+Besides Django's own in-memory ``default``, two databases serve the django
+storage backend's tests: ``wow_sqlite`` (a file, so that threads and processes
+share it) and ``wow_pg`` (the PostgreSQL on 127.0.0.1 that ``.ci/run``
+starts; ``WOW_TEST_PG_HOST``/``_PORT``/``_USER``/``_PASSWORD``/``_DB`` override).
+Each test run gets its own test databases (the process id is in their names),
+so concurrent runs on one machine do not collide.
+"""
+
+import os
+import tempfile
 
 from sample_project.settings import *  # noqa: F401,F403
 
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+_RUN = os.getpid()
+_SQLITE_DIR = tempfile.mkdtemp(prefix="wow-tests-")
+
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    "wow_sqlite": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(_SQLITE_DIR, "wow.sqlite3"),
+        "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_wow.sqlite3")},
+    },
+    "wow_pg": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("WOW_TEST_PG_DB", "test"),
+        "HOST": os.environ.get("WOW_TEST_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("WOW_TEST_PG_PORT", "5432"),
+        "USER": os.environ.get("WOW_TEST_PG_USER", "postgres"),
+        "PASSWORD": os.environ.get("WOW_TEST_PG_PASSWORD", ""),
+        "TEST": {"NAME": f"test_wow_{_RUN}"},
+    },
+}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
