@@ -43,7 +43,6 @@ def in_forked_child(probe) -> tuple[bool, ...]:
 ROOT = Path(wow_django.__file__).parent
 
 
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
     if parts[-1] == "__init__":

@@ -13,6 +13,7 @@ from sample_project.orders.aggregates import OrderLine, PlaceOrder
 from wow_django.application import TaskQueue, WaitStage, close_runtime, get_runtime, send
 from wow_django.backends.memory import MemoryBackend
 from wow_django.checks import check_settings
+from wow_django.domain import projection
 from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.records import AggregateId
@@ -28,6 +29,7 @@ class RecordingTaskQueue(TaskQueue):
 
     given: list[tuple] = []
     fail_rollups = False
+    take_rollups = True
 
     def process_command(self, message: dict) -> None:
         self.given.append(("process_command", message["command_name"], message["request_id"]))
@@ -36,16 +38,18 @@ class RecordingTaskQueue(TaskQueue):
         self.given.append(("request_snapshot", aggregate_name, aggregate_id))
         return True
 
-    def rollup(self, event_id: str) -> None:
+    def rollup(self, event_id: str) -> bool:
         if self.fail_rollups:
             raise ConnectionError("broker down")
         self.given.append(("rollup", event_id))
+        return self.take_rollups
 
 
 @pytest.fixture
 def recording_queue():
     RecordingTaskQueue.given = []
     RecordingTaskQueue.fail_rollups = False
+    RecordingTaskQueue.take_rollups = True
     settings = fresh_wow("in_memory", TASK_QUEUE=f"{__name__}.RecordingTaskQueue")
     with override_settings(WOW=settings):
         yield RecordingTaskQueue
@@ -121,14 +125,38 @@ def test_a_settings_change_closes_the_runtime_and_the_next_call_builds_a_new_one
         assert get_runtime() is not old
 
 
-def test_close_runtime_closes_the_parts(wow):
+def test_close_runtime_drains_the_dispatch_then_closes_the_parts(wow):
     runtime = get_runtime()
     gateway = runtime.gateway
+    release = threading.Event()
+    seen = []
+
+    @projection("order")
+    def slow(message):
+        release.wait(5)
+        seen.append((message.version, get_runtime() is runtime))
+
+    result = send(ORDER, wait=WaitStage.PROCESSED)
+    running = [t for t in gateway.dispatcher._threads if t is not None]
+    assert len(running) == 1 and running[0].is_alive()
+    threading.Timer(0.1, release.set).start()
     close_runtime()
+    assert seen == [(1, True)]  # the queued projection ran, on the closing runtime's parts
+    assert not running[0].is_alive()
+    assert gateway.dispatcher._threads == [None] * gateway.dispatcher.lane_count
     assert get_runtime() is not runtime
     with pytest.raises(RuntimeError, match="closed"):
         _ = runtime.event_store
-    assert gateway.dispatcher._threads == [None] * gateway.dispatcher.lane_count  # lanes stopped
+    if wow["STORAGE"] == "mongo":  # the connection is the process's: the next runtime reads what this one wrote
+        assert get_runtime().event_store.last(AggregateId("order", result.aggregate_id)).version == 1
+
+
+def test_celery_mode_snapshot_requests_queued_before_a_close_are_all_made(recording_queue):
+    with override_settings(WOW=fresh_wow("in_memory", TASK_QUEUE=f"{__name__}.RecordingTaskQueue",
+                                         SNAPSHOT_MODE="celery")):
+        ids = [send(ORDER).aggregate_id for _ in range(3)]
+    requested = [g[2] for g in recording_queue.given if g[0] == "request_snapshot"]
+    assert sorted(requested) == sorted(ids)
 
 
 def test_a_forked_child_builds_its_own_runtime(wow):
@@ -141,6 +169,26 @@ def test_a_forked_child_builds_its_own_runtime(wow):
 
     assert in_forked_child(probe) == (True, True)
     assert get_runtime() is parent  # the parent keeps its own
+
+
+def test_ids_reseed_after_fork_without_a_runtime():
+    """The domain is used without Django too: its id generator reseeds itself in a forked child."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        "from wow_django.domain.ids import generate_id\n"
+        "assert 'wow_django.application.runtime' not in sys.modules\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(w, generate_id().encode()); os._exit(0)\n"
+        "os.close(w); child = os.read(r, 64).decode(); os.waitpid(pid, 0)\n"
+        "print(child[16:] != generate_id()[16:])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stderr
 
 
 def test_a_forked_child_does_not_repeat_the_parents_ids():
@@ -191,6 +239,17 @@ def test_bus_feedback_queues_its_rollup_and_rolls_up_inline_when_the_queue_fails
     assert bus.store.get_event("evt-port")["status"] == "CONSUMED"  # rolled up inline
 
 
+def test_a_rollup_the_queue_does_not_take_is_rolled_up_by_the_bus_that_asked(recording_queue):
+    bus = get_runtime().bus
+    bus.set_topic_consumer("order.purchased", "member-service")
+    bus.send("order.purchased", {"orderId": "o-2"}, event_id="evt-eager")
+    recording_queue.take_rollups = False  # e.g. Celery in eager mode
+    with override_settings(WOW=fresh_wow("in_memory")):  # another runtime is current now
+        bus.record_feedback("evt-eager", "member-service", True)
+        assert get_runtime().bus is not bus
+    assert bus.store.get_event("evt-eager")["status"] == "CONSUMED"  # on this bus's own store
+
+
 def test_a_task_queue_that_does_not_import_or_is_not_a_task_queue_is_a_check_error():
     with override_settings(WOW={"TASK_QUEUE": "no.such.Queue"}):
         [error] = check_settings()
@@ -198,3 +257,18 @@ def test_a_task_queue_that_does_not_import_or_is_not_a_task_queue_is_a_check_err
     with override_settings(WOW={"TASK_QUEUE": "decimal.Decimal"}):
         [error] = check_settings()
         assert error.id == "wow_django.E001" and "TaskQueue subclass" in error.msg
+
+
+def test_a_forked_child_sends_commands_through_its_own_batcher_and_dispatch():
+    """What the removed pid checks guarded: the parent's lanes and dispatch threads do not exist in a child."""
+    settings = fresh_wow("mongo", EVENT_STORE_BATCH={"ENABLED": True})
+    with override_settings(WOW=settings):
+        placed = send(ORDER, wait=WaitStage.SNAPSHOT)  # the parent's batcher lane and dispatch lane run
+        assert placed.succeeded
+
+        def probe():
+            result = send(ORDER, wait=WaitStage.SNAPSHOT)
+            snapshot = get_runtime().snapshot_store.load(AggregateId("order", result.aggregate_id))
+            return (result.succeeded, result.stage is WaitStage.SNAPSHOT, snapshot is not None)
+
+        assert in_forked_child(probe) == (True, True, True)

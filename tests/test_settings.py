@@ -152,10 +152,30 @@ def test_celery_snapshots_with_a_process_local_cache_are_a_warning():
 
 
 def test_the_header_tenant_resolver_is_a_warning_outside_debug():
-    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x"}):
+    amqp = "amqp://guest:guest@rabbit:5672//"
+    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "BUS_TRANSPORT_URL": amqp}):
         assert ids(check_settings()) == ["wow_django.W004"]
-    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x",
+    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "BUS_TRANSPORT_URL": amqp,
                                              "TENANT_RESOLVER": "wow_django.http.tenancy.UserTenantResolver"}):
         assert check_settings() == []
     with override_settings(DEBUG=True, WOW={"MONGO_URI": "mongodb://db/x"}):
         assert check_settings() == []
+
+
+def test_the_memory_bus_transport_is_a_warning_outside_debug():
+    user_resolver = "wow_django.http.tenancy.UserTenantResolver"
+    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "TENANT_RESOLVER": user_resolver}):
+        [warning] = check_settings()
+        assert warning.id == "wow_django.W005" and "memory://" in warning.msg
+    with override_settings(DEBUG=True, WOW={"MONGO_URI": "mongodb://db/x"}):
+        assert check_settings() == []
+
+
+def test_a_mongomock_uri_without_mongomock_installed_is_a_check_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mongomock" else real(name, *a))
+    with override_settings(WOW={"MONGO_URI": "mongomock://localhost/x"}):
+        [error] = check_settings()
+        assert error.id == "wow_django.E003" and "wow-django[mongomock]" in error.hint

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+
+from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
@@ -45,6 +48,12 @@ def check_settings(app_configs=None, **kwargs):
         except ImproperlyConfigured as exc:
             return [checks.Error(str(exc), hint="Set WOW['MONGO_URI'] to a URI with a database.",
                                  id="wow_django.E002")]
+        if embedded and importlib.util.find_spec("mongomock") is None:
+            return [checks.Error(
+                "WOW['MONGO_URI'] uses the embedded engine (mongomock://) but mongomock is not installed.",
+                hint="pip install 'wow-django[mongomock]', or set WOW['MONGO_URI'] to a mongodb:// URI.",
+                id="wow_django.E003",
+            )]
         if embedded:
             messages.append(checks.Warning(
                 "wow_django is using the embedded MongoDB engine (mongomock://): data is neither "
@@ -59,6 +68,14 @@ def check_settings(app_configs=None, **kwargs):
             hint="Use wow_django.http.tenancy.UserTenantResolver (tenant from the authenticated user) or your "
                  "own resolver; silence wow_django.W004 if a gateway sets the header.",
             id="wow_django.W004",
+        ))
+    if (not settings.DEBUG and apps.is_installed("wow_django.bus")
+            and wow_settings.BUS_TRANSPORT_URL.split("://", 1)[0] == "memory"):
+        messages.append(checks.Warning(
+            "WOW['BUS_TRANSPORT_URL'] is kombu's memory:// transport: bus messages never leave this process, "
+            "so consumers in other processes (manage.py wow_consume) receive nothing.",
+            hint="Set WOW['BUS_TRANSPORT_URL'] to your RabbitMQ (amqp://user:password@host:5672//).",
+            id="wow_django.W005",
         ))
     if wow_settings.SNAPSHOT_MODE == "celery" and _cache_is_process_local():
         messages.append(checks.Warning(

@@ -318,7 +318,6 @@ class WowSettings:
 wow_settings = WowSettings()
 
 
-
 def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "WOW":
         wow_settings.reload()

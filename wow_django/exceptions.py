@@ -16,7 +16,7 @@ class WowError(Exception):
 # --- configuration and schema -------------------------------------------
 
 
-class DeclarationError(WowError):
+class DeclarationError(WowError, ValueError):
     """A command, event, aggregate or handler is declared wrongly (names the declaration and the rule)."""
 
     error_code = "DECLARATION_ERROR"

@@ -67,13 +67,13 @@ class CeleryTaskQueue(TaskQueue):
             raise
         return True
 
-    def rollup(self, event_id: str) -> None:
+    def rollup(self, event_id: str) -> bool:
         if rollup_event.app.conf.task_always_eager:
-            # What the eager task would do, without Celery caching a broker
-            # pool and a result backend on the app for the current settings.
-            get_runtime().bus.rollup(event_id)
-        else:
-            rollup_event.apply_async((event_id,), queue=wow_settings.BUS_ROLLUP_QUEUE)
+            # Not queued: the bus rolls up inline what the eager task would, without
+            # Celery caching a broker pool and a result backend on the app.
+            return False
+        rollup_event.apply_async((event_id,), queue=wow_settings.BUS_ROLLUP_QUEUE)
+        return True
 
 
 # --- commands and snapshots ------------------------------------------------------------------

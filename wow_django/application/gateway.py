@@ -66,7 +66,7 @@ MAX_ID_LENGTH = 128
 class WaitStage(enum.StrEnum):
     """How far the gateway goes before it returns."""
 
-    SENT = "SENT"  # queued as a Celery task
+    SENT = "SENT"  # handed to the task queue (a Celery task by default)
     PROCESSED = "PROCESSED"  # events appended
     SNAPSHOT = "SNAPSHOT"  # snapshot step done (saved, queued or not due)
     PROJECTED = "PROJECTED"  # projections and event processors done
@@ -125,7 +125,7 @@ class CommandResult:
 
 @dataclass(frozen=True)
 class CommandMessage:
-    """A command with its routing and identity: what a Celery task carries."""
+    """A command with its routing and identity: what the task queue carries."""
 
     aggregate_name: str
     command_name: str
@@ -252,7 +252,7 @@ class CommandGateway:
 
     def process_message(self, message: CommandMessage, wait: WaitStage = WaitStage.PROJECTED,
                         timeout: float | None = None) -> CommandResult:
-        """Process a message queued with stage SENT (the Celery task's entry point)."""
+        """Process a message queued with stage SENT (the queued task's entry point)."""
         cls = self._aggregate_for(message.command_name, message.aggregate_name)
         command = command_type(message.command_name).from_json(message.body)
         return self._process(cls, command, message, wait, timeout)
@@ -310,7 +310,7 @@ class CommandGateway:
 
     @property
     def tasks(self) -> TaskQueue:
-        """The task queue that takes SENT commands and snapshots in "celery" mode."""
+        """The task queue that takes SENT commands and snapshots in ``SNAPSHOT_MODE="celery"``."""
         if self._tasks is None:
             raise RuntimeError("this gateway has no task queue (pass tasks=...): it cannot queue work")
         return self._tasks()

@@ -22,5 +22,9 @@ class TaskQueue(ABC):
         """Queue a snapshot refresh of one aggregate; False when one is already pending (coalesced)."""
 
     @abstractmethod
-    def rollup(self, event_id: str) -> None:
-        """Queue the status rollup of one bus event (serially, on its own queue)."""
+    def rollup(self, event_id: str) -> bool:
+        """Queue the status rollup of one bus event (serially, on its own queue).
+
+        False: not queued — the bus that asked rolls it up itself, inline
+        (e.g. Celery in eager mode).
+        """

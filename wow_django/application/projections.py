@@ -44,7 +44,7 @@ COMPLETED.projected_done.set()
 class Job:
     stream: EventStream
     snapshot: Snapshot | None  # inline snapshot to save, if the strategy asked for one
-    queue_snapshot: bool  # ask the Celery snapshot task instead
+    queue_snapshot: bool  # ask the task queue for a snapshot instead
     tracker: Tracker
 
 

@@ -16,9 +16,12 @@ talks to a server before that), and it is the only holder of process state:
   (batchers flushed, dispatch lanes and broker pools closed) and the next
   :func:`get_runtime` builds a new one;
 * **fork** (Celery prefork, gunicorn): the child drops the parent's runtime
-  without closing it (its threads and server clients belong to the parent),
-  forgets the parent's MongoDB server clients and reseeds the id generator;
-  the child builds its own runtime on first use;
+  without closing it (its threads and server clients belong to the parent)
+  and forgets the parent's MongoDB server clients; the child builds its own
+  runtime on first use. Parts taken from a runtime (``get_runtime().gateway``)
+  must not be kept across a fork: ask :func:`get_runtime` in the child. (The
+  id generator reseeds itself after a fork: it is pure Python and may be used
+  without a runtime.)
 * :func:`close_runtime` closes it explicitly (tests, shutdown).
 
 Which backend serves which contract comes from ``WOW['STORAGE']`` and the
@@ -42,7 +45,6 @@ from wow_django.backends.mongo.client import connections
 from wow_django.bus.service import EventBus
 from wow_django.bus.transport import BusTransport
 from wow_django.conf import wow_settings
-from wow_django.domain import ids
 from wow_django.persistence.backend import Backend
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.bus import BusStore
@@ -62,6 +64,10 @@ class Runtime:
         self._lock = threading.Lock()  # guards the two dicts only; never held while building
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _part(self, key: object, build: Callable[[], Any]) -> Any:
         part = self._parts.get(key)
         if part is not None:
@@ -76,7 +82,12 @@ class Runtime:
             if part is None:
                 part = build()
                 with self._lock:
-                    self._parts[key] = part
+                    closed = self._closed
+                    if not closed:
+                        self._parts[key] = part
+                if closed:  # closed while building: nobody will close it later
+                    _close(part)
+                    raise RuntimeError("this wow_django runtime is closed; call get_runtime() for the current one")
             return part
 
     def backend(self, purpose: str) -> Backend:
@@ -172,15 +183,23 @@ class Runtime:
     # --- life cycle ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every part built (gateway first: its dispatch may still write); idempotent."""
+        """Close every part built; idempotent.
+
+        The gateway first, while every part is still reachable: its dispatch
+        lanes finish what they hold (snapshots, projections and processors
+        may still use the stores, the bus and the task queue). Then the
+        runtime refuses new parts and closes the rest (the bus before the
+        stores: its transport may still publish).
+        """
+        gateway = self._parts.get("gateway")
+        if gateway is not None:
+            gateway.close()
         with self._lock:
             self._closed = True
             parts, self._parts = self._parts, {}
-        order = ["gateway", "bus", "event_store"]
-        for key in order + [k for k in parts if k not in order]:
-            close = getattr(parts.get(key), "close", None)
-            if close is not None:
-                close()
+        order = ["bus", "event_store"]
+        for key in order + [k for k in parts if k not in order and k != "gateway"]:
+            _close(parts.get(key))
 
 
 _runtime: Runtime | None = None
@@ -190,7 +209,7 @@ _runtime_lock = threading.Lock()
 def get_runtime() -> Runtime:
     """This process's runtime, built on first use (and again after a settings change or a fork)."""
     runtime = _runtime
-    if runtime is not None:
+    if runtime is not None and not runtime.closed:
         return runtime
     return _build()
 
@@ -198,18 +217,31 @@ def get_runtime() -> Runtime:
 def _build() -> Runtime:
     global _runtime
     with _runtime_lock:
-        if _runtime is None:
+        if _runtime is None or _runtime.closed:
             _runtime = Runtime()
         return _runtime
 
 
+def _close(part: Any) -> None:
+    close = getattr(part, "close", None)
+    if close is not None:
+        close()
+
+
 def close_runtime() -> None:
-    """Close this process's runtime; the next :func:`get_runtime` builds a new one."""
+    """Close this process's runtime; the next :func:`get_runtime` builds a new one.
+
+    It stays the current runtime while it drains (what its dispatch still runs
+    may call :func:`get_runtime`), and is replaced only once closed.
+    """
     global _runtime
+    runtime = _runtime
+    if runtime is None:
+        return
+    runtime.close()
     with _runtime_lock:
-        runtime, _runtime = _runtime, None
-    if runtime is not None:
-        runtime.close()
+        if _runtime is runtime:
+            _runtime = None
 
 
 def _after_fork_in_child() -> None:
@@ -218,7 +250,6 @@ def _after_fork_in_child() -> None:
     _runtime_lock = threading.Lock()
     _runtime = None  # the parent's: not closed, its threads and clients are the parent's
     connections.after_fork()
-    ids.reseed_after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -1,4 +1,4 @@
-"""Snapshot strategies, the Celery-backed snapshot refresh, and the rebuild."""
+"""Snapshot strategies, the snapshot refresh (what a queued snapshot task runs), and the rebuild."""
 
 from __future__ import annotations
 

@@ -63,8 +63,9 @@ def send(topic: str, payload, **fields) -> SendResult:
 
 
 __all__ = [
-    "BusContext", "BusError", "ConsumerContext", "ConsumerRegistry", "ConsumerNotExpected", "ConsumerWorker", "EnvelopeValidationError",
-    "Envelope", "EventBus", "EventNotFound", "EventStatus", "Initiator", "RelayReport", "RepushRefused",
-    "RepushResult", "SendResult", "SequenceTracker", "TraceNotFound", "TransportUnavailable", "WorkerStats",
-    "bus_context", "consumer", "current_context", "get_bus", "is_stale", "run_in_thread", "send",
+    "BusContext", "BusError", "ConsumerContext", "ConsumerRegistry", "ConsumerNotExpected", "ConsumerWorker",
+    "EnvelopeValidationError", "Envelope", "EventBus", "EventNotFound", "EventStatus", "Initiator",
+    "RelayReport", "RepushRefused", "RepushResult", "SendResult", "SequenceTracker", "TraceNotFound",
+    "TransportUnavailable", "WorkerStats", "bus_context", "consumer", "current_context", "get_bus",
+    "is_stale", "run_in_thread", "send",
 ]

@@ -61,8 +61,6 @@ INTERNAL_FIELDS = frozenset({"_id", "relayLeaseUntil", STATUS_REVISION})  # kept
 REPUSH_STATUSES = (EventStatus.FAILED.value, EventStatus.PARTIAL.value, EventStatus.RETRYING.value)
 
 
-
-
 @dataclass(frozen=True)
 class SendResult:
     event_id: str
@@ -119,9 +117,10 @@ def _text_or_none(value: Any, name: str, limit: int) -> str | None:
 
 class EventBus:
     def __init__(self, store: BusStore, transport: BusTransport, *, service_name: str,
-                 rollup_queue: Callable[[str], None] | None = None, relay_after_s: float = 30.0,
+                 rollup_queue: Callable[[str], bool] | None = None, relay_after_s: float = 30.0,
                  repush_timeout_s: float = 300.0, repush_max_count: int = 5, max_page_size: int = 200):
-        """``rollup_queue(event_id)`` queues a rollup (the runtime's task queue); None: roll up inline."""
+        """``rollup_queue(event_id)`` queues a rollup (the runtime's task queue) and says whether it did;
+        None, or False from it: this bus rolls up inline."""
         self.store = store
         self.rollup_queue = rollup_queue
         self.max_page_size = max_page_size
@@ -263,8 +262,8 @@ class EventBus:
         """Queue the event's rollup; roll up inline when there is no queue or it cannot take it."""
         if self.rollup_queue is not None:
             try:
-                self.rollup_queue(event_id)
-                return
+                if self.rollup_queue(event_id):
+                    return
             except Exception:
                 logger.warning("bus: could not queue the rollup of %s; rolling up inline", event_id, exc_info=True)
         try:

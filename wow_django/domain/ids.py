@@ -1,8 +1,9 @@
 """Identifier generation: sortable by creation time, unique without coordination.
 
 The one id generator of wow_django: ids of commands, event streams, events
-and records. Plain Python. After ``fork()`` the runtime calls
-:func:`reseed_after_fork` so parent and child never share a sequence.
+and records. Plain Python. After ``fork()`` the child reseeds (its own
+``os.register_at_fork`` hook: the domain is used with or without a runtime),
+so parent and child never share a sequence.
 """
 
 from __future__ import annotations
@@ -50,3 +51,7 @@ def generate_id() -> str:
 
 def _encode(value: int) -> str:
     return format(value, "032x")  # fixed width: sorts like the value
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=reseed_after_fork)

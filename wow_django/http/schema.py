@@ -393,6 +393,8 @@ class WowAutoSchema(AutoSchema):
             responses[code] = error
         if self.view.action in ("command", "delete", "recover"):
             responses["409"] = error
+        if self.view.action in ("command", "delete", "state"):
+            responses["410"] = error
         return responses
 
     def _get_response_for_code(self, serializer, status_code, media_types=None, direction="response"):
@@ -401,6 +403,8 @@ class WowAutoSchema(AutoSchema):
             response["description"] = ERROR_STATUSES[status_code]
         elif status_code == "409":
             response["description"] = "Refused in the aggregate's current state (a business rule or a conflict)."
+        elif status_code == "410":
+            response["description"] = "The aggregate is deleted (AGGREGATE_DELETED); recover it first."
         elif status_code == "202":
             response["description"] = "Queued, or stored without the asked stage confirmed."
         return response

@@ -23,7 +23,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from wow_django.application import queries as factory
+from wow_django.application import queries
 from wow_django.application.gateway import MAX_ID_LENGTH, CommandGateway, CommandResult, WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
@@ -263,10 +263,10 @@ class QueryView(WowAPIView):
         EVENT_STREAM: ("list", "paged", "count"),
     }
     PARSERS = {
-        "single": factory.parse_single_query,
-        "list": factory.parse_list_query,
-        "paged": factory.parse_paged_query,
-        "count": factory.parse_count_query,
+        "single": queries.parse_single_query,
+        "list": queries.parse_list_query,
+        "paged": queries.parse_paged_query,
+        "count": queries.parse_count_query,
     }
 
     @property

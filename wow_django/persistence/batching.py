@@ -6,8 +6,9 @@ for up to ``max_size`` streams, appends them in one unordered call and hands
 each caller its own result or error. At most ``max_pending`` streams wait at
 once; further callers block until there is room.
 
-Threads start on first use and are recreated after ``fork()`` (a Celery
-prefork child starts with none).
+Threads start on first use and belong to the process that started them: a
+forked child (Celery prefork) must not use a store built before the fork;
+it gets its own from the runtime (see :mod:`wow_django.application.runtime`).
 """
 
 from __future__ import annotations

@@ -396,6 +396,3 @@ def count_matching(
     """How many of ``documents`` match ``condition`` (Python evaluator)."""
     moment = now or datetime.now(UTC)
     return sum(1 for doc in documents if matches(condition, doc, field_map=field_map, now=moment))
-
-
-# --- the contract ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from wow_django.exceptions import ConsumerNotExpected
-from wow_django.persistence.bus import BusStore, EventQuery, status_revision
+from wow_django.persistence.bus import BusStore, EventQuery, EventStatus, status_revision
 
 T0 = datetime(2024, 2, 28, 10, 0, 0)
 
@@ -171,8 +171,6 @@ class EventRecordsContract(BusStoreCase):
         self.assertIsNone(self.store.get_event("evt-unknown"))
 
     def test_tuples_are_stored_as_lists_and_enum_values_as_their_values(self):
-        from wow_django.bus.envelope import EventStatus
-
         self.insert(make_event("evt-plain", status=EventStatus.SENT, consumers=("b-service", "a-service"),
                                payload={"pair": (1, 2)}))
         stored = self.store.get_event("evt-plain")

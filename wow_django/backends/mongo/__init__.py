@@ -94,7 +94,6 @@ class MongoBackend(Backend):
         return MongoEventStreamQueryService(store, aggregate_name)
 
 
-
 def planned_specs() -> list[tuple[str, CollectionSpec]]:
     """``(database purpose, spec)`` for every collection the settings and declarations ask for."""
     plan: list[tuple[str, CollectionSpec]] = []
