@@ -260,8 +260,17 @@ def test_unknown_aggregates_commands_and_routes_answer_json_404(api):
     assert_error(post(api, "order/refund_order", {}), 404, "UNKNOWN_COMMAND")
     assert_error(post(api, "order/some-id/refund_order", {}), 404, "UNKNOWN_COMMAND")
     assert_error(post(api, "order/some-id/register_customer", {}), 404, "UNKNOWN_COMMAND")
+    body = assert_error(post(api, "order/refund_order", {}), 404, "UNKNOWN_COMMAND")
+    assert body["errorMsg"] == "'refund_order' is not a command of aggregate 'order'."
     for path in ("", "order", "order/x/y/z/w/v", "order/x//state", "order/x/event/a/b", "order/x/event/-1/2"):
         assert_error(get(api, path), 404, "NOT_FOUND")
+
+
+def test_a_command_on_the_wrong_route_is_told_the_right_one(api):
+    body = assert_error(post(api, "order/pay_order", {"amount": "1"}), 404, "UNKNOWN_COMMAND")
+    assert body["errorMsg"] == "'pay_order' acts on an existing order: POST order/{id}/pay_order."
+    body = assert_error(post(api, "order/o-1/place_order", {}), 404, "UNKNOWN_COMMAND")
+    assert body["errorMsg"] == "'place_order' creates a new order: POST order/place_order (no aggregate id in the path)."
 
 
 def test_commands_on_unknown_ids_answer_404(api):

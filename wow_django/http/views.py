@@ -167,7 +167,7 @@ class DeleteAggregateView(CommandSenderView):
     def http_method_not_allowed(self, request, *args, **kwargs):
         # POST {aggregate}/{segment}: the client meant a create command this aggregate does not have.
         if request.method == "POST":
-            raise UnknownCommand(f"{kwargs.get('id')!r} is not a command of aggregate {self.aggregate.aggregate_name!r}.")
+            raise UnknownCommand(_misrouted(self.aggregate, kwargs.get("id"), with_id=False))
         return super().http_method_not_allowed(request, *args, **kwargs)
 
 
@@ -304,6 +304,17 @@ class QueryView(WowAPIView):
         return service.count(query, **scope)
 
 
+def _misrouted(aggregate: type[Aggregate], command: str, *, with_id: bool) -> str:
+    """Why ``POST {aggregate}/[{id}/]{command}`` has no route, and the route the client meant if there is one."""
+    name = aggregate.aggregate_name
+    handler = aggregate.handlers.get(command)
+    if handler is not None and handler.create and with_id:
+        return f"{command!r} creates a new {name}: POST {name}/{command} (no aggregate id in the path)."
+    if handler is not None and not handler.create and not with_id:
+        return f"{command!r} acts on an existing {name}: POST {name}/{{id}}/{command}."
+    return f"{command!r} is not a command of aggregate {name!r}."
+
+
 # --- everything else under the API prefix ---------------------------------------------------------------
 
 
@@ -319,7 +330,7 @@ class NotFoundView(WowAPIView):
         if name and aggregate_type(name) is None:
             raise UnknownAggregate(f"There is no aggregate named {name!r}.")
         if name and request.method == "POST" and len(segments) in (2, 3) and all(segments):
-            raise UnknownCommand(f"{segments[-1]!r} is not a command of aggregate {name!r}.")
+            raise UnknownCommand(_misrouted(aggregate_type(name), segments[-1], with_id=len(segments) == 3))
         raise ResourceNotFound(f"No API route for {request.method} {request.path}.")
 
     get = post = put = patch = delete = head = options = respond
