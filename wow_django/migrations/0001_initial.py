@@ -37,7 +37,7 @@ class Migration(migrations.Migration):
                 'verbose_name': 'event stream',
                 'db_table': 'wow_event_stream',
                 'indexes': [models.Index(fields=['context_name', 'position'], name='wow_stream_ctx_position')],
-                'constraints': [models.UniqueConstraint(fields=('aggregate_name', 'aggregate_id', 'version'), name='wow_stream_agg_version_uniq'), models.UniqueConstraint(fields=('aggregate_name', 'aggregate_id', 'request_id'), name='wow_stream_agg_request_uniq'), models.UniqueConstraint(fields=('aggregate_name', 'request_id', 'request_scope'), name='wow_stream_scope_request_uniq'), models.UniqueConstraint(fields=('stream_id',), name='wow_stream_id_uniq')],
+                'constraints': [models.UniqueConstraint(fields=('aggregate_name', 'aggregate_id', 'version'), name='wow_stream_agg_version_uniq'), models.UniqueConstraint(fields=('aggregate_name', 'aggregate_id', 'request_id'), name='wow_stream_agg_request_uniq'), models.UniqueConstraint(fields=('aggregate_name', 'request_scope', 'request_id'), name='wow_stream_scope_request_uniq'), models.UniqueConstraint(fields=('stream_id',), name='wow_stream_id_uniq')],
             },
         ),
         migrations.CreateModel(

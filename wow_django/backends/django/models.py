@@ -16,13 +16,13 @@
     * ``wow_stream_agg_request_uniq`` — unique (aggregate name, aggregate id,
       request id), always. It is the "aggregate" mode, and it holds in
       "global" mode too (unique per type implies unique per aggregate).
-    * ``wow_stream_scope_request_uniq`` — unique (aggregate name, request id,
-      ``request_scope``). The event store writes ``request_scope`` = the
-      aggregate id in "aggregate" mode, so this constraint adds nothing there,
-      and ``''`` in "global" mode, so that every row of a type written in that
-      mode shares one scope and a request id is unique per aggregate type. Its
-      leading columns also serve "does any aggregate of this type hold this
-      request id" (``exists_request_id`` without an aggregate id).
+    * ``wow_stream_scope_request_uniq`` — unique (aggregate name,
+      ``request_scope``, request id). The event store writes ``request_scope``
+      = the aggregate id in "aggregate" mode, so this constraint adds nothing
+      there, and ``''`` in "global" mode, so that every row of a type written
+      in that mode shares one scope and a request id is unique per aggregate
+      type. Its index serves the global lookup of a request id, and finds a
+      row outside the global scope at once (the mode check below).
 
     Rows written in "aggregate" mode keep their own scope, so switching an
     existing type to "global" would leave their request ids outside the global
@@ -111,7 +111,7 @@ class EventStreamRow(models.Model):
                                     name="wow_stream_agg_version_uniq"),
             models.UniqueConstraint(fields=["aggregate_name", "aggregate_id", "request_id"],
                                     name="wow_stream_agg_request_uniq"),
-            models.UniqueConstraint(fields=["aggregate_name", "request_id", "request_scope"],
+            models.UniqueConstraint(fields=["aggregate_name", "request_scope", "request_id"],
                                     name="wow_stream_scope_request_uniq"),
             models.UniqueConstraint(fields=["stream_id"], name="wow_stream_id_uniq"),
         ]
