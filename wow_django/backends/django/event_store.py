@@ -221,7 +221,9 @@ class DjangoEventStore(EventStore):
             for index in rows:
                 results[index] = exc
             return
-        except (DataError, IntegrityError):  # a stream the database cannot hold fails the statement: find it
+        except (DataError, IntegrityError, TypeError, ValueError):
+            # A stream the database cannot hold (or, on PostgreSQL, whose body is not JSON: encoded as the
+            # statement runs) fails the whole statement: store the chunk stream by stream to isolate it.
             self._insert_each(connection, streams, rows, results)
             return
         inserted: dict[tuple, list[int]] = {}
