@@ -10,6 +10,7 @@ statement skips conflicts instead of failing).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Sequence
 
@@ -62,9 +63,15 @@ def _conflict_error(kind: str, stream: EventStream) -> EventStoreError:
     return DuplicateEventStreamId(f"event stream {stream.id!r} was already appended")
 
 
+def _json(value):
+    """A JSON column's value: Django's connections hand JSON to the ORM as text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
 def _stream(values: tuple) -> EventStream:
     (stream_id, context_name, aggregate_name, aggregate_id, tenant_id, owner_id, request_id, command_id, version,
      header, body, create_time) = values
+    header, body = _json(header), _json(body)
     return EventStream(
         id=stream_id,
         aggregate_id=AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=context_name,
@@ -96,8 +103,14 @@ class DjangoEventStore(EventStore):
     def __init__(self, using: str = "default", *, request_id_index: str = "aggregate"):
         if request_id_index not in ("aggregate", "global"):
             raise ValueError(f"request_id_index must be 'aggregate' or 'global', got {request_id_index!r}")
-        prepare_database(using)
+        connection = prepare_database(using)
         self.using = using
+        quote = connection.ops.quote_name
+        self._names = {field.name: quote(field.column) for field in EventStreamRow._meta.concrete_fields}
+        self._select_sql = (
+            f"SELECT {', '.join('{' + column + '}' for column in _COLUMNS)} "
+            f"FROM {quote(EventStreamRow._meta.db_table)} WHERE {{aggregate_name}} = %s AND {{aggregate_id}} = %s"
+        )
         self.request_id_index = request_id_index
         self._global = request_id_index == "global"
         self._scopes_checked: set[str] = set()
@@ -312,34 +325,34 @@ class DjangoEventStore(EventStore):
 
     # --- reads -----------------------------------------------------------------------------------------
 
-    def _select(self, action: str, queryset) -> list[EventStream]:
+    def _streams(self, aggregate_id: AggregateId, condition: str = "", params: tuple = (),
+                 order: str = "ORDER BY {version}") -> list[EventStream]:
+        """The streams of one aggregate matching ``condition`` (raw SQL: the hot read path skips the ORM)."""
         connection = database(self.using)
-        with recoverable_errors(connection, action):
-            found = list(queryset.values_list(*_COLUMNS))
+        sql = f"{self._select_sql} {condition} {order}".format_map(self._names)
+        with recoverable_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
+            with connection.cursor() as cursor:
+                cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, *params))
+                found = cursor.fetchall()
         return [_stream(values) for values in found]
-
-    def _of(self, aggregate_id: AggregateId):
-        return self._rows().filter(aggregate_name=aggregate_id.aggregate_name, aggregate_id=aggregate_id.id)
 
     def load(
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
     ) -> list[EventStream]:
         check_version_range(head_version, tail_version)
-        rows = self._of(aggregate_id)
+        condition, params = "", ()
         if head_version > 1:
-            rows = rows.filter(version__gte=head_version)
+            condition, params = "AND {version} >= %s", (head_version,)
         if tail_version < MAX_VERSION:
-            rows = rows.filter(version__lte=tail_version)
-        return self._select(f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}", rows.order_by("version"))
+            condition, params = condition + " AND {version} <= %s", (*params, tail_version)
+        return self._streams(aggregate_id, condition, params)
 
     def load_by_time(self, aggregate_id: AggregateId, start_time: int, end_time: int) -> list[EventStream]:
         check_time_range(start_time, end_time)
-        rows = self._of(aggregate_id).filter(create_time__gte=start_time, create_time__lte=end_time)
-        return self._select(f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}", rows.order_by("version"))
+        return self._streams(aggregate_id, "AND {create_time} >= %s AND {create_time} <= %s", (start_time, end_time))
 
     def last(self, aggregate_id: AggregateId) -> EventStream | None:
-        found = self._select(f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}",
-                             self._of(aggregate_id).order_by("-version")[:1])
+        found = self._streams(aggregate_id, order="ORDER BY {version} DESC LIMIT 1")
         return found[0] if found else None
 
     def scan_aggregate_ids(
@@ -378,6 +391,5 @@ class DjangoEventStore(EventStore):
             return rows.exists()
 
     def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
-        found = self._select(f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}",
-                             self._of(aggregate_id).filter(request_id=request_id)[:1])
+        found = self._streams(aggregate_id, "AND {request_id} = %s", (request_id,), order="LIMIT 1")
         return found[0] if found else None
