@@ -18,7 +18,7 @@ from django.db import DataError, IntegrityError, transaction
 
 from wow_django.backends.django.connection import database, prepare_database
 from wow_django.backends.django.errors import recoverable_errors, violated_constraint
-from wow_django.backends.django.models import EventStreamRow
+from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow
 from wow_django.exceptions import (
     DuplicateAggregateId,
     DuplicateEventStreamId,
@@ -44,6 +44,7 @@ _COLUMNS = ("stream_id", "context_name", "aggregate_name", "aggregate_id", "tena
 
 
 _INSERT_FIELDS = [field for field in EventStreamRow._meta.concrete_fields if not field.primary_key]
+_JSON_FIELDS = {"header", "body"}
 # What RETURNING gives back to tell the inserted streams of a batch.
 _IDENTITY = ("stream_id", "aggregate_name", "aggregate_id", "version")
 
@@ -111,6 +112,9 @@ class DjangoEventStore(EventStore):
             f"SELECT {', '.join('{' + column + '}' for column in _COLUMNS)} "
             f"FROM {quote(EventStreamRow._meta.db_table)} WHERE {{aggregate_name}} = %s AND {{aggregate_id}} = %s"
         )
+        self._insert_sql = (f"INSERT INTO {quote(EventStreamRow._meta.db_table)} "
+                            f"({', '.join(quote(field.column) for field in _INSERT_FIELDS)}) VALUES ")
+        self._row_sql = "(" + ", ".join(["%s"] * len(_INSERT_FIELDS)) + ")"
         self.request_id_index = request_id_index
         self._global = request_id_index == "global"
         self._scopes_checked: set[str] = set()
@@ -119,17 +123,21 @@ class DjangoEventStore(EventStore):
     def _rows(self):
         return EventStreamRow.objects.using(self.using)
 
-    def _row(self, stream: EventStream) -> EventStreamRow:
+    def _values(self, stream: EventStream, connection) -> list:
+        """The row of ``stream``, adapted for ``connection``, in the order of :data:`_INSERT_FIELDS`."""
         agg = stream.aggregate_id
-        return EventStreamRow(
-            stream_id=stream.id, context_name=agg.context_name, aggregate_name=agg.aggregate_name,
-            aggregate_id=agg.id, tenant_id=agg.tenant_id, owner_id=stream.owner_id, request_id=stream.request_id,
-            request_scope="" if self._global else agg.id, command_id=stream.command_id, version=stream.version,
-            header=dict(stream.header),
-            body=[{"id": e.id, "name": e.name, "revision": e.revision, "bodyType": e.body_type, "body": e.body}
-                  for e in stream.body],
-            size=len(stream.body), create_time=stream.create_time,
-        )
+        row = {
+            "stream_id": stream.id, "context_name": agg.context_name, "aggregate_name": agg.aggregate_name,
+            "aggregate_id": agg.id, "tenant_id": agg.tenant_id, "owner_id": stream.owner_id,
+            "request_id": stream.request_id, "request_scope": "" if self._global else agg.id,
+            "command_id": stream.command_id, "version": stream.version, "header": dict(stream.header),
+            "body": [{"id": e.id, "name": e.name, "revision": e.revision, "bodyType": e.body_type, "body": e.body}
+                     for e in stream.body],
+            "size": len(stream.body), "create_time": stream.create_time,
+        }
+        adapt = connection.ops.adapt_json_value
+        return [adapt(row[field.attname], CanonicalJSONEncoder) if field.attname in _JSON_FIELDS
+                else row[field.attname] for field in _INSERT_FIELDS]
 
     # --- the request-id mode ----------------------------------------------------------------------
 
@@ -156,14 +164,14 @@ class DjangoEventStore(EventStore):
     def append(self, stream: EventStream) -> None:
         self._check_scope(stream.aggregate_name)
         connection = database(self.using)
-        row = self._row(stream)
+        values = self._values(stream, connection)
         agg = stream.aggregate_id
         try:
             with recoverable_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
                 # Inside the caller's transaction a savepoint keeps a conflict from breaking it.
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
-                with atomic:
-                    row.save(using=self.using, force_insert=True)
+                with atomic, connection.cursor() as cursor:
+                    cursor.execute(self._insert_sql + self._row_sql, values)
         except IntegrityError as exc:
             raise self._conflict(connection, stream, exc) from exc
         except DataError as exc:
@@ -208,22 +216,15 @@ class DjangoEventStore(EventStore):
         rows: list[int] = []
         for index in indexes:
             try:
-                row = self._row(streams[index])
-                params.extend(field.get_db_prep_save(getattr(row, field.attname), connection)
-                              for field in _INSERT_FIELDS)
+                params.extend(self._values(streams[index], connection))
             except (TypeError, ValueError) as exc:  # a body that is not JSON
                 results[index] = exc
-                del params[len(rows) * len(_INSERT_FIELDS):]
             else:
                 rows.append(index)
         if not rows:
             return
-        quote = connection.ops.quote_name
-        placeholders = "(" + ", ".join(["%s"] * len(_INSERT_FIELDS)) + ")"
-        sql = (f"INSERT INTO {quote(EventStreamRow._meta.db_table)} "
-               f"({', '.join(quote(field.column) for field in _INSERT_FIELDS)}) "
-               f"VALUES {', '.join([placeholders] * len(rows))} ON CONFLICT DO NOTHING "
-               f"RETURNING {', '.join(quote(EventStreamRow._meta.get_field(f).column) for f in _IDENTITY)}")
+        sql = (f"{self._insert_sql}{', '.join([self._row_sql] * len(rows))} ON CONFLICT DO NOTHING "
+               f"RETURNING {', '.join(self._names[name] for name in _IDENTITY)}")
         try:
             with recoverable_errors(connection, f"appending {len(rows)} event streams"):
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
@@ -261,8 +262,8 @@ class DjangoEventStore(EventStore):
                     for index in indexes:
                         stream = streams[index]
                         try:
-                            with transaction.atomic(using=self.using):
-                                self._row(stream).save(using=self.using, force_insert=True)
+                            with transaction.atomic(using=self.using), connection.cursor() as cursor:
+                                cursor.execute(self._insert_sql + self._row_sql, self._values(stream, connection))
                         except IntegrityError as exc:
                             results[index] = self._conflict(connection, stream, exc)
                         except DataError as exc:
