@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -496,7 +497,9 @@ class TestSQLiteConnections(OnSQLite, TransactionTestCase):
 
     def test_processes_share_the_file(self):
         """Four processes append to one aggregate of one file; every version is stored once."""
-        path = os.path.join(tempfile.mkdtemp(prefix="wow-sqlite-"), "shared.sqlite3")
+        directory = tempfile.mkdtemp(prefix="wow-sqlite-")
+        self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+        path = os.path.join(directory, "shared.sqlite3")
         run = [sys.executable, "-c", PROCESS_SCRIPT, path]
         setup = subprocess.run([*run, "migrate"], capture_output=True, text=True, timeout=120)
         self.assertEqual(setup.returncode, 0, setup.stderr)

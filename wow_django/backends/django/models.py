@@ -50,6 +50,9 @@ strings (``"C"`` collation on PostgreSQL, SQLite's default ``BINARY``), so a
 scan's lexicographic order does not depend on the database's locale.
 JSON columns (``header``, ``body``, ``state``, ``value``) are written with
 sorted keys and no spaces, so equal values are equal text on SQLite too.
+
+The migrations refer to :class:`CodePointTextField` and
+:class:`CanonicalJSONEncoder` by their import path: keep both here.
 """
 
 from __future__ import annotations
