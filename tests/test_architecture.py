@@ -13,7 +13,8 @@ from .support import imports_of, modules
 
 # Lowest first. A module may import modules of its own layer and of lower ones.
 # The bus package's __init__ is its public facade (get_bus, send) and sits with the edges,
-# as do its Django app parts; the bus's own modules sit below the application.
+# as do its Django app parts; the bus's own modules sit below the application. The app's models
+# module and migrations are edges too: they expose the django backend's tables to Django.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("wow_django", "wow_django.exceptions")),
     ("domain", ("wow_django.domain",)),
@@ -24,7 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("bus", ("wow_django.bus.",)),
     ("application", ("wow_django.application",)),
     ("edges", ("wow_django.http", "wow_django.tasks", "wow_django.management", "wow_django.testing",
-               "wow_django.checks", "wow_django.apps", "wow_django.bus",
+               "wow_django.checks", "wow_django.apps", "wow_django.models", "wow_django.migrations",
+               "wow_django.bus",
                "wow_django.bus.apps", "wow_django.bus.models", "wow_django.bus.checks", "wow_django.bus.migrations")),
 ]
 FOREIGN_TO_DOMAIN = ("django", "pymongo", "bson", "mongomock", "rest_framework", "celery", "kombu", "redis",

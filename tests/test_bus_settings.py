@@ -42,7 +42,7 @@ def test_bus_store_defaults_to_storage():
 
 def test_a_bad_bus_store_is_refused_with_the_setting_named():
     [(key, problem)] = validate_user_settings({"BUS_STORE": "redis"})
-    assert key == "BUS_STORE" and problem == "must be one of 'mongo', 'in_memory' or None (got 'redis')"
+    assert key == "BUS_STORE" and problem == "must be one of 'mongo', 'in_memory', 'django' or None (got 'redis')"
     with override_settings(WOW={"BUS_STORE": "redis"}):
         with pytest.raises(ImproperlyConfigured, match=r"WOW\['BUS_STORE'\] must be one of 'mongo', 'in_memory'"):
             _ = get_runtime().bus_store

@@ -1,10 +1,16 @@
-"""The conformance suite on every backend: in-memory, embedded Mongo, real Mongo."""
+"""The conformance suite on every backend: in-memory, embedded Mongo, real Mongo, the django backend on
+SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import unittest
 from datetime import UTC, datetime, timedelta
 
+from django.test import TransactionTestCase
+
+from wow_django.backends.django.event_store import DjangoEventStore
+from wow_django.backends.django.prepare_key import DjangoPrepareKey
+from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
 from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.prepare_key import MongoPrepareKey
@@ -64,6 +70,43 @@ class TestRealMongoBatchingEventStore(RealMongoDatabase, EventStoreContract, uni
         return BatchingEventStore(MongoEventStore(connection, name, schema=guard), lane_count=2)
 
 
+class OnSQLite:
+    """The django backend on a file SQLite (``wow_sqlite``). A ``TransactionTestCase``: the contract's
+    threads each use their own connection and must see committed rows; tables are emptied after each test."""
+
+    databases = {"default", "wow_sqlite"}  # Django sets a non-default test database up after "default"
+    available_apps = ["wow_django"]
+    alias = "wow_sqlite"
+
+
+class OnPostgreSQL:
+    """The django backend on PostgreSQL (``wow_pg``): the real-server run of every concurrency case."""
+
+    databases = {"default", "wow_pg"}
+    available_apps = ["wow_django"]
+    alias = "wow_pg"
+
+
+class TestSQLiteEventStore(OnSQLite, EventStoreContract, TransactionTestCase):
+    def make_store(self):
+        return DjangoEventStore(using=self.alias)
+
+
+class TestSQLiteBatchingEventStore(OnSQLite, EventStoreContract, TransactionTestCase):
+    def make_store(self):
+        return BatchingEventStore(DjangoEventStore(using=self.alias), max_size=16, max_delay_ms=0.5, lane_count=3)
+
+
+class TestPostgreSQLEventStore(OnPostgreSQL, EventStoreContract, TransactionTestCase):
+    def make_store(self):
+        return DjangoEventStore(using=self.alias)
+
+
+class TestPostgreSQLBatchingEventStore(OnPostgreSQL, EventStoreContract, TransactionTestCase):
+    def make_store(self):
+        return BatchingEventStore(DjangoEventStore(using=self.alias), max_size=16, max_delay_ms=0.5, lane_count=3)
+
+
 class MongoEventStoreReadOrder:
     """Reads sort by version, not by what the engine returns first (its natural order is insertion order).
 
@@ -120,6 +163,16 @@ class TestRealMongoSnapshotStore(RealMongoDatabase, SnapshotStoreContract, unitt
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoSnapshotStore(connection, name, schema=guard)
+
+
+class TestSQLiteSnapshotStore(OnSQLite, SnapshotStoreContract, TransactionTestCase):
+    def make_store(self):
+        return DjangoSnapshotStore(using=self.alias)
+
+
+class TestPostgreSQLSnapshotStore(OnPostgreSQL, SnapshotStoreContract, TransactionTestCase):
+    def make_store(self):
+        return DjangoSnapshotStore(using=self.alias)
 
 
 class MongoSnapshotStoreStoredVersions:
@@ -190,6 +243,16 @@ class TestEmbeddedMongoPrepareKey(EmbeddedMongoDatabase, PrepareKeyContract, uni
     def make_prepare_key(self, name, clock):
         connection, db, guard = self.mongo()
         return MongoPrepareKey(name, connection, db, schema=guard, clock=clock)
+
+
+class TestSQLitePrepareKey(OnSQLite, PrepareKeyContract, TransactionTestCase):
+    def make_prepare_key(self, name, clock):
+        return DjangoPrepareKey(name, using=self.alias, clock=clock)
+
+
+class TestPostgreSQLPrepareKey(OnPostgreSQL, PrepareKeyContract, TransactionTestCase):
+    def make_prepare_key(self, name, clock):
+        return DjangoPrepareKey(name, using=self.alias, clock=clock)
 
 
 class TestPrepareKeyClock(unittest.TestCase):

@@ -61,6 +61,15 @@ def check_settings(app_configs=None, **kwargs):
                 hint="Set WOW['MONGO_URI'] to a mongodb:// or mongodb+srv:// URI in production.",
                 id="wow_django.W001",
             ))
+    uses_django = any(wow_settings.storage_for(p) == "django" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE"))
+    if uses_django:
+        from wow_django.backends.django.connection import validate_database
+
+        try:
+            validate_database(wow_settings.DATABASE_ALIAS)
+        except ImproperlyConfigured as exc:
+            messages.append(checks.Error(str(exc), hint="Set WOW['DATABASE_ALIAS'] to a PostgreSQL or SQLite database.",
+                                         id="wow_django.E003"))
     if not settings.DEBUG and wow_settings.TENANT_RESOLVER.__name__ == "HeaderTenantResolver":
         messages.append(checks.Warning(
             "WOW['TENANT_RESOLVER'] takes the tenant from the Wow-Tenant-Id request header: any client can "

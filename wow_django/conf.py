@@ -21,7 +21,7 @@ from django.utils.module_loading import import_string
 
 DEFAULT_MONGO_URI = "mongomock://localhost/wow"
 
-STORAGE_CHOICES = ("mongo", "in_memory")
+STORAGE_CHOICES = ("mongo", "in_memory", "django")
 REQUEST_ID_INDEX_MODES = ("aggregate", "global")
 SNAPSHOT_STRATEGIES = ("all", "version_offset", "time_offset", "none")
 SNAPSHOT_MODES = ("inline", "celery")
@@ -32,13 +32,19 @@ DEFAULTS: dict[str, Any] = {
     # context (see wow_database_metadata).
     "CONTEXT_NAME": "default",
     # --- storage selection ----------------------------------------------
-    # Default backend for everything: "mongo" or "in_memory".
+    # Default backend for everything: "mongo", "in_memory" or "django" (the
+    # project's database through the ORM, see DATABASE_ALIAS).
     "STORAGE": "mongo",
     # Per-purpose overrides (None means: use STORAGE).
     "EVENT_STORE": None,
     "SNAPSHOT_STORE": None,
     "PREPARE_STORE": None,
     "BUS_STORE": None,
+    # --- the Django ORM (storage "django") -------------------------------
+    # The database (a key of settings.DATABASES, PostgreSQL or SQLite) that
+    # holds the django backend's tables: migrate it with
+    # ``manage.py migrate --database=<alias>``.
+    "DATABASE_ALIAS": "default",
     # --- MongoDB ----------------------------------------------------------
     # mongodb://, mongodb+srv:// or mongomock:// (the embedded engine).
     # None means the embedded engine on database "wow".
@@ -147,6 +153,19 @@ def _str(value: Any) -> str | None:
     return None
 
 
+def _database_alias(value: Any) -> str | None:
+    problem = _str(value)
+    if problem:
+        return problem
+    from django.conf import settings
+
+    databases = getattr(settings, "DATABASES", None) or {}
+    if value not in databases:
+        configured = ", ".join(repr(alias) for alias in databases) or "none"
+        return f"must name a database in settings.DATABASES (configured: {configured})"
+    return None
+
+
 def _bool(value: Any) -> str | None:
     return None if isinstance(value, bool) else "must be True or False"
 
@@ -188,6 +207,7 @@ VALIDATORS = {
     "SNAPSHOT_STORE": _choice(STORAGE_CHOICES, optional=True),
     "PREPARE_STORE": _choice(STORAGE_CHOICES, optional=True),
     "BUS_STORE": _choice(STORAGE_CHOICES, optional=True),
+    "DATABASE_ALIAS": _database_alias,
     "MONGO_URI": _optional_str,
     "EVENT_STREAM_DATABASE": _optional_str,
     "SNAPSHOT_DATABASE": _optional_str,

@@ -39,6 +39,7 @@ from django.core.signals import setting_changed
 
 from wow_django.application.gateway import CommandGateway
 from wow_django.application.ports import TaskQueue
+from wow_django.backends.django import DjangoBackend
 from wow_django.backends.memory import MemoryBackend
 from wow_django.backends.mongo import MongoBackend
 from wow_django.backends.mongo.client import connections
@@ -52,7 +53,7 @@ from wow_django.persistence.contracts import EventStore, PrepareKey, SnapshotSto
 from wow_django.persistence.query import QueryService
 
 #: Backend class per ``WOW['STORAGE']`` value.
-BACKENDS: dict[str, type[Backend]] = {"in_memory": MemoryBackend, "mongo": MongoBackend}
+BACKENDS: dict[str, type[Backend]] = {"in_memory": MemoryBackend, "mongo": MongoBackend, "django": DjangoBackend}
 
 
 class Runtime:

@@ -1,0 +1,195 @@
+"""Event-store throughput of the django backend: appends/s and loads/s on SQLite and PostgreSQL.
+
+Same work as ``bench_store.py``: ``--aggregates`` aggregates × ``--versions``
+appends each (one event per append, one call per append) over ``--threads``
+threads, then five full loads per aggregate. Each row runs on fresh tables:
+a new SQLite file (WAL) and a new PostgreSQL database that is dropped
+afterwards. Batching is shown off, with the default 1 ms window and with a
+0 ms window. The baselines are pyeventsourcing's SQLite and PostgreSQL
+aggregate recorders doing the same work (the PostgreSQL one needs
+``psycopg_pool``; its row is skipped without it).
+
+    python bench/bench_django_store.py
+    python bench/bench_django_store.py --aggregates 500 --versions 10 --threads 8
+
+PostgreSQL: ``WOW_BENCH_PG_HOST`` / ``_PORT`` / ``_USER`` / ``_PASSWORD``
+(default 127.0.0.1:5432, user postgres, no password). Needs the ``bench`` and
+``test`` extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PG = {
+    "HOST": os.environ.get("WOW_BENCH_PG_HOST", "127.0.0.1"),
+    "PORT": os.environ.get("WOW_BENCH_PG_PORT", "5432"),
+    "USER": os.environ.get("WOW_BENCH_PG_USER", "postgres"),
+    "PASSWORD": os.environ.get("WOW_BENCH_PG_PASSWORD", ""),
+}
+LOAD_ROUNDS = 5
+
+
+def split(items, parts):
+    return [items[i::parts] for i in range(parts)]
+
+
+def run_threads(target, chunks):
+    threads = [threading.Thread(target=target, args=(chunk,)) for chunk in chunks]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
+def admin_connection():
+    import psycopg
+
+    return psycopg.connect(host=PG["HOST"], port=PG["PORT"], user=PG["USER"], password=PG["PASSWORD"] or None,
+                           dbname="postgres", autocommit=True)
+
+
+BATCHING = ("off", "on 1ms", "on 0ms")
+
+
+def django_store(alias: str, batching: str):
+    """A DjangoEventStore on the migrated, empty tables of ``alias``."""
+    from django.core.management import call_command
+
+    from wow_django.backends.django.event_store import DjangoEventStore
+    from wow_django.persistence.batching import BatchingEventStore
+
+    call_command("migrate", "wow_django", database=alias, verbosity=0)
+    store = DjangoEventStore(using=alias)
+    if batching == "on 1ms":
+        return BatchingEventStore(store)
+    if batching == "on 0ms":
+        return BatchingEventStore(store, max_delay_ms=0)
+    return store
+
+
+def bench_ours(store, aggregates: int, versions: int, threads: int):
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing.event_store import make_stream
+
+    ids = [AggregateId("order", uuid.uuid4().hex) for _ in range(aggregates)]
+    work = [[make_stream(agg, v) for v in range(1, versions + 1)] for agg in ids]
+
+    def append(chunk):
+        for streams in chunk:
+            for stream in streams:
+                store.append(stream)
+
+    append_s = run_threads(append, split(work, threads))
+
+    def load(chunk):
+        for _ in range(LOAD_ROUNDS):
+            for agg in chunk:
+                assert len(store.load(agg)) == versions
+
+    load_s = run_threads(load, split(ids, threads))
+    store.close()
+    return aggregates * versions / append_s, aggregates * LOAD_ROUNDS / load_s
+
+
+def bench_baseline(recorder, aggregates: int, versions: int, threads: int):
+    from eventsourcing.persistence import StoredEvent
+
+    recorder.create_table()
+    ids = [uuid.uuid4() for _ in range(aggregates)]
+    work = [
+        [StoredEvent(originator_id=agg, originator_version=v, topic="tests:ThingHappened",
+                     state=json.dumps({"n": v, "i": 0, "text": f"event 0 of v{v}"}).encode())
+         for v in range(1, versions + 1)]
+        for agg in ids
+    ]
+
+    def append(chunk):
+        for events in chunk:
+            for event in events:
+                recorder.insert_events([event])
+
+    append_s = run_threads(append, split(work, threads))
+
+    def load(chunk):
+        for _ in range(LOAD_ROUNDS):
+            for agg in chunk:
+                assert len(recorder.select_events(agg)) == versions
+
+    load_s = run_threads(load, split(ids, threads))
+    return aggregates * versions / append_s, aggregates * LOAD_ROUNDS / load_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--aggregates", type=int, default=300)
+    parser.add_argument("--versions", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=4)
+    args = parser.parse_args()
+    a, v, t = args.aggregates, args.versions, args.threads
+
+    # Fresh databases per row: SQLite files in a temporary directory, PostgreSQL databases dropped at the end.
+    directory = tempfile.mkdtemp(prefix="wow-bench-")
+    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 1)]
+    with admin_connection() as admin:
+        for name in pg_names:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    for batching in BATCHING:
+        databases[f"sqlite {batching}"] = {"ENGINE": "django.db.backends.sqlite3",
+                                           "NAME": os.path.join(directory, f"{batching}.sqlite3")}
+        databases[f"pg {batching}"] = {"ENGINE": "django.db.backends.postgresql",
+                                       "NAME": pg_names[BATCHING.index(batching)], **PG}
+
+    import django
+    from django.conf import settings
+
+    settings.configure(DATABASES=databases, INSTALLED_APPS=["wow_django"], USE_TZ=True)
+    django.setup()
+    from django.db import connections
+    from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteDatastore
+
+    rows = []
+    try:
+        recorder = SQLiteAggregateRecorder(SQLiteDatastore(os.path.join(directory, "baseline.sqlite3")))
+        rows.append(("pyeventsourcing SQLite recorder (baseline)", "-", bench_baseline(recorder, a, v, t)))
+        for batching in BATCHING:
+            rows.append(("wow_django django backend, SQLite", batching,
+                         bench_ours(django_store(f"sqlite {batching}", batching), a, v, t)))
+        try:
+            from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore
+        except ImportError:
+            print("# pyeventsourcing's PostgreSQL recorder needs psycopg_pool: its row is skipped")
+        else:
+            datastore = PostgresDatastore(pg_names[-1], PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"],
+                                          pool_size=t)
+            rows.append(("pyeventsourcing PostgreSQL recorder (baseline)", "-",
+                         bench_baseline(PostgresAggregateRecorder(datastore), a, v, t)))
+            datastore.close()
+        for batching in BATCHING:
+            rows.append(("wow_django django backend, PostgreSQL", batching,
+                         bench_ours(django_store(f"pg {batching}", batching), a, v, t)))
+    finally:
+        connections.close_all()
+        with admin_connection() as admin:
+            for name in pg_names:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(f"# {a} aggregates x {v} appends each, {t} threads; Python {sys.version.split()[0]}")
+    print(f"{'store':48} {'batching':8} {'appends/s':>10} {'loads/s':>10}")
+    for name, batching, (appends, loads) in rows:
+        print(f"{name:48} {batching:8} {appends:10,.0f} {loads:10,.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,617 @@
+"""The django storage backend beyond the conformance suites, on the file SQLite and on PostgreSQL.
+
+Error mapping by constraint name, recoverable errors on a killed connection
+or a locked database, SQLite's WAL and busy timeout (also across processes),
+the one-statement snapshot guard, per-thread connections, the batch path
+without RETURNING, the runtime on ``STORAGE = "django"``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+from decimal import Decimal
+from unittest import mock
+
+import psycopg
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, OperationalError, ProgrammingError, connections, transaction
+from django.test import TransactionTestCase, override_settings
+from django.test.utils import CaptureQueriesContext
+
+from sample_project.orders.aggregates import OrderLine, PlaceOrder, RegisterCustomer
+from wow_django.application import WaitStage
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.django import DjangoBackend
+from wow_django.backends.django.connection import SQLITE_BUSY_TIMEOUT_MS, database, validate_database
+from wow_django.backends.django.errors import is_recoverable, violated_constraint
+from wow_django.backends.django.event_store import DjangoEventStore
+from wow_django.backends.django.models import CodePointTextField, EventStreamRow, PrepareKeyRow, SnapshotRow
+from wow_django.backends.django.prepare_key import DjangoPrepareKey
+from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
+from wow_django.checks import check_settings
+from wow_django.exceptions import (
+    DuplicateAggregateId,
+    DuplicateEventStreamId,
+    DuplicateRequestId,
+    EventVersionConflict,
+    RecoverableStoreError,
+    SchemaConflictError,
+)
+from wow_django.persistence.batching import BatchingEventStore
+from wow_django.persistence.records import AggregateId
+from wow_django.testing import EventStoreContract, FakeClock, make_snapshot, make_stream
+
+
+class OnSQLite:
+    databases = {"default", "wow_sqlite"}  # Django sets a non-default test database up after "default"
+    available_apps = ["wow_django"]
+    alias = "wow_sqlite"
+
+
+class OnPostgreSQL:
+    databases = {"default", "wow_pg"}
+    available_apps = ["wow_django"]
+    alias = "wow_pg"
+
+
+def agg(id: str | None = None, name: str = "order") -> AggregateId:
+    return AggregateId(name, id or uuid.uuid4().hex, "test-context", "tenant-a")
+
+
+def stream_row(stream, *, request_scope: str | None = None) -> EventStreamRow:
+    """A row written past the store (to provoke one constraint at a time)."""
+    a = stream.aggregate_id
+    return EventStreamRow(
+        stream_id=stream.id, context_name=a.context_name, aggregate_name=a.aggregate_name, aggregate_id=a.id,
+        tenant_id=a.tenant_id, request_id=stream.request_id,
+        request_scope=a.id if request_scope is None else request_scope, command_id=stream.command_id,
+        version=stream.version, header={}, body=[], size=1, create_time=stream.create_time,
+    )
+
+
+# --- on both engines ------------------------------------------------------------------------------
+
+
+class DjangoBackendBehaviour:
+    """Tests that run on the engine of ``alias``."""
+
+    alias = ""
+
+    def store(self, **kwargs) -> DjangoEventStore:
+        return DjangoEventStore(using=self.alias, **kwargs)
+
+    # --- error mapping ---------------------------------------------------------------------------
+
+    def test_each_unique_violation_names_its_constraint(self):
+        first = make_stream(agg(), 1)
+        EventStreamRow.objects.using(self.alias).create(**vars_of(stream_row(first)))
+        other = agg()
+        global_first = make_stream(agg(), 1, request_id="global-req")
+        EventStreamRow.objects.using(self.alias).create(**vars_of(stream_row(global_first, request_scope="")))
+        cases = {
+            "wow_stream_agg_version_uniq": stream_row(make_stream(first.aggregate_id, 1)),
+            "wow_stream_agg_request_uniq": stream_row(make_stream(first.aggregate_id, 2, request_id=first.request_id),
+                                                      request_scope="elsewhere"),
+            "wow_stream_scope_request_uniq": stream_row(make_stream(other, 1, request_id="global-req"),
+                                                        request_scope=""),
+            "wow_stream_id_uniq": stream_row(replace(make_stream(agg(), 1), id=first.id)),
+        }
+        for expected, row in cases.items():
+            with self.subTest(expected), self.assertRaises(IntegrityError) as caught:
+                with transaction.atomic(using=self.alias):
+                    EventStreamRow.objects.using(self.alias).create(**vars_of(row))
+            self.assertEqual(violated_constraint(caught.exception, EventStreamRow), expected)
+
+    def test_append_maps_by_constraint_name_without_reading(self):
+        store = self.store()
+        a = agg()
+        first = make_stream(a, 1, request_id="req-1")
+        store.append(first)
+        store.append(make_stream(a, 2))
+        with mock.patch.object(DjangoEventStore, "_refused", side_effect=AssertionError("read to confirm")):
+            with self.assertRaises(DuplicateAggregateId):
+                store.append(make_stream(a, 1))
+            with self.assertRaises(EventVersionConflict) as caught:
+                store.append(make_stream(a, 2))
+            self.assertNotIsInstance(caught.exception, DuplicateAggregateId)
+            with self.assertRaises(DuplicateRequestId):
+                store.append(make_stream(a, 3, request_id="req-1"))
+            with self.assertRaises(DuplicateEventStreamId):
+                store.append(replace(make_stream(agg(), 1), id=first.id))
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+
+    def test_an_unnamed_violation_is_confirmed_by_a_read(self):
+        store = self.store()
+        a = agg()
+        first = make_stream(a, 1, request_id="req-1")
+        store.append(first)
+        with mock.patch("wow_django.backends.django.event_store.violated_constraint", return_value=None):
+            with self.assertRaises(DuplicateAggregateId):
+                store.append(make_stream(a, 1))
+            with self.assertRaises(DuplicateRequestId):
+                store.append(make_stream(a, 2, request_id="req-1"))
+            with self.assertRaises(DuplicateEventStreamId):
+                store.append(replace(make_stream(agg(), 1), id=first.id))
+
+    def test_a_batch_reports_each_kind_of_refusal(self):
+        for one_statement in (True, False):
+            with self.subTest(one_statement=one_statement):
+                store = self.store()
+                store.one_statement = one_statement
+                a, b = agg(), agg()
+                first = make_stream(a, 1, request_id="taken")
+                store.append(first)
+                same_id = replace(make_stream(b, 2), id=first.id)
+                batch = [make_stream(a, 2), make_stream(a, 2), make_stream(a, 3, request_id="taken"), same_id,
+                         make_stream(b, 1)]
+                results = store.append_many(batch)
+                self.assertIsNone(results[0])
+                self.assertIsInstance(results[1], EventVersionConflict)
+                self.assertIsInstance(results[2], DuplicateRequestId)
+                self.assertIsInstance(results[3], DuplicateEventStreamId)
+                self.assertIsNone(results[4])
+                self.assertEqual(store.load(a), [first, batch[0]])
+                self.assertEqual(store.load(b), [batch[4]])
+
+    def test_a_batch_stores_the_rest_when_one_body_is_not_json(self):
+        store = self.store()
+        good, bad = make_stream(agg(), 1), make_stream(agg(), 1)
+        bad.body[0].body["price"] = Decimal("1.5")  # not JSON
+        results = store.append_many([good, bad])
+        self.assertIsNone(results[0])
+        self.assertIsInstance(results[1], TypeError)
+        self.assertEqual(store.load(good.aggregate_id), [good])
+        self.assertEqual(store.load(bad.aggregate_id), [])
+
+    # --- request ids in global mode ------------------------------------------------------------
+
+    def test_global_request_ids_are_unique_per_aggregate_type(self):
+        store = self.store(request_id_index="global")
+        store.append(make_stream(agg(), 1, request_id="req-g"))
+        with self.assertRaises(DuplicateRequestId):
+            store.append(make_stream(agg(), 1, request_id="req-g"))
+        results = store.append_many([make_stream(agg(), 1, request_id="req-g"), make_stream(agg(), 1)])
+        self.assertIsInstance(results[0], DuplicateRequestId)
+        self.assertIsNone(results[1])
+        store.append(make_stream(agg(name="customer"), 1, request_id="req-g"))  # another type
+        self.assertTrue(store.exists_request_id("order", "req-g"))
+        self.assertFalse(store.exists_request_id("order", "req-h"))
+
+    def test_global_mode_refuses_a_type_stored_in_aggregate_mode_until_it_is_moved(self):
+        self.store().append(make_stream(agg(), 1, request_id="req-a"))
+        with self.assertRaisesRegex(SchemaConflictError, "stored in 'aggregate' mode"):
+            self.store(request_id_index="global").append(make_stream(agg(), 1))
+        self.store(request_id_index="global").append(make_stream(agg(name="customer"), 1))  # other types are fine
+        EventStreamRow.objects.using(self.alias).filter(aggregate_name="order").update(request_scope="")
+        store = self.store(request_id_index="global")
+        with self.assertRaises(DuplicateRequestId):
+            store.append(make_stream(agg(), 1, request_id="req-a"))
+
+    # --- reads --------------------------------------------------------------------------------------
+
+    def test_scan_order_is_code_point_order(self):
+        store = self.store()
+        ids = ["Zeta", "alpha", "_under", "Élan", "zz", "a-b", "aB", "a_b", "10", "9", "émile", "ß"]
+        for aggregate_id in ids:
+            store.append(make_stream(agg(aggregate_id), 1))
+        self.assertEqual([a.id for a in store.scan_aggregate_ids("order", "", 100)], sorted(ids))
+        self.assertEqual([a.id for a in store.scan_aggregate_ids("order", "a", 100)],
+                         [i for i in sorted(ids) if i > "a"])
+
+    def test_positions_increase_in_append_order(self):
+        store = self.store()
+        a = agg("a1")
+        for version in (1, 2, 3):
+            store.append(make_stream(a, version))
+        store.append_many([make_stream(agg("b"), 1), make_stream(a, 4)])  # stored as ("a1", 4), ("b", 1)
+        rows = EventStreamRow.objects.using(self.alias).order_by("position")
+        self.assertEqual([(r.aggregate_id, r.version) for r in rows],
+                         [(a.id, 1), (a.id, 2), (a.id, 3), (a.id, 4), ("b", 1)])  # a batch in (id, version) order
+
+    def test_json_round_trips_exactly(self):
+        store = self.store()
+        header = {"z": 1, "a": [1.5, None, True], "nested": {"ü": "ñ", "emoji": "🙂"}}
+        stream = make_stream(agg(), 1, header=header)
+        store.append(stream)
+        self.assertEqual(store.load(stream.aggregate_id), [stream])
+        self.assertEqual(store.last(stream.aggregate_id).header, header)
+
+    # --- inside the caller's transaction ------------------------------------------------------
+
+    def test_a_conflict_inside_the_callers_transaction_leaves_it_usable(self):
+        store = self.store()
+        a = agg()
+        store.append(make_stream(a, 1))
+        with transaction.atomic(using=self.alias):
+            with self.assertRaises(DuplicateAggregateId):
+                store.append(make_stream(a, 1))
+            store.append(make_stream(a, 2))
+            results = store.append_many([make_stream(a, 2), make_stream(a, 3)])
+            self.assertIsInstance(results[0], EventVersionConflict)
+            self.assertIsNone(results[1])
+        self.assertEqual([s.version for s in store.load(a)], [1, 2, 3])
+
+    def test_appends_roll_back_with_the_callers_transaction(self):
+        store = self.store()
+        a = agg()
+        with self.assertRaises(RuntimeError), transaction.atomic(using=self.alias):
+            store.append(make_stream(a, 1))
+            store.append_many([make_stream(a, 2)])
+            raise RuntimeError("the caller gives up")
+        self.assertEqual(store.load(a), [])
+
+    # --- snapshots ---------------------------------------------------------------------------------
+
+    def test_a_snapshot_save_is_one_statement(self):
+        store = DjangoSnapshotStore(using=self.alias)
+        a = agg()
+        for version in (3, 2, 3, 4):
+            with CaptureQueriesContext(connections[self.alias]) as queries:
+                store.save(make_snapshot(a, version))
+            self.assertEqual(len(queries), 1, [q["sql"] for q in queries])
+            self.assertIn("ON CONFLICT", queries[0]["sql"])
+            self.assertIn("DO UPDATE", queries[0]["sql"])
+        self.assertEqual(store.load(a).version, 4)
+        self.assertEqual(SnapshotRow.objects.using(self.alias).filter(aggregate_id=a.id).count(), 1)
+
+    def test_threads_saving_random_versions_leave_the_highest(self):
+        store = DjangoSnapshotStore(using=self.alias)
+        aggregates = [agg() for _ in range(4)]
+        barrier = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def saver(seed: int) -> None:
+            rng = random.Random(seed)
+            barrier.wait()
+            try:
+                for _ in range(40):
+                    store.save(make_snapshot(rng.choice(aggregates), rng.randint(1, 50)))
+                for a in aggregates:
+                    store.save(make_snapshot(a, 50 + seed))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=saver, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        for a in aggregates:
+            self.assertEqual(store.load(a), make_snapshot(a, 57))
+
+    # --- prepare keys ------------------------------------------------------------------------------
+
+    def test_prepared_values_compare_as_json(self):
+        keys = DjangoPrepareKey("username", using=self.alias, clock=FakeClock())
+        self.assertTrue(keys.prepare("k1", {"b": 2, "a": [1, {"y": 1, "x": 2}]}))
+        self.assertFalse(keys.rollback("k1", {"a": [1, {"x": 2, "y": 1}], "b": 3}))
+        self.assertTrue(keys.rollback("k1", {"a": [1, {"x": 2, "y": 1}], "b": 2}))  # other key order: equal
+        self.assertTrue(keys.prepare("k2", None))
+        self.assertEqual(keys.get("k2").value, None)
+        self.assertFalse(keys.reprepare("k2", "x", old_value="None"))
+        self.assertTrue(keys.reprepare("k2", "x", old_value=None))
+        self.assertEqual(PrepareKeyRow.objects.using(self.alias).get(name="username", key="k2").value, "x")
+
+    def test_an_expired_reservation_is_taken_over_in_place(self):
+        clock = FakeClock()
+        keys = DjangoPrepareKey("username", using=self.alias, clock=clock)
+        self.assertTrue(keys.prepare("k", "first", timedelta(seconds=5)))
+        clock.advance(seconds=5)
+        self.assertTrue(keys.prepare("k", "second"))
+        self.assertEqual(PrepareKeyRow.objects.using(self.alias).filter(name="username", key="k").count(), 1)
+        self.assertEqual(keys.get("k").value, "second")
+
+    # --- threads ----------------------------------------------------------------------------------
+
+    def test_each_thread_works_on_its_own_connection(self):
+        store = self.store()
+        a = agg()
+        store.append(make_stream(a, 1))
+        barrier = threading.Barrier(4)
+        seen: list[int] = []
+
+        def reader() -> None:
+            store.load(a)
+            seen.append(id(database(self.alias).connection))
+            barrier.wait()  # all four hold their connection at once
+
+        threads = [threading.Thread(target=reader) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(len(set(seen)), 4)
+        self.assertNotIn(id(connections[self.alias].connection), seen)
+
+
+def vars_of(row: EventStreamRow) -> dict:
+    return {f.attname: getattr(row, f.attname) for f in EventStreamRow._meta.concrete_fields if not f.primary_key}
+
+
+class TestSQLiteDjangoBackend(OnSQLite, DjangoBackendBehaviour, TransactionTestCase):
+    pass
+
+
+class TestPostgreSQLDjangoBackend(OnPostgreSQL, DjangoBackendBehaviour, TransactionTestCase):
+    pass
+
+
+# --- batches without RETURNING (SQLite < 3.35): the savepoint path under the whole contract ----------------
+#
+# PostgreSQL always returns rows from an insert, so the savepoint path runs there only in
+# test_a_batch_reports_each_kind_of_refusal above.
+
+
+class SavepointBatches:
+    def make_store(self):
+        store = DjangoEventStore(using=self.alias)
+        store.one_statement = False
+        return BatchingEventStore(store, max_size=16, max_delay_ms=0.5, lane_count=2)
+
+
+class TestSQLiteSavepointBatches(OnSQLite, SavepointBatches, EventStoreContract, TransactionTestCase):
+    pass
+
+
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------------------------
+
+
+def pg_admin():
+    """A connection of its own to the test database, past Django."""
+    settings = connections["wow_pg"].settings_dict
+    return psycopg.connect(host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
+                           password=settings["PASSWORD"] or None, dbname=settings["NAME"], autocommit=True)
+
+
+class TestPostgreSQLConnections(OnPostgreSQL, TransactionTestCase):
+    def terminate_this_threads_connection(self) -> None:
+        pid = connections[self.alias].connection.info.backend_pid
+        with pg_admin() as admin:
+            self.assertTrue(admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid]).fetchone()[0])
+
+    def test_a_terminated_connection_is_recoverable_and_the_next_call_reconnects(self):
+        store = DjangoEventStore(using=self.alias)
+        snapshots = DjangoSnapshotStore(using=self.alias)
+        keys = DjangoPrepareKey("username", using=self.alias)
+        a = agg()
+        store.append(make_stream(a, 1))
+        second, third = make_stream(a, 2), make_stream(a, 3)
+        batch = [make_stream(agg(), 1)]
+        key = uuid.uuid4().hex
+        calls = [  # (what, a call on a live connection, the call that meets the killed one and is retried)
+            ("load", lambda: store.load(a), lambda: store.load(a)),
+            ("append", lambda: store.append(second), lambda: store.append(third)),
+            ("append_many", lambda: store.append_many([make_stream(agg(), 1)]), lambda: store.append_many(batch)),
+            ("snapshot save", lambda: snapshots.save(make_snapshot(a, 1)), lambda: snapshots.save(make_snapshot(a, 2))),
+            ("prepare", lambda: keys.prepare(uuid.uuid4().hex, "v"), lambda: keys.prepare(key, "v")),
+        ]
+        for name, live, after in calls:
+            with self.subTest(name):
+                live()
+                self.terminate_this_threads_connection()
+                if name == "append_many":
+                    [result] = after()
+                    self.assertIsInstance(result, RecoverableStoreError)
+                else:
+                    with self.assertRaisesRegex(RecoverableStoreError, "retry"):
+                        after()
+                after()  # retried on a new connection
+        self.assertEqual(store.load(a), [store.load(a)[0], second, third])
+        self.assertEqual(store.load(batch[0].aggregate_id), batch)
+        self.assertEqual(snapshots.load(a).version, 2)
+        self.assertEqual(keys.get(key).value, "v")
+
+    def test_worker_threads_close_their_connections_when_they_end(self):
+        def sessions() -> int:
+            with pg_admin() as admin:
+                return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                     "AND pid <> pg_backend_pid()").fetchone()[0]
+
+        store = DjangoEventStore(using=self.alias)
+        store.append(make_stream(a := agg(), 1))
+        before = sessions()
+        barrier = threading.Barrier(6)
+
+        def worker() -> None:
+            store.load(a)
+            barrier.wait()
+
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + 5
+        while sessions() != before and time.monotonic() < deadline:  # a backend leaves after its client
+            time.sleep(0.02)
+        self.assertEqual(sessions(), before)
+
+    def test_text_columns_use_the_c_collation(self):
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute("SELECT table_name, column_name, collation_name FROM information_schema.columns "
+                           "WHERE table_name LIKE 'wow_%%' AND data_type = 'text'")
+            columns = cursor.fetchall()
+        text = {(model._meta.db_table, field.column) for model in (EventStreamRow, SnapshotRow, PrepareKeyRow)
+                for field in model._meta.concrete_fields if isinstance(field, CodePointTextField)}
+        self.assertEqual({(table, column) for table, column, _ in columns}, text)
+        self.assertEqual({collation for _, _, collation in columns}, {"C"})
+
+
+# --- SQLite ---------------------------------------------------------------------------------------------------
+
+
+class TestSQLiteConnections(OnSQLite, TransactionTestCase):
+    def pragmas(self) -> tuple[str, int]:
+        raw = database(self.alias).connection
+        return raw.execute("PRAGMA journal_mode").fetchone()[0], raw.execute("PRAGMA busy_timeout").fetchone()[0]
+
+    def test_every_connection_of_the_alias_is_in_wal_mode_with_a_busy_timeout(self):
+        store = DjangoEventStore(using=self.alias)
+        store.load(agg())
+        self.assertEqual(self.pragmas(), ("wal", SQLITE_BUSY_TIMEOUT_MS))
+        in_thread: list[tuple] = []
+
+        def other_thread() -> None:  # a new connection: set up by the connection_created receiver
+            store.load(agg())
+            in_thread.append(self.pragmas())
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        self.assertEqual(in_thread, [("wal", SQLITE_BUSY_TIMEOUT_MS)])
+        connections[self.alias].close()  # and a reconnection in this thread
+        store.load(agg())
+        self.assertEqual(self.pragmas(), ("wal", SQLITE_BUSY_TIMEOUT_MS))
+
+    def test_a_locked_database_is_recoverable(self):
+        store = DjangoEventStore(using=self.alias)
+        a = agg()
+        store.append(make_stream(a, 1))
+        database(self.alias).connection.execute("PRAGMA busy_timeout = 50")
+        holder = sqlite3.connect(connections[self.alias].settings_dict["NAME"], isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            with self.assertRaisesRegex(RecoverableStoreError, "locked"):
+                store.append(make_stream(a, 2))
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        store.append(make_stream(a, 2))
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+
+    def test_processes_share_the_file(self):
+        """Four processes append to one aggregate of one file; every version is stored once."""
+        directory = tempfile.mkdtemp(prefix="wow-sqlite-")
+        self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+        path = os.path.join(directory, "shared.sqlite3")
+        run = [sys.executable, "-c", PROCESS_SCRIPT, path]
+        setup = subprocess.run([*run, "migrate"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(setup.returncode, 0, setup.stderr)
+        workers = [subprocess.Popen([*run, "append", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True) for n in range(4)]
+        outputs = [w.communicate(timeout=120) for w in workers]
+        for worker, (_, err) in zip(workers, outputs, strict=True):
+            self.assertEqual(worker.returncode, 0, err)
+        conflicts = sum(int(out.split()[-1]) for out, _ in outputs)
+        with sqlite3.connect(path) as check:
+            versions = [v for (v,) in check.execute(
+                "SELECT version FROM wow_event_stream WHERE aggregate_id = 'shared' ORDER BY version")]
+            mode = check.execute("PRAGMA journal_mode").fetchone()[0]
+        self.assertEqual(versions, list(range(1, 4 * 30 + 1)))
+        self.assertEqual(mode, "wal")
+        self.assertGreaterEqual(conflicts, 0)
+
+
+PROCESS_SCRIPT = textwrap.dedent('''
+    import sys
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}},
+        INSTALLED_APPS=["wow_django"], USE_TZ=True,
+    )
+    django.setup()
+    if sys.argv[2] == "migrate":
+        from django.core.management import call_command
+        call_command("migrate", "wow_django", verbosity=0)
+        sys.exit(0)
+    from wow_django.backends.django.event_store import DjangoEventStore
+    from wow_django.exceptions import EventVersionConflict
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing import make_stream
+
+    store = DjangoEventStore()
+    agg = AggregateId("order", "shared", "test-context", "tenant-a")
+    conflicts = 0
+    for i in range(30):
+        while True:
+            last = store.last(agg)
+            try:
+                store.append(make_stream(agg, last.version + 1 if last else 1, request_id=f"p{sys.argv[3]}-{i}"))
+                break
+            except EventVersionConflict:
+                conflicts += 1
+    print("conflicts", conflicts)
+''')
+
+
+# --- classification, configuration, runtime -----------------------------------------------------------------
+
+
+def django_error(django_class, cause):
+    error = django_class(str(cause))
+    error.__cause__ = cause
+    return error
+
+
+def test_which_errors_are_recoverable():
+    try:
+        sqlite3.connect(":memory:").execute("SELECT * FROM missing")
+    except sqlite3.OperationalError as exc:
+        no_table = exc
+    assert not is_recoverable(django_error(OperationalError, no_table))
+    assert is_recoverable(django_error(OperationalError, psycopg.errors.SerializationFailure("retry")))
+    assert is_recoverable(django_error(OperationalError, psycopg.errors.DeadlockDetected("deadlock")))
+    assert is_recoverable(django_error(OperationalError, psycopg.errors.AdminShutdown("terminating")))
+    assert is_recoverable(django_error(OperationalError, psycopg.errors.QueryCanceled("statement timeout")))
+    assert is_recoverable(django_error(OperationalError, psycopg.OperationalError("server closed the connection")))
+    assert not is_recoverable(django_error(ProgrammingError, psycopg.errors.UndefinedTable("missing")))
+    assert not is_recoverable(django_error(IntegrityError, psycopg.errors.UniqueViolation("dup")))
+
+
+def test_only_configured_postgresql_or_sqlite_databases_are_accepted(monkeypatch):
+    with pytest.raises(ImproperlyConfigured, match=r"'nowhere', which is not in settings.DATABASES"):
+        DjangoEventStore(using="nowhere")
+    monkeypatch.setattr(connections["wow_sqlite"], "vendor", "mysql")
+    with pytest.raises(ImproperlyConfigured, match="needs PostgreSQL or SQLite; database 'wow_sqlite' is mysql"):
+        validate_database("wow_sqlite")
+    with override_settings(WOW={"STORAGE": "django", "DATABASE_ALIAS": "wow_sqlite"}):
+        assert [m.id for m in check_settings() if m.level >= 40] == ["wow_django.E003"]
+
+
+def test_the_database_alias_setting_is_checked():
+    with override_settings(WOW={"STORAGE": "django", "DATABASE_ALIAS": "events"}):
+        [message] = [m for m in check_settings() if m.id == "wow_django.E001"]
+        assert "WOW['DATABASE_ALIAS'] must name a database in settings.DATABASES" in message.msg
+        with pytest.raises(ImproperlyConfigured, match="DATABASE_ALIAS"):
+            _ = get_runtime().event_store
+    with override_settings(WOW={"STORAGE": "django", "DATABASE_ALIAS": "wow_pg"}):
+        assert [m.id for m in check_settings() if m.level >= 40] == []
+        backend = get_runtime().backend("EVENT_STORE")
+        assert isinstance(backend, DjangoBackend) and backend.using == "wow_pg"
+
+
+class TestRuntimeOnTheDjangoBackend(OnPostgreSQL, TransactionTestCase):
+    def test_the_gateway_appends_and_loads_through_postgresql(self):
+        with override_settings(WOW={"CONTEXT_NAME": "order-service", "STORAGE": "django", "DATABASE_ALIAS": "wow_pg"}):
+            runtime = get_runtime()
+            self.assertIsInstance(runtime.event_store, DjangoEventStore)
+            placed = runtime.gateway.send(PlaceOrder(
+                customer_id="c-1", items=[OrderLine(sku="A", quantity=2, unit_price=Decimal("2.50"))]),
+                wait=WaitStage.SNAPSHOT)
+            self.assertEqual(placed.aggregate_version, 1)
+            order = AggregateId("order", placed.aggregate_id)
+            [stream] = runtime.event_store.load(order)
+            self.assertEqual(stream.body[0].name, "order_placed")
+            self.assertEqual(runtime.snapshot_store.load(order).version, 1)
+            self.assertTrue(EventStreamRow.objects.using("wow_pg").filter(aggregate_id=placed.aggregate_id).exists())
+            customer = runtime.gateway.send(RegisterCustomer(username="alice", display_name="Alice"))
+            self.assertEqual(runtime.prepare_key("username").get("alice").value, customer.aggregate_id)
+            self.assertEqual(PrepareKeyRow.objects.using("wow_pg").get(key="alice").name, "username")

@@ -1,0 +1,140 @@
+"""The database connection a django-backend store works with.
+
+* Which databases: PostgreSQL and SQLite (the stores use ``INSERT … ON
+  CONFLICT … DO UPDATE … WHERE``, SQLite ≥ 3.24); any other engine is an
+  ``ImproperlyConfigured`` when a store is built.
+* Per thread: Django gives each thread its own connection of an alias. A
+  thread other than the main one that uses a store gets its connection closed
+  when it ends (Django closes a request's connections, nobody closes those of
+  other threads: batching lanes, followers, a test's worker threads).
+* SQLite: every new connection of a store's alias runs in WAL mode with a busy
+  timeout, so readers do not block the writer and writers of several
+  processes wait for each other instead of failing at once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+
+#: The least busy timeout of a SQLite connection (a longer ``OPTIONS['timeout']`` is kept).
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+_sqlite_aliases: set[str] = set()
+_sqlite_lock = threading.Lock()
+
+
+def prepare_database(using: str) -> BaseDatabaseWrapper:
+    """:func:`validate_database`, and for SQLite WAL mode and the busy timeout on each of the alias's connections."""
+    connection = validate_database(using)
+    if connection.vendor == "sqlite":
+        _share_sqlite(using, connection)
+    return connection
+
+
+def validate_database(using: str) -> BaseDatabaseWrapper:
+    """The wrapper of ``using`` if it is configured and PostgreSQL or SQLite; ``ImproperlyConfigured`` otherwise.
+
+    Runs no query.
+    """
+    if not isinstance(using, str) or using not in connections.settings:
+        configured = ", ".join(repr(alias) for alias in connections.settings)
+        raise ImproperlyConfigured(
+            f"The django storage backend uses database {using!r}, which is not in settings.DATABASES "
+            f"({configured}). Set WOW['DATABASE_ALIAS'] to one of them."
+        )
+    connection = connections[using]
+    if connection.vendor not in SUPPORTED_VENDORS:
+        raise ImproperlyConfigured(
+            f"The django storage backend needs PostgreSQL or SQLite; database {using!r} is "
+            f"{connection.vendor} ({connection.settings_dict.get('ENGINE')}). Point WOW['DATABASE_ALIAS'] "
+            "at a PostgreSQL or SQLite database, or use WOW['STORAGE'] = 'mongo'."
+        )
+    return connection
+
+
+def database(using: str) -> BaseDatabaseWrapper:
+    """The calling thread's connection of ``using``; closed when that thread ends (unless it is the main thread)."""
+    connection = connections[using]
+    if threading.current_thread() is not threading.main_thread():
+        closer = getattr(_thread_state, "closer", None)
+        if closer is None:
+            closer = _thread_state.closer = _CloseAtThreadExit()
+        closer.keep(using, connection)
+    return connection
+
+
+def discard_if_broken(connection: BaseDatabaseWrapper) -> None:
+    """Close a connection the server dropped so that the next use opens a new one.
+
+    Inside a transaction the connection is left alone: the transaction is lost
+    either way, and leaving the ``atomic`` block deals with it.
+    """
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if not connection.is_usable():
+        try:
+            connection.close()
+        except DatabaseError:
+            connection.connection = None
+
+
+# --- per-thread connections -------------------------------------------------------------------
+
+_thread_state = threading.local()
+
+
+class _CloseAtThreadExit:
+    """Lives in a thread-local: when the thread ends and its locals go, it closes the connections it kept."""
+
+    def __init__(self) -> None:
+        self.connections: dict[str, BaseDatabaseWrapper] = {}
+
+    def keep(self, using: str, connection: BaseDatabaseWrapper) -> None:
+        if self.connections.get(using) is not connection:
+            self.connections[using] = connection
+
+    def __del__(self) -> None:
+        for connection in self.connections.values():
+            try:
+                if connection.connection is None:
+                    continue
+                connection.inc_thread_sharing()  # the finalizer may run outside the owning thread
+                try:
+                    connection.close()
+                finally:
+                    connection.dec_thread_sharing()
+            except Exception:  # a finalizer must not raise; the server ends the session anyway
+                pass
+
+
+# --- SQLite -------------------------------------------------------------------------------------
+
+
+def _share_sqlite(using: str, connection: BaseDatabaseWrapper) -> None:
+    with _sqlite_lock:
+        if using not in _sqlite_aliases:
+            _sqlite_aliases.add(using)
+            connection_created.connect(_on_connection_created, dispatch_uid="wow_django.backends.django.sqlite")
+    if connection.connection is not None:  # already open in this thread: the signal has passed
+        configure_sqlite(connection.connection)
+
+
+def _on_connection_created(sender, connection, **kwargs) -> None:
+    if connection.vendor == "sqlite" and connection.alias in _sqlite_aliases:
+        configure_sqlite(connection.connection)
+
+
+def configure_sqlite(raw) -> None:
+    """WAL journal and a busy timeout ≥ :data:`SQLITE_BUSY_TIMEOUT_MS` on a ``sqlite3`` connection."""
+    current = raw.execute("PRAGMA busy_timeout").fetchone()[0]
+    if current < SQLITE_BUSY_TIMEOUT_MS:
+        raw.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_MS)}")
+    # Persistent in the file; a no-op when already set; in-memory databases stay "memory".
+    raw.execute("PRAGMA journal_mode = WAL")

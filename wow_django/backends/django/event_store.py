@@ -1,0 +1,396 @@
+"""Event store on the Django ORM: one ``INSERT`` per append (DESIGN part A).
+
+Optimistic concurrency and idempotency come from the unique constraints of
+``wow_event_stream`` (see :mod:`wow_django.backends.django.models`); this
+class only tells which one refused a stream: by the constraint's name for an
+append, by one read of the refused streams' keys for a batch (whose single
+statement skips conflicts instead of failing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Sequence
+
+from django.db import DataError, IntegrityError, transaction
+
+from wow_django.backends.django.connection import database, prepare_database
+from wow_django.backends.django.errors import recoverable_errors, violated_constraint
+from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow
+from wow_django.exceptions import (
+    DuplicateAggregateId,
+    DuplicateEventStreamId,
+    DuplicateRequestId,
+    EventStoreError,
+    EventVersionConflict,
+    RecoverableStoreError,
+    SchemaConflictError,
+)
+from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
+from wow_django.persistence.records import MAX_VERSION, AggregateId, DomainEventRecord, EventStream
+
+#: What a violated constraint means.
+CONSTRAINT_KINDS = {
+    "wow_stream_agg_version_uniq": "version",
+    "wow_stream_agg_request_uniq": "request",
+    "wow_stream_scope_request_uniq": "request",
+    "wow_stream_id_uniq": "id",
+}
+
+_COLUMNS = ("stream_id", "context_name", "aggregate_name", "aggregate_id", "tenant_id", "owner_id", "request_id",
+            "command_id", "version", "header", "body", "create_time")
+
+
+_INSERT_FIELDS = [field for field in EventStreamRow._meta.concrete_fields if not field.primary_key]
+_JSON_FIELDS = {"header", "body"}
+# What RETURNING gives back to tell the inserted streams of a batch.
+_IDENTITY = ("stream_id", "aggregate_name", "aggregate_id", "version")
+
+
+def _identity(stream: EventStream) -> tuple:
+    return stream.id, stream.aggregate_name, stream.aggregate_id.id, stream.version
+
+
+def _conflict_error(kind: str, stream: EventStream) -> EventStoreError:
+    agg = stream.aggregate_id
+    if kind == "version":
+        if stream.version == 1:
+            return DuplicateAggregateId(agg.aggregate_name, agg.id)
+        return EventVersionConflict(agg.aggregate_name, agg.id, stream.version)
+    if kind == "request":
+        return DuplicateRequestId(agg.aggregate_name, agg.id, stream.request_id)
+    return DuplicateEventStreamId(f"event stream {stream.id!r} was already appended")
+
+
+def _json(value):
+    """A JSON column's value: Django's connections hand JSON to the ORM as text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _stream(values: tuple) -> EventStream:
+    (stream_id, context_name, aggregate_name, aggregate_id, tenant_id, owner_id, request_id, command_id, version,
+     header, body, create_time) = values
+    header, body = _json(header), _json(body)
+    return EventStream(
+        id=stream_id,
+        aggregate_id=AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=context_name,
+                                 tenant_id=tenant_id),
+        version=version,
+        body=tuple(
+            DomainEventRecord(id=e["id"], name=e["name"], revision=e.get("revision", ""),
+                              body_type=e.get("bodyType", ""), body=e.get("body") or {})
+            for e in body
+        ),
+        request_id=request_id,
+        command_id=command_id,
+        owner_id=owner_id or "",
+        header=header or {},
+        create_time=create_time,
+    )
+
+
+class DjangoEventStore(EventStore):
+    """Event streams of every aggregate type in ``wow_event_stream`` of database ``using``.
+
+    ``request_id_index``: ``"aggregate"`` makes a request id unique per
+    aggregate, ``"global"`` per aggregate type (``WOW['REQUEST_ID_INDEX']``).
+    """
+
+    #: Whether :meth:`append_many` may use one statement per chunk (tests turn it off to check the other way).
+    one_statement = True
+
+    def __init__(self, using: str = "default", *, request_id_index: str = "aggregate"):
+        if request_id_index not in ("aggregate", "global"):
+            raise ValueError(f"request_id_index must be 'aggregate' or 'global', got {request_id_index!r}")
+        connection = prepare_database(using)
+        self.using = using
+        quote = connection.ops.quote_name
+        self._names = {field.name: quote(field.column) for field in EventStreamRow._meta.concrete_fields}
+        self._select_sql = (
+            f"SELECT {', '.join('{' + column + '}' for column in _COLUMNS)} "
+            f"FROM {quote(EventStreamRow._meta.db_table)} WHERE {{aggregate_name}} = %s AND {{aggregate_id}} = %s"
+        )
+        self._insert_sql = (f"INSERT INTO {quote(EventStreamRow._meta.db_table)} "
+                            f"({', '.join(quote(field.column) for field in _INSERT_FIELDS)}) VALUES ")
+        self._row_sql = "(" + ", ".join(["%s"] * len(_INSERT_FIELDS)) + ")"
+        self.request_id_index = request_id_index
+        self._global = request_id_index == "global"
+        self._scopes_checked: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _rows(self):
+        return EventStreamRow.objects.using(self.using)
+
+    def _values(self, stream: EventStream, connection) -> list:
+        """The row of ``stream``, adapted for ``connection``, in the order of :data:`_INSERT_FIELDS`."""
+        agg = stream.aggregate_id
+        row = {
+            "stream_id": stream.id, "context_name": agg.context_name, "aggregate_name": agg.aggregate_name,
+            "aggregate_id": agg.id, "tenant_id": agg.tenant_id, "owner_id": stream.owner_id,
+            "request_id": stream.request_id, "request_scope": "" if self._global else agg.id,
+            "command_id": stream.command_id, "version": stream.version, "header": dict(stream.header),
+            "body": [{"id": e.id, "name": e.name, "revision": e.revision, "bodyType": e.body_type, "body": e.body}
+                     for e in stream.body],
+            "size": len(stream.body), "create_time": stream.create_time,
+        }
+        adapt = connection.ops.adapt_json_value
+        return [adapt(row[field.attname], CanonicalJSONEncoder) if field.attname in _JSON_FIELDS
+                else row[field.attname] for field in _INSERT_FIELDS]
+
+    # --- the request-id mode ----------------------------------------------------------------------
+
+    def _check_scope(self, aggregate_name: str) -> None:
+        """In "global" mode, refuse a type whose stored rows were written in "aggregate" mode (once per type)."""
+        if not self._global or aggregate_name in self._scopes_checked:
+            return
+        connection = database(self.using)
+        with recoverable_errors(connection, f"checking the request-id mode of {aggregate_name}"):
+            scoped = self._rows().filter(aggregate_name=aggregate_name, request_scope__gt="").exists()
+        if scoped:
+            raise SchemaConflictError(
+                f"WOW['REQUEST_ID_INDEX'] is 'global' but event streams of {aggregate_name!r} in database "
+                f"{self.using!r} were stored in 'aggregate' mode, so their request ids are only unique per "
+                "aggregate. Move them into the global scope (this fails if a request id repeats across "
+                f"aggregates): UPDATE wow_event_stream SET request_scope = '' WHERE aggregate_name = "
+                f"'{aggregate_name}'; or set REQUEST_ID_INDEX back to 'aggregate'."
+            )
+        with self._lock:
+            self._scopes_checked.add(aggregate_name)
+
+    # --- writes -------------------------------------------------------------------------------------
+
+    def append(self, stream: EventStream) -> None:
+        self._check_scope(stream.aggregate_name)
+        connection = database(self.using)
+        values = self._values(stream, connection)
+        agg = stream.aggregate_id
+        try:
+            with recoverable_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
+                # Inside the caller's transaction a savepoint keeps a conflict from breaking it.
+                atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
+                with atomic, connection.cursor() as cursor:
+                    cursor.execute(self._insert_sql + self._row_sql, values)
+        except IntegrityError as exc:
+            raise self._conflict(connection, stream, exc) from exc
+        except DataError as exc:
+            raise EventStoreError(f"event stream {stream.id!r} cannot be stored: {exc}") from exc
+
+    def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
+        """Each stream stored or refused on its own; one result per stream.
+
+        Where the database returns rows from an insert (PostgreSQL, SQLite ≥
+        3.35), one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per chunk of
+        streams: the database skips each stream that breaks a unique
+        constraint, and a read of its keys tells which one. Otherwise one
+        transaction with a savepoint per stream. Streams go in (type,
+        aggregate id, version) order, so concurrent batches take their locks
+        in one order; a transient failure is the result of every stream it
+        left unstored.
+        """
+        results: list[Exception | None] = [None] * len(streams)
+        pending: list[int] = []
+        for index, stream in enumerate(streams):
+            try:
+                self._check_scope(stream.aggregate_name)
+            except (SchemaConflictError, RecoverableStoreError) as exc:
+                results[index] = exc
+            else:
+                pending.append(index)
+        if not pending:
+            return results
+        pending.sort(key=lambda i: (streams[i].aggregate_name, streams[i].aggregate_id.id, streams[i].version))
+        connection = database(self.using)
+        if self.one_statement and connection.features.can_return_columns_from_insert:
+            size = max(1, (connection.features.max_query_params or 65_535) // len(_INSERT_FIELDS))
+            for start in range(0, len(pending), size):
+                self._insert_together(connection, streams, pending[start:start + size], results)
+        else:
+            self._insert_each(connection, streams, pending, results)
+        return results
+
+    def _insert_together(self, connection, streams: Sequence[EventStream], indexes: list[int],
+                         results: list[Exception | None]) -> None:
+        params: list = []
+        rows: list[int] = []
+        for index in indexes:
+            try:
+                params.extend(self._values(streams[index], connection))
+            except (TypeError, ValueError) as exc:  # a body that is not JSON
+                results[index] = exc
+            else:
+                rows.append(index)
+        if not rows:
+            return
+        sql = (f"{self._insert_sql}{', '.join([self._row_sql] * len(rows))} ON CONFLICT DO NOTHING "
+               f"RETURNING {', '.join(self._names[name] for name in _IDENTITY)}")
+        try:
+            with recoverable_errors(connection, f"appending {len(rows)} event streams"):
+                atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
+                with atomic, connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    stored = cursor.fetchall()
+        except RecoverableStoreError as exc:
+            for index in rows:
+                results[index] = exc
+            return
+        except (DataError, IntegrityError, TypeError, ValueError):
+            # A stream the database cannot hold (or, on PostgreSQL, whose body is not JSON: encoded as the
+            # statement runs) fails the whole statement: store the chunk stream by stream to isolate it.
+            self._insert_each(connection, streams, rows, results)
+            return
+        inserted: dict[tuple, list[int]] = {}
+        for index in rows:
+            inserted.setdefault(_identity(streams[index]), []).append(index)
+        for key in stored:
+            inserted[tuple(key)].pop(0)
+        refused = [index for waiting in inserted.values() for index in waiting]
+        if refused:
+            try:
+                errors: list[Exception] = list(self._refused(connection, [streams[i] for i in refused]))
+            except RecoverableStoreError as exc:
+                errors = [exc] * len(refused)
+            for index, error in zip(refused, errors, strict=True):
+                results[index] = error
+
+    def _insert_each(self, connection, streams: Sequence[EventStream], indexes: list[int],
+                     results: list[Exception | None]) -> None:
+        try:
+            with recoverable_errors(connection, f"appending {len(indexes)} event streams"):
+                with transaction.atomic(using=self.using):
+                    for index in indexes:
+                        stream = streams[index]
+                        try:
+                            with transaction.atomic(using=self.using), connection.cursor() as cursor:
+                                cursor.execute(self._insert_sql + self._row_sql, self._values(stream, connection))
+                        except IntegrityError as exc:
+                            results[index] = self._conflict(connection, stream, exc)
+                        except DataError as exc:
+                            results[index] = EventStoreError(f"event stream {stream.id!r} cannot be stored: {exc}")
+                        except (TypeError, ValueError) as exc:  # a body that is not JSON
+                            results[index] = exc
+        except RecoverableStoreError as exc:  # rolled back: nothing of this call is stored
+            for index in indexes:
+                results[index] = exc
+
+    def _conflict(self, connection, stream: EventStream, exc: IntegrityError) -> EventStoreError:
+        """The error for a unique violation, confirmed by a read when the constraint is not named."""
+        kind = CONSTRAINT_KINDS.get(violated_constraint(exc, EventStreamRow))
+        if kind is None:
+            return self._refused(connection, [stream], exc)[0]
+        return _conflict_error(kind, stream)
+
+    def _refused(self, connection, streams: Sequence[EventStream], exc: Exception | None = None
+                 ) -> list[EventStoreError]:
+        """The error of each stream a unique constraint refused, from one read of the streams' keys."""
+        quote = connection.ops.quote_name
+        name, aggregate_id, version, request_id, scope, stream_id = (
+            quote(EventStreamRow._meta.get_field(f).column)
+            for f in ("aggregate_name", "aggregate_id", "version", "request_id", "request_scope", "stream_id"))
+        conditions, params = [], []
+        for stream in streams:
+            agg = stream.aggregate_id
+            conditions.append(f"({name} = %s AND {aggregate_id} = %s AND ({version} = %s OR {request_id} = %s))")
+            params += [agg.aggregate_name, agg.id, stream.version, stream.request_id]
+            if self._global:
+                conditions.append(f"({name} = %s AND {scope} = '' AND {request_id} = %s)")
+                params += [agg.aggregate_name, stream.request_id]
+        conditions.append(f"{stream_id} IN ({', '.join(['%s'] * len(streams))})")
+        params += [stream.id for stream in streams]
+        sql = (f"SELECT {name}, {aggregate_id}, {version}, {request_id}, {scope}, {stream_id} "
+               f"FROM {quote(EventStreamRow._meta.db_table)} WHERE {' OR '.join(conditions)}")
+        with recoverable_errors(connection, "reading the keys of refused event streams"):
+            with connection.cursor() as cursor:  # raw: a batch's keys compile slowly through the ORM
+                cursor.execute(sql, params)
+                found = cursor.fetchall()
+        errors: list[EventStoreError] = []
+        for stream in streams:
+            agg = stream.aggregate_id
+            kinds = set()
+            for row_name, row_aggregate_id, row_version, row_request_id, row_scope, row_stream_id in found:
+                if (row_name, row_aggregate_id, row_version) == (agg.aggregate_name, agg.id, stream.version):
+                    kinds.add("version")
+                if (row_name, row_request_id) == (agg.aggregate_name, stream.request_id) and (
+                        row_aggregate_id == agg.id or (self._global and row_scope == "")):
+                    kinds.add("request")
+                if row_stream_id == stream.id:
+                    kinds.add("id")
+            kind = next((k for k in ("version", "request", "id") if k in kinds), None)
+            if kind is not None:
+                errors.append(_conflict_error(kind, stream))
+            else:
+                reason = f": {exc}" if exc is not None else " (no conflicting stream is visible)"
+                errors.append(EventStoreError(f"event stream {stream.id!r} was refused by the database{reason}"))
+        return errors
+
+    # --- reads -----------------------------------------------------------------------------------------
+
+    def _streams(self, aggregate_id: AggregateId, condition: str = "", params: tuple = (),
+                 order: str = "ORDER BY {version}") -> list[EventStream]:
+        """The streams of one aggregate matching ``condition`` (raw SQL: the hot read path skips the ORM)."""
+        connection = database(self.using)
+        sql = f"{self._select_sql} {condition} {order}".format_map(self._names)
+        with recoverable_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
+            with connection.cursor() as cursor:
+                cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, *params))
+                found = cursor.fetchall()
+        return [_stream(values) for values in found]
+
+    def load(
+        self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
+    ) -> list[EventStream]:
+        check_version_range(head_version, tail_version)
+        condition, params = "", ()
+        if head_version > 1:
+            condition, params = "AND {version} >= %s", (head_version,)
+        if tail_version < MAX_VERSION:
+            condition, params = condition + " AND {version} <= %s", (*params, tail_version)
+        return self._streams(aggregate_id, condition, params)
+
+    def load_by_time(self, aggregate_id: AggregateId, start_time: int, end_time: int) -> list[EventStream]:
+        check_time_range(start_time, end_time)
+        return self._streams(aggregate_id, "AND {create_time} >= %s AND {create_time} <= %s", (start_time, end_time))
+
+    def last(self, aggregate_id: AggregateId) -> EventStream | None:
+        found = self._streams(aggregate_id, order="ORDER BY {version} DESC LIMIT 1")
+        return found[0] if found else None
+
+    def scan_aggregate_ids(
+        self,
+        aggregate_name: str,
+        after_id: str = "",
+        limit: int = 100,
+        *,
+        context_name: str | None = None,
+        tenant_id: str | None = None,
+    ) -> list[AggregateId]:
+        check_scan_args(after_id, limit)
+        # Version 1 exists once per aggregate (wow_stream_agg_version_uniq), so the
+        # first streams list each id once, in the order of that constraint's index.
+        rows = self._rows().filter(aggregate_name=aggregate_name, version=1, aggregate_id__gt=after_id)
+        if context_name is not None:
+            rows = rows.filter(context_name=context_name)
+        if tenant_id is not None:
+            rows = rows.filter(tenant_id=tenant_id)
+        rows = rows.order_by("aggregate_id").values_list("aggregate_id", "context_name", "tenant_id")[:limit]
+        connection = database(self.using)
+        with recoverable_errors(connection, f"scanning {aggregate_name} ids"):
+            found = list(rows)
+        return [AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=context, tenant_id=tenant)
+                for aggregate_id, context, tenant in found]
+
+    def exists_request_id(self, aggregate_name: str, request_id: str, aggregate_id: str | None = None) -> bool:
+        rows = self._rows().filter(aggregate_name=aggregate_name, request_id=request_id)
+        if aggregate_id is not None:
+            rows = rows.filter(aggregate_id=aggregate_id)
+        elif self._global:
+            self._check_scope(aggregate_name)
+            rows = rows.filter(request_scope="")  # every row of the type is in the global scope: indexed
+        connection = database(self.using)
+        with recoverable_errors(connection, f"reading request ids of {aggregate_name}"):
+            return rows.exists()
+
+    def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
+        found = self._streams(aggregate_id, "AND {request_id} = %s", (request_id,), order="LIMIT 1")
+        return found[0] if found else None

@@ -1,0 +1,174 @@
+"""The tables of the django storage backend (app label ``wow_django``).
+
+``wow_event_stream``, one row per stored event stream
+    ``position`` is the primary key: a global, increasing number per row (the
+    cursor of followers; ``wow_stream_ctx_position`` serves "the streams of one
+    context after position p"). Optimistic concurrency is the unique
+    constraint ``wow_stream_agg_version_uniq`` (aggregate name, id, version),
+    idempotency the request-id constraints below, and ``wow_stream_id_uniq``
+    keeps a stream id once. The stores map an ``IntegrityError`` by the name
+    of the constraint it hit (``wow_django.backends.django.errors``).
+
+    **Request-id uniqueness in both modes of ``WOW['REQUEST_ID_INDEX']``.**
+    The mode is a setting, so the table carries both constraints and a column
+    that says how far a row's request id reaches:
+
+    * ``wow_stream_agg_request_uniq`` — unique (aggregate name, aggregate id,
+      request id), always. It is the "aggregate" mode, and it holds in
+      "global" mode too (unique per type implies unique per aggregate).
+    * ``wow_stream_scope_request_uniq`` — unique (aggregate name,
+      ``request_scope``, request id). The event store writes ``request_scope``
+      = the aggregate id in "aggregate" mode, so this constraint adds nothing
+      there, and ``''`` in "global" mode, so that every row of a type written
+      in that mode shares one scope and a request id is unique per aggregate
+      type. Its index serves the global lookup of a request id, and finds a
+      row outside the global scope at once (the mode check below).
+
+    Rows written in "aggregate" mode keep their own scope, so switching an
+    existing type to "global" would leave their request ids outside the global
+    check: the event store refuses that type with a ``SchemaConflictError``
+    (the counterpart of the Mongo backend's "the other mode's index exists")
+    until the rows are moved into the global scope, which fails exactly when
+    request ids repeat across aggregates::
+
+        UPDATE wow_event_stream SET request_scope = '' WHERE aggregate_name = 'order';
+
+    Switching back from "global" to "aggregate" needs nothing.
+
+``wow_snapshot``, one row per aggregate
+    unique (aggregate name, aggregate id), ``wow_snapshot_agg_uniq``: the
+    target of the version-guarded upsert.
+
+``wow_prepare_key``, one row per reserved key
+    unique (name, key), ``wow_prepare_key_uniq``. ``ttl_at`` is the end of the
+    reservation in epoch *microseconds* (UTC): an integer compares the same on
+    every engine whatever ``USE_TZ`` says, and gives back the exact datetime
+    that was stored.
+
+Text columns compare and sort by code point on every engine, like MongoDB
+strings (``"C"`` collation on PostgreSQL, SQLite's default ``BINARY``), so a
+scan's lexicographic order does not depend on the database's locale.
+JSON columns (``header``, ``body``, ``state``, ``value``) are written with
+sorted keys and no spaces, so equal values are equal text on SQLite too.
+
+The migrations refer to :class:`CodePointTextField` and
+:class:`CanonicalJSONEncoder` by their import path: keep both here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.db import models
+
+
+class CanonicalJSONEncoder(json.JSONEncoder):
+    """JSON with sorted keys and compact separators: one text per value."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["sort_keys"] = True
+        kwargs["separators"] = (",", ":")
+        super().__init__(*args, **kwargs)
+
+
+class CodePointTextField(models.TextField):
+    """Text compared and sorted by code point (``COLLATE "C"`` on PostgreSQL; SQLite's default already is)."""
+
+    def db_parameters(self, connection):
+        params = super().db_parameters(connection)
+        if connection.vendor == "postgresql":
+            params["collation"] = "C"
+        return params
+
+
+def _json(**options) -> models.JSONField:
+    return models.JSONField(encoder=CanonicalJSONEncoder, **options)
+
+
+class EventStreamRow(models.Model):
+    """One event stream (the events one command produced for one aggregate at one version)."""
+
+    position = models.BigAutoField(primary_key=True)
+    stream_id = CodePointTextField()
+    context_name = CodePointTextField()
+    aggregate_name = CodePointTextField()
+    aggregate_id = CodePointTextField()
+    tenant_id = CodePointTextField()
+    owner_id = CodePointTextField(blank=True, default="")
+    request_id = CodePointTextField()
+    # aggregate_id in "aggregate" request-id mode, '' in "global" mode (module docstring).
+    request_scope = CodePointTextField(blank=True, default="")
+    command_id = CodePointTextField()
+    version = models.IntegerField()
+    header = _json(default=dict)
+    body = _json()  # [{id, name, revision, bodyType, body}, ...]
+    size = models.IntegerField()
+    create_time = models.BigIntegerField()  # epoch milliseconds
+
+    class Meta:
+        app_label = "wow_django"
+        db_table = "wow_event_stream"
+        verbose_name = "event stream"
+        constraints = [
+            models.UniqueConstraint(fields=["aggregate_name", "aggregate_id", "version"],
+                                    name="wow_stream_agg_version_uniq"),
+            models.UniqueConstraint(fields=["aggregate_name", "aggregate_id", "request_id"],
+                                    name="wow_stream_agg_request_uniq"),
+            models.UniqueConstraint(fields=["aggregate_name", "request_scope", "request_id"],
+                                    name="wow_stream_scope_request_uniq"),
+            models.UniqueConstraint(fields=["stream_id"], name="wow_stream_id_uniq"),
+        ]
+        indexes = [models.Index(fields=["context_name", "position"], name="wow_stream_ctx_position")]
+
+    def __str__(self) -> str:
+        return f"{self.aggregate_name} {self.aggregate_id} v{self.version}"
+
+
+class SnapshotRow(models.Model):
+    """The latest stored state of one aggregate."""
+
+    id = models.BigAutoField(primary_key=True)
+    aggregate_name = CodePointTextField()
+    aggregate_id = CodePointTextField()
+    context_name = CodePointTextField()
+    tenant_id = CodePointTextField()
+    owner_id = CodePointTextField(blank=True, default="")
+    version = models.IntegerField()
+    event_id = CodePointTextField(blank=True, default="")
+    first_operator = CodePointTextField(blank=True, default="")
+    operator = CodePointTextField(blank=True, default="")
+    first_event_time = models.BigIntegerField(default=0)  # epoch milliseconds
+    event_time = models.BigIntegerField(default=0)
+    snapshot_time = models.BigIntegerField(default=0)
+    deleted = models.BooleanField(default=False)
+    state = _json(default=dict)
+
+    class Meta:
+        app_label = "wow_django"
+        db_table = "wow_snapshot"
+        verbose_name = "snapshot"
+        constraints = [
+            models.UniqueConstraint(fields=["aggregate_name", "aggregate_id"], name="wow_snapshot_agg_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.aggregate_name} {self.aggregate_id} v{self.version}"
+
+
+class PrepareKeyRow(models.Model):
+    """One reservation of a key in the PrepareKey store ``name``."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = CodePointTextField()
+    key = CodePointTextField()
+    value = _json()  # any JSON value, null included (stored as JSON null)
+    ttl_at = models.BigIntegerField()  # end of the reservation, epoch microseconds (UTC)
+
+    class Meta:
+        app_label = "wow_django"
+        db_table = "wow_prepare_key"
+        verbose_name = "prepared key"
+        constraints = [models.UniqueConstraint(fields=["name", "key"], name="wow_prepare_key_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.key}"
