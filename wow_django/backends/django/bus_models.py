@@ -19,6 +19,10 @@ Indexes follow seed 004 §2.7 where a query of the store uses them in SQL;
 the seed's ``event_consumptions`` index on ``eventId`` alone is the prefix of
 the unique (eventId, consumerId, attemptNo) and is not repeated, nor is
 ``topic_consumers``' (topic, enabled): the unique (topic, consumerId) serves it.
+The listing indexes of ``wow_bus_event`` are in the store's sort order, which
+PostgreSQL only follows when told (a missing ``occurredAt`` sorts first, as in
+MongoDB; ids in code-point order): migration 0002 creates them with the
+database's own SQL, so they are not declared here.
 """
 
 from __future__ import annotations
@@ -83,15 +87,9 @@ class EventRecord(RecordFields):
         db_table = "wow_bus_event"
         default_permissions = ()
         constraints = [models.UniqueConstraint(fields=["eventId"], name="wow_bus_event_id_uniq")]
-        indexes = [
-            models.Index(fields=["status", "statusAt"], name="wow_bus_event_status_at"),  # the relay
-            models.Index(fields=["status", "-occurredAt"], name="wow_bus_event_status_occ"),
-            models.Index(fields=["topic", "-occurredAt"], name="wow_bus_event_topic_occ"),
-            models.Index(fields=["traceId", "occurredAt"], name="wow_bus_event_trace_occ"),
-            models.Index(fields=["initiatorService", "-occurredAt"], name="wow_bus_event_service_occ"),
-            models.Index(fields=["parentEventId", "occurredAt"], name="wow_bus_event_parent_occ"),
-            models.Index(fields=["-occurredAt", "eventId"], name="wow_bus_event_occ"),  # the unfiltered listing
-        ]
+        # The listing indexes (by status, topic, initiator.service, traceId, parentEventId, and none,
+        # each then by occurredAt and eventId) are made by migration 0002 in SQL of the database.
+        indexes = [models.Index(fields=["status", "statusAt"], name="wow_bus_event_status_at")]  # the relay
 
     def __str__(self) -> str:
         return f"bus event {self.eventId}"

@@ -65,6 +65,7 @@ SENT = EventStatus.SENT.value
 RETRYING = EventStatus.RETRYING.value
 PROCESSING = "processing"
 DONE = "done"
+NULLS_SMALLEST = frozenset({"sqlite", "mysql"})  # vendors that sort NULL before any value
 IN_CHUNK = 500  # event ids per "IN (…)" (SQLite limits the parameters of a statement)
 
 # --- values: records ↔ columns ------------------------------------------------------------
@@ -310,10 +311,15 @@ class DjangoBusStore(BusStore):
     def atomic(self):
         return transaction.atomic(using=self.using)
 
-    def text_order(self, field: str, *, descending: bool = False) -> Any:
+    def text_order(self, field: str) -> Any:
         """Ordering by a text column in code-point order (PostgreSQL's default collation may differ)."""
-        expression: Any = Collate(F(field), "C") if self.vendor == "postgresql" else F(field)
-        return expression.desc() if descending else expression.asc()
+        return (Collate(F(field), "C") if self.vendor == "postgresql" else F(field)).asc()
+
+    def time_order(self, field: str, *, descending: bool = False) -> Any:
+        """Ordering by a time column where a missing time is the smallest, as in MongoDB (SQLite's own order)."""
+        if self.vendor in NULLS_SMALLEST:
+            return F(field).desc() if descending else F(field).asc()
+        return F(field).desc(nulls_last=True) if descending else F(field).asc(nulls_first=True)
 
     def insert_unique(self, model: type[models.Model], values: dict, key: dict) -> bool:
         """Insert a row; False when the unique ``key`` is taken (the insert changed nothing)."""
@@ -426,7 +432,7 @@ class DjangoBusStore(BusStore):
             return []
         with self.errors("finding pending events"):
             return list(self.events().filter(status=PENDING, statusAt__lte=db_time(older_than))
-                        .order_by(F("occurredAt").asc(nulls_first=True), self.text_order("eventId"))
+                        .order_by(self.time_order("occurredAt"), self.text_order("eventId"))
                         .values_list("eventId", flat=True)[:limit])
 
     def lease_for_relay(self, event_id: str, now: datetime, until: datetime) -> dict | None:
@@ -471,7 +477,7 @@ class DjangoBusStore(BusStore):
             total = found.count()
             if limit <= 0 or skip >= total:
                 return total, []
-            rows = list(found.order_by(F("occurredAt").desc(nulls_last=True), self.text_order("eventId"))
+            rows = list(found.order_by(self.time_order("occurredAt", descending=True), self.text_order("eventId"))
                         .values(*EVENTS.fields)[skip:skip + limit])
         return total, [EVENTS.record(row) for row in rows]
 
@@ -480,7 +486,7 @@ class DjangoBusStore(BusStore):
             return []
         with self.errors(action):
             rows = list(self.events().filter(condition)
-                        .order_by(F("occurredAt").asc(nulls_first=True), self.text_order("eventId"))
+                        .order_by(self.time_order("occurredAt"), self.text_order("eventId"))
                         .values(*EVENTS.fields)[:limit])
         return [EVENTS.record(row) for row in rows]
 
@@ -628,5 +634,5 @@ class DjangoBusStore(BusStore):
             return []
         with self.errors(f"reading re-pushes of {event_id}"):
             rows = list(self.rows(RepushRecord).filter(eventId=event_id)
-                        .order_by(F("requestedAt").desc(nulls_last=True), "-id").values(*REPUSHES.fields)[:limit])
+                        .order_by(self.time_order("requestedAt", descending=True), "-id").values(*REPUSHES.fields)[:limit])
         return [REPUSHES.record(row) for row in rows]

@@ -2,6 +2,35 @@
 
 from django.db import migrations, models
 
+# The listing indexes of wow_bus_event: (name, filtered column or None, direction of occurredAt).
+# Each is (column, occurred_at, event_id) in the order of the store's ORDER BY. PostgreSQL is told
+# that a missing occurredAt is the smallest value (NULLS FIRST ascending, NULLS LAST descending, as
+# MongoDB and SQLite sort) and to compare event ids by code point (COLLATE "C"); otherwise the
+# store's ORDER BY would not match its indexes.
+LISTING_INDEXES = (
+    ("wow_bus_event_status_occ", "status", "DESC"),
+    ("wow_bus_event_topic_occ", "topic", "DESC"),
+    ("wow_bus_event_service_occ", "initiator_service", "DESC"),
+    ("wow_bus_event_trace_occ", "trace_id", "ASC"),
+    ("wow_bus_event_parent_occ", "parent_event_id", "ASC"),
+    ("wow_bus_event_occ", None, "DESC"),
+)
+
+
+def create_listing_indexes(apps, schema_editor):
+    quote = schema_editor.quote_name
+    postgresql = schema_editor.connection.vendor == "postgresql"
+    for name, column, direction in LISTING_INDEXES:
+        nulls = (" NULLS LAST" if direction == "DESC" else " NULLS FIRST") if postgresql else ""
+        event_id = quote("event_id") + (' COLLATE "C"' if postgresql else "")
+        columns = ([quote(column)] if column else []) + [f"{quote('occurred_at')} {direction}{nulls}", event_id]
+        schema_editor.execute(f"CREATE INDEX {quote(name)} ON {quote('wow_bus_event')} ({', '.join(columns)})")
+
+
+def drop_listing_indexes(apps, schema_editor):
+    for name, _, _ in LISTING_INDEXES:
+        schema_editor.execute(f"DROP INDEX {schema_editor.quote_name(name)}")
+
 
 class Migration(migrations.Migration):
 
@@ -66,7 +95,7 @@ class Migration(migrations.Migration):
             options={
                 'db_table': 'wow_bus_event',
                 'default_permissions': (),
-                'indexes': [models.Index(fields=['status', 'statusAt'], name='wow_bus_event_status_at'), models.Index(fields=['status', '-occurredAt'], name='wow_bus_event_status_occ'), models.Index(fields=['topic', '-occurredAt'], name='wow_bus_event_topic_occ'), models.Index(fields=['traceId', 'occurredAt'], name='wow_bus_event_trace_occ'), models.Index(fields=['initiatorService', '-occurredAt'], name='wow_bus_event_service_occ'), models.Index(fields=['parentEventId', 'occurredAt'], name='wow_bus_event_parent_occ'), models.Index(fields=['-occurredAt', 'eventId'], name='wow_bus_event_occ')],
+                'indexes': [models.Index(fields=['status', 'statusAt'], name='wow_bus_event_status_at')],
                 'constraints': [models.UniqueConstraint(fields=('eventId',), name='wow_bus_event_id_uniq')],
             },
         ),
@@ -142,4 +171,5 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('topic', 'consumerId'), name='wow_bus_topic_consumer_uniq')],
             },
         ),
+        migrations.RunPython(create_listing_indexes, drop_listing_indexes),
     ]
