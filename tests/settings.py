@@ -5,7 +5,9 @@ storage backend's tests: ``wow_sqlite`` (a file, so that threads and processes
 share it) and ``wow_pg`` (the PostgreSQL on 127.0.0.1 that ``.ci/run``
 starts; ``WOW_TEST_PG_HOST``/``_PORT``/``_USER``/``_PASSWORD``/``_DB`` override).
 Each test run gets its own test databases (the process id is in their names),
-so concurrent runs on one machine do not collide.
+so concurrent runs on one machine do not collide. Neither depends on
+``default`` (``TEST['DEPENDENCIES']``), so tests that use only one of them can
+run alone.
 """
 
 import os
@@ -21,7 +23,7 @@ DATABASES = {
     "wow_sqlite": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.path.join(_SQLITE_DIR, "wow.sqlite3"),
-        "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_wow.sqlite3")},
+        "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_wow.sqlite3"), "DEPENDENCIES": []},
     },
     "wow_pg": {
         "ENGINE": "django.db.backends.postgresql",
@@ -30,7 +32,7 @@ DATABASES = {
         "PORT": os.environ.get("WOW_TEST_PG_PORT", "5432"),
         "USER": os.environ.get("WOW_TEST_PG_USER", "postgres"),
         "PASSWORD": os.environ.get("WOW_TEST_PG_PASSWORD", ""),
-        "TEST": {"NAME": f"test_wow_{_RUN}"},
+        "TEST": {"NAME": f"test_wow_{_RUN}", "DEPENDENCIES": []},
     },
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
