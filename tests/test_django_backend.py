@@ -443,9 +443,10 @@ class TestPostgreSQLConnections(OnPostgreSQL, TransactionTestCase):
         self.assertEqual(sessions(), before)
 
     def test_text_columns_use_the_c_collation(self):
+        tables = [model._meta.db_table for model in (EventStreamRow, SnapshotRow, PrepareKeyRow)]
         with connections[self.alias].cursor() as cursor:
             cursor.execute("SELECT table_name, column_name, collation_name FROM information_schema.columns "
-                           "WHERE table_name LIKE 'wow_%%' AND data_type = 'text'")
+                           "WHERE table_name = ANY(%s) AND data_type = 'text'", [tables])
             columns = cursor.fetchall()
         text = {(model._meta.db_table, field.column) for model in (EventStreamRow, SnapshotRow, PrepareKeyRow)
                 for field in model._meta.concrete_fields if isinstance(field, CodePointTextField)}
@@ -583,7 +584,7 @@ def test_only_configured_postgresql_or_sqlite_databases_are_accepted(monkeypatch
     with pytest.raises(ImproperlyConfigured, match="needs PostgreSQL or SQLite; database 'wow_sqlite' is mysql"):
         validate_database("wow_sqlite")
     with override_settings(WOW={"STORAGE": "django", "DATABASE_ALIAS": "wow_sqlite"}):
-        assert [m.id for m in check_settings() if m.level >= 40] == ["wow_django.E003"]
+        assert [m.id for m in check_settings() if m.level >= 40] == ["wow_django.E004"]
 
 
 def test_the_database_alias_setting_is_checked():

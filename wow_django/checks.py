@@ -69,7 +69,7 @@ def check_settings(app_configs=None, **kwargs):
             validate_database(wow_settings.DATABASE_ALIAS)
         except ImproperlyConfigured as exc:
             messages.append(checks.Error(str(exc), hint="Set WOW['DATABASE_ALIAS'] to a PostgreSQL or SQLite database.",
-                                         id="wow_django.E003"))
+                                         id="wow_django.E004"))
     if not settings.DEBUG and wow_settings.TENANT_RESOLVER.__name__ == "HeaderTenantResolver":
         messages.append(checks.Warning(
             "WOW['TENANT_RESOLVER'] takes the tenant from the Wow-Tenant-Id request header: any client can "
