@@ -78,7 +78,11 @@ def discard_if_broken(connection: BaseDatabaseWrapper) -> None:
     """
     if connection.connection is None or connection.in_atomic_block:
         return
-    if not connection.is_usable():
+    try:
+        usable = connection.is_usable()
+    except DatabaseError:
+        usable = False
+    if not usable:
         try:
             connection.close()
         except DatabaseError:
