@@ -23,6 +23,11 @@ TypeError naming the key otherwise; JSON parts (``payload``, ``initiator``,
 ``consumers``, keys without a column) keep dicts, lists, strings, numbers,
 booleans, None and datetimes. Text is ordered by code point, as in MongoDB
 and Python (``COLLATE "C"`` on PostgreSQL).
+
+As every store of the backend, it works on the calling thread's connection of
+:func:`~wow_django.backends.django.connection.database` (closed when a worker
+thread ends; SQLite in WAL mode with a busy timeout) and maps database errors
+with :func:`~wow_django.backends.django.errors.store_errors`.
 """
 
 from __future__ import annotations
