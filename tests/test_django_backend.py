@@ -8,6 +8,7 @@ without RETURNING, the runtime on ``STORAGE = "django"``.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import shutil
@@ -27,7 +28,7 @@ from unittest import mock
 import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, OperationalError, ProgrammingError, connections, transaction
+from django.db import IntegrityError, InternalError, OperationalError, ProgrammingError, connections, transaction
 from django.test import TransactionTestCase, override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -315,6 +316,26 @@ class DjangoBackendBehaviour:
         self.assertEqual(PrepareKeyRow.objects.using(self.alias).filter(name="username", key="k").count(), 1)
         self.assertEqual(keys.get("k").value, "second")
 
+    def test_a_missing_table_says_to_migrate(self):
+        def rename(old: str, new: str) -> None:
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(f"ALTER TABLE {old} RENAME TO {new}")
+
+        snapshots, keys = DjangoSnapshotStore(using=self.alias), DjangoPrepareKey("username", using=self.alias)
+        calls = {"wow_event_stream": lambda: self.store().load(agg()),
+                 "wow_snapshot": lambda: snapshots.load(agg()),
+                 "wow_prepare_key": lambda: keys.prepare("k", "v")}
+        for table, call in calls.items():
+            with self.subTest(table):
+                rename(table, f"{table}_away")
+                try:
+                    with self.assertRaisesMessage(ImproperlyConfigured,
+                                                  f"manage.py migrate wow_django --database {self.alias}"):
+                        call()
+                finally:
+                    rename(f"{table}_away", table)
+                call()
+
     # --- threads ----------------------------------------------------------------------------------
 
     def test_each_thread_works_on_its_own_connection(self):
@@ -427,6 +448,9 @@ class TestPostgreSQLConnections(OnPostgreSQL, TransactionTestCase):
         store.append(make_stream(a := agg(), 1))
         before = sessions()
         barrier = threading.Barrier(6)
+        # A connection the cyclic garbage collector frees would close late or never: only closing counts here.
+        gc.disable()
+        self.addCleanup(gc.enable)
 
         def worker() -> None:
             store.load(a)
@@ -575,6 +599,10 @@ def test_which_errors_are_recoverable():
     assert is_recoverable(django_error(OperationalError, psycopg.OperationalError("server closed the connection")))
     assert not is_recoverable(django_error(ProgrammingError, psycopg.errors.UndefinedTable("missing")))
     assert not is_recoverable(django_error(IntegrityError, psycopg.errors.UniqueViolation("dup")))
+    assert is_recoverable(django_error(OperationalError, psycopg.errors.LockNotAvailable("lock timeout")))
+    assert is_recoverable(django_error(InternalError, psycopg.errors.ReadOnlySqlTransaction("read-only")))
+    assert not is_recoverable(django_error(OperationalError, psycopg.errors.DiskFull("could not extend file")))
+    assert not is_recoverable(OperationalError("no driver error"))
 
 
 def test_only_configured_postgresql_or_sqlite_databases_are_accepted(monkeypatch):

@@ -7,6 +7,7 @@ file) or the store's own configuration.
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import threading
 import time
@@ -15,16 +16,16 @@ from datetime import UTC, datetime, timedelta, timezone
 import psycopg
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import OperationalError, ProgrammingError, connections, transaction
+from django.db import InternalError, OperationalError, ProgrammingError, connections, transaction
 from django.test import SimpleTestCase, TransactionTestCase, override_settings
 
-from wow_django.backends.django.bus_errors import is_recoverable
 from wow_django.backends.django.bus_store import EVENTS, DjangoBusStore
+from wow_django.backends.django.connection import SQLITE_BUSY_TIMEOUT_MS, database
+from wow_django.backends.django.errors import is_recoverable
 from wow_django.backends.memory.bus_store import InMemoryBusStore
 from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.bus import EventQuery
 from wow_django.testing.bus_store import T0, make_event
-from wow_django.testing.thread_connections import ClosesThreadConnections
 
 
 class DjangoBusStoreConfigurationTests(SimpleTestCase):
@@ -35,7 +36,7 @@ class DjangoBusStoreConfigurationTests(SimpleTestCase):
                 DjangoBusStore()
 
     def test_an_unknown_database_alias_is_named(self):
-        with self.assertRaisesMessage(ImproperlyConfigured, "database 'nowhere', which DATABASES does not define"):
+        with self.assertRaisesMessage(ImproperlyConfigured, "database 'nowhere', which is not in settings.DATABASES"):
             DjangoBusStore(using="nowhere")
 
 
@@ -57,6 +58,12 @@ class RecoverableErrorTests(SimpleTestCase):
                       sqlite3.OperationalError("database is locked")):
             with self.subTest(cause=type(cause).__name__):
                 self.assertTrue(is_recoverable(driver_error(cause)))
+        # A primary turned standby after a failover, an idle transaction's timeout (InternalError in psycopg).
+        for cause in (psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction"),
+                      psycopg.errors.IdleInTransactionSessionTimeout("terminating connection due to idle-in-"
+                                                                     "transaction timeout")):
+            with self.subTest(cause=type(cause).__name__):
+                self.assertTrue(is_recoverable(driver_error(cause, InternalError)))
 
     def test_other_errors_are_not(self):
         for error in (driver_error(sqlite3.OperationalError("no such table: wow_bus_event")),
@@ -67,7 +74,7 @@ class RecoverableErrorTests(SimpleTestCase):
                 self.assertFalse(is_recoverable(error))
 
 
-class StoreCase(ClosesThreadConnections, TransactionTestCase):
+class StoreCase(TransactionTestCase):
     alias = "wow_sqlite"
 
     def setUp(self) -> None:
@@ -186,6 +193,25 @@ class DjangoBusStoreOnSQLiteTests(ValuesAndTables, StoreCase):
             connections[self.alias].close()  # the next connection has the default busy timeout again
         self.assertTrue(self.store.set_status_if("evt-1", "PENDING", 0, "SENT", T0))
 
+    def test_every_connection_of_the_store_is_in_wal_mode_with_a_busy_timeout(self):
+        def pragmas() -> tuple[str, int]:
+            raw = database(self.alias).connection
+            return raw.execute("PRAGMA journal_mode").fetchone()[0], raw.execute("PRAGMA busy_timeout").fetchone()[0]
+
+        in_thread: list[tuple] = []
+
+        def other_thread() -> None:  # a new connection, opened by the store
+            self.store.get_event("evt-1")
+            in_thread.append(pragmas())
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        self.assertEqual(in_thread, [("wal", SQLITE_BUSY_TIMEOUT_MS)])
+        connections[self.alias].close()
+        self.store.get_event("evt-1")
+        self.assertEqual(pragmas(), ("wal", SQLITE_BUSY_TIMEOUT_MS))
+
     def test_naive_datetimes_round_trip_without_time_zone_support(self):
         with override_settings(USE_TZ=False):
             self.store.insert_event(make_event("evt-naive", occurred_at=datetime(2024, 2, 28, 10, 0, 0, 5999)))
@@ -231,6 +257,38 @@ class DjangoBusStoreOnPostgreSQLTests(ValuesAndTables, StoreCase):
             self.store.get_event("evt-1")
         self.assertEqual(self.store.get_event("evt-1", fields=["eventId"]), {"eventId": "evt-1"})
         self.assertNotEqual(self.backend_pid(), pid)  # a new connection
+
+    def test_worker_threads_close_their_connections_when_they_end(self):
+        """Consumer and relay threads come and go: each closes the connection it used when it ends."""
+        def sessions() -> int:
+            with self.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND pid <> pg_backend_pid()")
+                return cursor.fetchone()[0]
+
+        self.store.insert_event(make_event("evt-1"))
+        before = sessions()
+        barrier = threading.Barrier(6)
+        # A connection the cyclic garbage collector frees would close late or never: only closing counts here.
+        gc.disable()
+        self.addCleanup(gc.enable)
+        opened: list[bool] = []
+
+        def worker() -> None:
+            self.store.get_event("evt-1")
+            opened.append(connections[self.alias].connection is not None)
+            barrier.wait(10)  # all six hold a connection at once
+
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        self.assertEqual(opened, [True] * 6)
+        deadline = time.monotonic() + 5
+        while sessions() != before and time.monotonic() < deadline:  # a backend leaves after its client
+            time.sleep(0.02)
+        self.assertEqual(sessions(), before)
 
     def test_a_lock_timeout_is_a_recoverable_error(self):
         self.store.insert_event(make_event("evt-1", status="SENT"))

@@ -23,6 +23,11 @@ TypeError naming the key otherwise; JSON parts (``payload``, ``initiator``,
 ``consumers``, keys without a column) keep dicts, lists, strings, numbers,
 booleans, None and datetimes. Text is ordered by code point, as in MongoDB
 and Python (``COLLATE "C"`` on PostgreSQL).
+
+As every store of the backend, it works on the calling thread's connection of
+:func:`~wow_django.backends.django.connection.database` (closed when a worker
+thread ends; SQLite in WAL mode with a busy timeout) and maps database errors
+with :func:`~wow_django.backends.django.errors.store_errors`.
 """
 
 from __future__ import annotations
@@ -35,11 +40,10 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce, Collate
 
-from wow_django.backends.django.bus_errors import bus_store_errors
 from wow_django.backends.django.bus_models import (
     ConsumptionRecord,
     EventRecord,
@@ -49,6 +53,8 @@ from wow_django.backends.django.bus_models import (
     SequenceRecord,
     TopicConsumerRecord,
 )
+from wow_django.backends.django.connection import database, prepare_database
+from wow_django.backends.django.errors import store_errors
 from wow_django.persistence.bus import (
     STATUS_REVISION,
     BusStore,
@@ -65,7 +71,6 @@ SENT = EventStatus.SENT.value
 RETRYING = EventStatus.RETRYING.value
 PROCESSING = "processing"
 DONE = "done"
-NULLS_SMALLEST = frozenset({"sqlite", "mysql"})  # vendors that sort NULL before any value
 IN_CHUNK = 500  # event ids per "IN (…)" (SQLite limits the parameters of a statement)
 
 # --- values: records ↔ columns ------------------------------------------------------------
@@ -291,11 +296,8 @@ class DjangoBusStore(BusStore):
                 f"The django bus store keeps the bus records in the tables of the {BUS_APP} app: add "
                 f"{BUS_APP!r} to INSTALLED_APPS and run `manage.py migrate wow_bus`."
             )
-        if using not in connections.settings:
-            raise ImproperlyConfigured(f"The django bus store uses database {using!r}, which DATABASES does not "
-                                       f"define (it has {', '.join(map(repr, connections.settings))}).")
         self.using = using
-        self.vendor = connections[using].vendor
+        self.vendor = prepare_database(using).vendor
 
     def __repr__(self) -> str:
         return f"DjangoBusStore(using={self.using!r})"
@@ -306,7 +308,8 @@ class DjangoBusStore(BusStore):
         return model._default_manager.using(self.using)
 
     def errors(self, action: str):
-        return bus_store_errors(action, self.using)
+        """Map the database errors of one operation; its queries run on this thread's connection."""
+        return store_errors(database(self.using), action)
 
     def atomic(self):
         return transaction.atomic(using=self.using)
@@ -317,7 +320,7 @@ class DjangoBusStore(BusStore):
 
     def time_order(self, field: str, *, descending: bool = False) -> Any:
         """Ordering by a time column where a missing time is the smallest, as in MongoDB (SQLite's own order)."""
-        if self.vendor in NULLS_SMALLEST:
+        if self.vendor == "sqlite":  # it sorts NULL before any value
             return F(field).desc() if descending else F(field).asc()
         return F(field).desc(nulls_last=True) if descending else F(field).asc(nulls_first=True)
 

@@ -6,7 +6,8 @@
 * Per thread: Django gives each thread its own connection of an alias. A
   thread other than the main one that uses a store gets its connection closed
   when it ends (Django closes a request's connections, nobody closes those of
-  other threads: batching lanes, followers, a test's worker threads).
+  other threads: batching lanes, followers, bus consumers and relays, a test's worker
+  threads). Every store of the backend takes its connection through :func:`database`.
 * SQLite: every new connection of a store's alias runs in WAL mode with a busy
   timeout, so readers do not block the writer and writers of several
   processes wait for each other instead of failing at once.
@@ -78,7 +79,11 @@ def discard_if_broken(connection: BaseDatabaseWrapper) -> None:
     """
     if connection.connection is None or connection.in_atomic_block:
         return
-    if not connection.is_usable():
+    try:
+        usable = connection.is_usable()
+    except DatabaseError:
+        usable = False
+    if not usable:
         try:
             connection.close()
         except DatabaseError:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from django.db import DataError, IntegrityError, transaction
 
 from wow_django.backends.django.connection import database, prepare_database
-from wow_django.backends.django.errors import recoverable_errors, violated_constraint
+from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow
 from wow_django.exceptions import (
     DuplicateAggregateId,
@@ -146,7 +146,7 @@ class DjangoEventStore(EventStore):
         if not self._global or aggregate_name in self._scopes_checked:
             return
         connection = database(self.using)
-        with recoverable_errors(connection, f"checking the request-id mode of {aggregate_name}"):
+        with store_errors(connection, f"checking the request-id mode of {aggregate_name}"):
             scoped = self._rows().filter(aggregate_name=aggregate_name, request_scope__gt="").exists()
         if scoped:
             raise SchemaConflictError(
@@ -167,7 +167,7 @@ class DjangoEventStore(EventStore):
         values = self._values(stream, connection)
         agg = stream.aggregate_id
         try:
-            with recoverable_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
+            with store_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
                 # Inside the caller's transaction a savepoint keeps a conflict from breaking it.
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
                 with atomic, connection.cursor() as cursor:
@@ -226,7 +226,7 @@ class DjangoEventStore(EventStore):
         sql = (f"{self._insert_sql}{', '.join([self._row_sql] * len(rows))} ON CONFLICT DO NOTHING "
                f"RETURNING {', '.join(self._names[name] for name in _IDENTITY)}")
         try:
-            with recoverable_errors(connection, f"appending {len(rows)} event streams"):
+            with store_errors(connection, f"appending {len(rows)} event streams"):
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
                 with atomic, connection.cursor() as cursor:
                     cursor.execute(sql, params)
@@ -257,7 +257,7 @@ class DjangoEventStore(EventStore):
     def _insert_each(self, connection, streams: Sequence[EventStream], indexes: list[int],
                      results: list[Exception | None]) -> None:
         try:
-            with recoverable_errors(connection, f"appending {len(indexes)} event streams"):
+            with store_errors(connection, f"appending {len(indexes)} event streams"):
                 with transaction.atomic(using=self.using):
                     for index in indexes:
                         stream = streams[index]
@@ -300,7 +300,7 @@ class DjangoEventStore(EventStore):
         params += [stream.id for stream in streams]
         sql = (f"SELECT {name}, {aggregate_id}, {version}, {request_id}, {scope}, {stream_id} "
                f"FROM {quote(EventStreamRow._meta.db_table)} WHERE {' OR '.join(conditions)}")
-        with recoverable_errors(connection, "reading the keys of refused event streams"):
+        with store_errors(connection, "reading the keys of refused event streams"):
             with connection.cursor() as cursor:  # raw: a batch's keys compile slowly through the ORM
                 cursor.execute(sql, params)
                 found = cursor.fetchall()
@@ -331,7 +331,7 @@ class DjangoEventStore(EventStore):
         """The streams of one aggregate matching ``condition`` (raw SQL: the hot read path skips the ORM)."""
         connection = database(self.using)
         sql = f"{self._select_sql} {condition} {order}".format_map(self._names)
-        with recoverable_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
+        with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
             with connection.cursor() as cursor:
                 cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, *params))
                 found = cursor.fetchall()
@@ -375,7 +375,7 @@ class DjangoEventStore(EventStore):
             rows = rows.filter(tenant_id=tenant_id)
         rows = rows.order_by("aggregate_id").values_list("aggregate_id", "context_name", "tenant_id")[:limit]
         connection = database(self.using)
-        with recoverable_errors(connection, f"scanning {aggregate_name} ids"):
+        with store_errors(connection, f"scanning {aggregate_name} ids"):
             found = list(rows)
         return [AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=context, tenant_id=tenant)
                 for aggregate_id, context, tenant in found]
@@ -388,7 +388,7 @@ class DjangoEventStore(EventStore):
             self._check_scope(aggregate_name)
             rows = rows.filter(request_scope="")  # every row of the type is in the global scope: indexed
         connection = database(self.using)
-        with recoverable_errors(connection, f"reading request ids of {aggregate_name}"):
+        with store_errors(connection, f"reading request ids of {aggregate_name}"):
             return rows.exists()
 
     def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from wow_django.backends.django.connection import database, prepare_database
-from wow_django.backends.django.errors import recoverable_errors
+from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.models import CanonicalJSONEncoder, PrepareKeyRow
 from wow_django.persistence.contracts import _MISSING, Clock, PrepareKey, check_key, resolve_ttl
 from wow_django.persistence.records import PreparedValue
@@ -65,7 +65,7 @@ class DjangoPrepareKey(PrepareKey):
 
     def _execute(self, action: str, sql: str, params: list) -> int:
         connection = database(self.using)
-        with recoverable_errors(connection, f"{action} {self.name} key"):
+        with store_errors(connection, f"{action} {self.name} key"):
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 return cursor.rowcount
@@ -85,7 +85,7 @@ class DjangoPrepareKey(PrepareKey):
         check_key(key)
         rows = self._rows().filter(key=key, ttl_at__gt=to_micros(self.now())).values_list("value", "ttl_at")
         connection = database(self.using)
-        with recoverable_errors(connection, f"reading {self.name} key"):
+        with store_errors(connection, f"reading {self.name} key"):
             found = list(rows[:1])
         if not found:
             return None

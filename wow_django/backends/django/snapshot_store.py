@@ -17,7 +17,7 @@ integer column: a stored version is never missing or of another type.
 from __future__ import annotations
 
 from wow_django.backends.django.connection import database, prepare_database
-from wow_django.backends.django.errors import recoverable_errors
+from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.models import SnapshotRow
 from wow_django.persistence.contracts import SnapshotStore
 from wow_django.persistence.records import AggregateId, Snapshot
@@ -67,7 +67,7 @@ class DjangoSnapshotStore(SnapshotStore):
         rows = SnapshotRow.objects.using(self.using).filter(aggregate_name=aggregate_id.aggregate_name,
                                                             aggregate_id=aggregate_id.id)
         connection = database(self.using)
-        with recoverable_errors(connection, f"loading the snapshot of {aggregate_id.aggregate_name} "
+        with store_errors(connection, f"loading the snapshot of {aggregate_id.aggregate_name} "
                                             f"{aggregate_id.id!r}"):
             found = list(rows.values_list(*_COLUMNS)[:1])
         return _snapshot(found[0]) if found else None
@@ -79,6 +79,6 @@ class DjangoSnapshotStore(SnapshotStore):
                   snapshot.event_time, snapshot.snapshot_time, snapshot.deleted, snapshot.state)
         connection = database(self.using)
         params = [field.get_db_prep_save(value, connection) for field, value in zip(self._fields, values, strict=True)]
-        with recoverable_errors(connection, f"saving the snapshot of {agg.aggregate_name} {agg.id!r}"):
+        with store_errors(connection, f"saving the snapshot of {agg.aggregate_name} {agg.id!r}"):
             with connection.cursor() as cursor:
                 cursor.execute(self._sql, params)
