@@ -123,6 +123,10 @@ class DjangoEventStore(EventStore):
     def _rows(self):
         return EventStreamRow.objects.using(self.using)
 
+    def queryset(self, aggregate_name: str):
+        """The rows of one aggregate type (what the query services compile against)."""
+        return self._rows().filter(aggregate_name=aggregate_name)
+
     def _values(self, stream: EventStream, connection) -> list:
         """The row of ``stream``, adapted for ``connection``, in the order of :data:`_INSERT_FIELDS`."""
         agg = stream.aggregate_id

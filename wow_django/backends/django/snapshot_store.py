@@ -63,6 +63,10 @@ class DjangoSnapshotStore(SnapshotStore):
         self._sql = upsert_sql(connection.ops.quote_name)
         self._fields = [SnapshotRow._meta.get_field(name) for name in _COLUMNS]
 
+    def queryset(self, aggregate_name: str):
+        """The snapshot rows of one aggregate type (what the query services compile against)."""
+        return SnapshotRow.objects.using(self.using).filter(aggregate_name=aggregate_name)
+
     def load(self, aggregate_id: AggregateId) -> Snapshot | None:
         rows = SnapshotRow.objects.using(self.using).filter(aggregate_name=aggregate_id.aggregate_name,
                                                             aggregate_id=aggregate_id.id)
