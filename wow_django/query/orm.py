@@ -70,6 +70,7 @@ Only SQLite and PostgreSQL are supported; other engines raise
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ from wow_django.query import dates
 from wow_django.query.condition import (
     COMPARISON_OPERATORS,
     DATE_OPERATORS,
+    NO_OPTIONS,
     TEXT_OPERATORS,
     Condition,
     DeletionState,
@@ -92,9 +94,11 @@ from wow_django.query.condition import (
     Operator,
     Projection,
     SortField,
+    parse_condition,
     target_field,
 )
 from wow_django.query.errors import QueryValidationError
+from wow_django.query.evaluator import MISSING, matches, reach
 from wow_django.query.semantics import date_bounds, map_field, search_terms, text_pattern, words
 
 Op = Operator
@@ -209,10 +213,16 @@ class _Exists:
 
 @dataclass(frozen=True, slots=True)
 class _ElemMatch:
-    """A value the path leads to is an array with an object element satisfying ``child``."""
+    """A value the path leads to is an array with an object element satisfying ``child``.
+
+    ``source`` is the condition as the client sent it (with the path relative to the column) and ``now``
+    the moment its date operators use: SQLite runs that with the evaluator (see :class:`_SQLite`).
+    """
 
     path: _Path
     child: Any
+    source: str
+    now: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,13 +333,43 @@ def _exists(path: _Path | None) -> Any:
     return _Exists(path) if path.segments else TRUE
 
 
-def _elem_match(path: _Path | None, child: Any) -> Any:
+def _elem_match(path: _Path | None, child: Any, condition: Condition, now: datetime) -> Any:
     if _always_missing(path) or _scalar_column(path) or child == FALSE:
         return FALSE
-    return _ElemMatch(path, child)
+    relative = Condition(operator=Op.ELEM_MATCH, field=".".join(("r", *path.segments)),
+                         children=condition.children)
+    return _ElemMatch(path, child, json.dumps(condition_data(relative)), now.isoformat())
 
 
 _COMPARISON = {Op.GT: "gt", Op.LT: "lt", Op.GTE: "gte", Op.LTE: "lte"}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
+
+
+def condition_data(condition: Condition) -> dict:
+    """``condition`` back in the client's JSON form (what :func:`parse_condition` reads)."""
+    data: dict[str, Any] = {"operator": condition.operator.value}
+    if condition.field:
+        data["field"] = condition.field
+    if condition.value is not None:
+        data["value"] = _plain(condition.value)
+    if condition.children:
+        data["children"] = [condition_data(child) for child in condition.children]
+    options = {"ignoreCase": condition.options.ignore_case or None,
+               "zoneId": None if condition.options.zone_id == NO_OPTIONS.zone_id else condition.options.zone_id,
+               "datePattern": condition.options.date_pattern}
+    options = {key: value for key, value in options.items() if value is not None}
+    if options:
+        data["options"] = options
+    return data
 
 
 class _Compiler:
@@ -411,7 +451,7 @@ class _Compiler:
             return _and([self.equals(path, item) for item in value])
         if op is Op.ELEM_MATCH:
             child = _and(self.compile(c, f"{node}.children[{i}]", True) for i, c in enumerate(condition.children))
-            return _elem_match(path, child)
+            return _elem_match(path, child, condition, self.now)
         if op is Op.NULL:
             return self.equals(path, None)
         if op is Op.NOT_NULL:
@@ -502,14 +542,19 @@ def are_words_pattern(terms: Iterable[str]) -> str:
 
 
 SQLITE_WORDS_FUNCTION = "wow_query_words_match"
+SQLITE_JSON_EQUALS_FUNCTION = "wow_query_json_equals"
+SQLITE_REACH_FUNCTION = "wow_query_reach"
+SQLITE_MISSING_FUNCTION = "wow_query_missing"
+SQLITE_ELEM_MATCH_FUNCTION = "wow_query_elem_match"
 
 
 @dataclass(frozen=True, slots=True)
 class _LiteNode:
-    """A JSON value on SQLite: its ``json_type`` and its SQL value (JSON text for arrays and objects)."""
+    """A JSON value on SQLite: its ``json_type``, its SQL value, and (objects and arrays) its JSON text."""
 
     t: str
     v: str
+    j: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,72 +565,40 @@ class _PgNode:
 
 
 class _SQLite:
+    """SQLite: paths are walked by the evaluator's own ``reach`` (a registered function returning the values
+    found as a JSON array, read back with ``json_each``), so the SQL stays flat whatever the nesting."""
+
     vendor = "sqlite"
     NUMBER_TYPES = "('integer','real')"
 
     def column_node(self, sql: str, kind: Kind) -> _LiteNode:
         if kind is Kind.JSON:
-            return _LiteNode(f"COALESCE(json_type({sql}), 'null')", f"json_extract({sql}, '$')")
+            return _LiteNode(f"COALESCE(json_type({sql}), 'null')", f"json_extract({sql}, '$')", sql)
         if kind is Kind.BOOLEAN:
             return _LiteNode(f"(CASE WHEN {sql} IS NULL THEN 'null' WHEN {sql} THEN 'true' ELSE 'false' END)", sql)
         name = "text" if kind is Kind.STRING else "integer"
         return _LiteNode(f"(CASE WHEN {sql} IS NULL THEN 'null' ELSE '{name}' END)", sql)
 
-    def alias_node(self, alias: str) -> _LiteNode:
-        return _LiteNode(f"{alias}.t", f"{alias}.v")
-
     def element_node(self, alias: str) -> _LiteNode:
-        return _LiteNode(f"{alias}.type", f"{alias}.value")
+        return _LiteNode(f"{alias}.type", f"{alias}.value", f"{alias}.value")
 
-    @staticmethod
-    def container(n: _LiteNode) -> str:
-        return f"CASE WHEN {n.t} IN ('object','array') THEN {n.v} END"
+    def walk(self, root: _LiteNode, segments: tuple[str, ...], mode: str, alias: str) -> tuple[str, list]:
+        """A FROM item: rows (``type``, ``value``) for the leaves (or candidates) ``segments`` lead to."""
+        return _sql(f"json_each({SQLITE_REACH_FUNCTION}({root.j}, ", _P(json.dumps(segments)), ", ", _P(mode),
+                    f")) AS {alias}")
 
-    def leaves(self, root: _LiteNode, segments: tuple[str, ...], fresh) -> tuple[str, list]:
-        """SELECT t, v: every value ``segments`` lead to from ``root`` (the evaluator's non-missing leaves).
+    def exists_over(self, root: _LiteNode, segments: tuple[str, ...], mode: str, body, fresh) -> tuple[str, list]:
+        alias = fresh("l")
+        return _sql("EXISTS (SELECT 1 FROM ", self.walk(root, segments, mode, alias), " WHERE ",
+                    body(self.element_node(alias)), ")")
 
-        Per segment: the member of an object; of an array, the element at that index (numeric
-        segments) and the member of each element that is an object. ``branch`` 0 takes the
-        child itself, 1 the member of the child.
-        """
-        if not segments:
-            return _sql(f"SELECT {root.t} AS t, {root.v} AS v")
-        sources: list = []
-        conditions: list = []
-        node = root
-        for depth, segment in enumerate(segments):
-            child, branch, member = fresh("c"), fresh("b"), fresh("g")
-            sources += [
-                " JOIN " if depth else "",
-                f"json_each({self.container(node)}) AS {child} JOIN json_each('[0,1]') AS {branch}",
-                f" LEFT JOIN json_each(CASE WHEN {branch}.value = 1 AND {node.t} = 'array' AND "
-                f"{child}.type = 'object' THEN {child}.value END) AS {member} ON {member}.key = ", _P(segment),
-            ]
-            direct = [f"({node.t} = 'object' AND {child}.key = ", _P(segment), ")"]
-            index = _index(segment)
-            if index is not None:
-                direct += [f" OR ({node.t} = 'array' AND {child}.key = ", _P(index), ")"]
-            conditions.append(_sql(f"(({branch}.value = 0 AND (", *direct,
-                                   f")) OR ({branch}.value = 1 AND {member}.key IS NOT NULL))"))
-            node = _LiteNode(f"(CASE {branch}.value WHEN 0 THEN {child}.type ELSE {member}.type END)",
-                             f"(CASE {branch}.value WHEN 0 THEN {child}.value ELSE {member}.value END)")
-        return _sql(f"SELECT {node.t} AS t, {node.v} AS v FROM ", *sources, " WHERE ", _join(" AND ", conditions))
+    def missing(self, root: _LiteNode, segments: tuple[str, ...], fresh) -> tuple[str, list]:
+        return _sql(f"COALESCE({SQLITE_MISSING_FUNCTION}({root.j}, ", _P(json.dumps(segments)), "), TRUE)")
 
-    def step_missing(self, n: _LiteNode, segment: str, fresh) -> tuple[str, list]:
-        """Whether the next step from ``n`` by ``segment`` ends early somewhere (a MISSING leaf)."""
-        c1, c2, c3, g = fresh("c"), fresh("c"), fresh("c"), fresh("g")
-        index = _index(segment)
-        hit = [] if index is None else [f" OR {c2}.key = ", _P(index)]
-        return _sql(
-            f"(CASE WHEN {n.t} = 'object' THEN NOT EXISTS (SELECT 1 FROM json_each({self.container(n)}) AS {c1} "
-            f"WHERE {c1}.key = ", _P(segment), ")",
-            f" WHEN {n.t} = 'array' THEN (NOT EXISTS (SELECT 1 FROM json_each({self.container(n)}) AS {c2} "
-            f"WHERE {c2}.type = 'object'", *hit, ")",
-            f" OR EXISTS (SELECT 1 FROM json_each({self.container(n)}) AS {c3} WHERE {c3}.type = 'object' AND "
-            f"NOT EXISTS (SELECT 1 FROM json_each(CASE WHEN {c3}.type = 'object' THEN {c3}.value END) AS {g} "
-            f"WHERE {g}.key = ", _P(segment), ")))",
-            " ELSE TRUE END)",
-        )
+    def elem_match(self, root: _LiteNode, source: str, now: str) -> tuple[str, list]:
+        # Nested subqueries per ELEM_MATCH level would overflow SQLite's parser stack (about 14 nested
+        # subqueries in SQLite 3.40): the evaluator decides the node, in one flat call.
+        return _sql(f"COALESCE({SQLITE_ELEM_MATCH_FUNCTION}({root.j}, ", _P(source), ", ", _P(now), "), FALSE)")
 
     def elements(self, n: _LiteNode, alias: str) -> str:
         return f"json_each(CASE WHEN {n.t} = 'array' THEN {n.v} END) AS {alias}"
@@ -608,28 +621,10 @@ class _SQLite:
                 parts.append(_sql(f"({n.t} = '{'true' if flag else 'false'}')"))
         for value in values:
             if isinstance(value, list | tuple | dict):
-                parts.append(self.structure_equals(n, value, fresh))
+                # Arrays and objects compare in Python (one flat call, whatever the nesting): see _json_equal.
+                parts.append(_sql(f"({n.t} IN ('array','object') AND {SQLITE_JSON_EQUALS_FUNCTION}({n.v}, ",
+                                  _P(json.dumps(value)), "))"))
         return _sql("(", _join(" OR ", parts), ")") if parts else ("FALSE", [])
-
-    def structure_equals(self, n: _LiteNode, value: Any, fresh) -> tuple[str, list]:
-        """``n`` equals the JSON ``value``: typed, numbers across int/float, object keys in any order."""
-        if value is None:
-            return _sql(f"({n.t} = 'null')")
-        if not isinstance(value, list | tuple | dict):
-            return self.equals(n, (value,), fresh)
-        checks: list[tuple[str, list]] = []
-        if isinstance(value, dict):
-            kind, items = "object", list(value.items())
-            checks.append(_sql(f"(SELECT count(*) FROM json_each({n.v})) = ", _P(len(items))))
-        else:
-            kind, items = "array", list(enumerate(value))
-            checks.append(_sql(f"json_array_length({n.v}) = ", _P(len(items))))
-        for key, item in items:
-            e = fresh("e")
-            inner = self.structure_equals(self.element_node(e), item, fresh)
-            checks.append(_sql(f"EXISTS (SELECT 1 FROM json_each({n.v}) AS {e} WHERE {e}.key = ", _P(key),
-                               " AND ", inner, ")"))
-        return _sql(f"(CASE WHEN {n.t} = '{kind}' THEN (", _join(" AND ", checks), ") ELSE FALSE END)")
 
     def is_null(self, n: _LiteNode) -> tuple[str, list]:
         return _sql(f"({n.t} = 'null')")
@@ -658,7 +653,13 @@ class _SQLite:
         return _sql("(", _join(" OR ", parts), ")") if parts else ("FALSE", [])
 
     # --- sort keys ---
-    def sort_keys(self, leaves: tuple[str, list], missing: tuple[str, list] | None, fresh) -> tuple[str, list]:
+    def leaves_select(self, root: _LiteNode, segments: tuple[str, ...], fresh) -> tuple[str, list]:
+        if not segments:
+            return _sql(f"SELECT {root.t} AS t, {root.v} AS v")
+        alias = fresh("l")
+        return _sql(f"SELECT {alias}.type AS t, {alias}.value AS v FROM ", self.walk(root, segments, "leaves", alias))
+
+    def sort_keys(self, root, segments: tuple[str, ...], missing: tuple[str, list] | None, fresh) -> tuple[str, list]:
         """SELECT r, num, str, b: the sort keys of every leaf (array leaves: of each element; [] ranks 0)."""
         leaf, e = fresh("l"), fresh("e")
         kt = f"(CASE WHEN {leaf}.t = 'array' THEN COALESCE({e}.type, 'empty') ELSE {leaf}.t END)"
@@ -669,7 +670,8 @@ class _SQLite:
             f"SELECT {rank} AS r, (CASE WHEN {kt} IN {self.NUMBER_TYPES} THEN {kv} END) AS num, "
             f"(CASE WHEN {kt} = 'text' THEN {kv} END) AS str, "
             f"(CASE {kt} WHEN 'true' THEN 1 WHEN 'false' THEN 0 END) AS b "
-            f"FROM (", leaves, f") AS {leaf} LEFT JOIN json_each(CASE WHEN {leaf}.t = 'array' THEN {leaf}.v END) AS {e}",
+            f"FROM (", self.leaves_select(root, segments, fresh), f") AS {leaf} "
+            f"LEFT JOIN json_each(CASE WHEN {leaf}.t = 'array' THEN {leaf}.v END) AS {e}",
         )
         if missing is None:
             return select
@@ -739,6 +741,30 @@ class _Postgres:
     def elements(self, n: _PgNode, alias: str) -> str:
         return self.array_elements(n, alias)
 
+    def exists_over(self, root: _PgNode, segments: tuple[str, ...], mode: str, body, fresh) -> tuple[str, list]:
+        alias = fresh("l")
+        node = self.alias_node(alias)
+        test = body(node)
+        if mode == "candidates":
+            e = fresh("e")
+            test = _sql("(", test, " OR EXISTS (SELECT 1 FROM ", self.elements(node, e), " WHERE ",
+                        body(self.element_node(e)), "))")
+        return _sql("EXISTS (SELECT 1 FROM (", self.leaves(root, segments, fresh), f") AS {alias} WHERE ", test, ")")
+
+    def missing(self, root: _PgNode, segments: tuple[str, ...], fresh) -> tuple[str, list]:
+        """Whether walking ``segments`` ends early somewhere: at some depth, a value the walk reached has
+        no next step (the evaluator's MISSING among the leaves)."""
+        parts = []
+        for depth, segment in enumerate(segments):
+            if depth == 0:
+                parts.append(self.step_missing(root, segment, fresh))
+                continue
+            alias = fresh("l")
+            step = self.step_missing(self.alias_node(alias), segment, fresh)
+            parts.append(_sql("EXISTS (SELECT 1 FROM (", self.leaves(root, segments[:depth], fresh), f") AS {alias} "
+                              "WHERE ", step, ")"))
+        return _sql("(", _join(" OR ", parts), ")") if parts else ("FALSE", [])
+
     def is_type(self, n: _PgNode, kind: str) -> str:
         return f"(jsonb_typeof({n.j}) = '{kind}')"
 
@@ -781,7 +807,8 @@ class _Postgres:
                               f"jsonb_typeof({w}.v) = 'string' AND ({w}.v #>> '{{}}') ~* ", _P(pattern), ")"))
         return _sql("(", _join(" OR ", parts), ")") if parts else ("FALSE", [])
 
-    def sort_keys(self, leaves: tuple[str, list], missing: tuple[str, list] | None, fresh) -> tuple[str, list]:
+    def sort_keys(self, root, segments: tuple[str, ...], missing: tuple[str, list] | None, fresh) -> tuple[str, list]:
+        leaves = self.leaves(root, segments, fresh)
         leaf, e = fresh("l"), fresh("e")
         kt = f"(CASE WHEN jsonb_typeof({leaf}.v) = 'array' THEN COALESCE(jsonb_typeof({e}.v), 'empty') " \
              f"ELSE jsonb_typeof({leaf}.v) END)"
@@ -843,12 +870,85 @@ def _decoded_terms(terms_json: str) -> frozenset[str]:
     return terms
 
 
+def _json_equal(left: Any, right: Any) -> bool:
+    """JSON equality as the ORM compiler defines it: typed, numbers across int/float, objects in any key order."""
+    if isinstance(left, bool) or isinstance(right, bool):
+        return type(left) is type(right) and left == right
+    if _is_number(left) and _is_number(right):
+        return left == right
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(_json_equal(left[key], right[key]) for key in left)
+    if isinstance(left, list) and isinstance(right, list):
+        return len(left) == len(right) and all(_json_equal(a, b) for a, b in zip(left, right, strict=True))
+    return type(left) is type(right) and left == right
+
+
+def _sqlite_json_equals(stored: Any, expected_json: Any) -> int | None:
+    if not isinstance(stored, str) or not isinstance(expected_json, str):
+        return None
+    try:
+        value = json.loads(stored)
+    except ValueError:
+        return 0
+    return int(_json_equal(value, json.loads(expected_json)))
+
+
+@functools.lru_cache(maxsize=512)
+def _segments(segments_json: str) -> tuple[str, ...]:
+    return tuple(json.loads(segments_json))
+
+
+def _loaded(document_json: Any) -> Any:
+    return None if document_json is None else json.loads(document_json)
+
+
+def _sqlite_reach(document_json: Any, segments_json: Any, mode: Any) -> str | None:
+    """The values ``segments`` lead to in the JSON document (the evaluator's ``reach``, MISSING left out)
+    as a JSON array; mode "candidates" adds the elements of arrays found."""
+    if segments_json is None:
+        return None
+    found: list = []
+    for leaf in reach(_loaded(document_json), _segments(segments_json)):
+        if leaf is MISSING:
+            continue
+        found.append(leaf)
+        if mode == "candidates" and isinstance(leaf, list):
+            found.extend(leaf)
+    return json.dumps(found)
+
+
+def _sqlite_missing(document_json: Any, segments_json: Any) -> int | None:
+    if segments_json is None:
+        return None
+    return int(any(leaf is MISSING for leaf in reach(_loaded(document_json), _segments(segments_json))))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(condition_json: str) -> Condition:
+    return parse_condition(json.loads(condition_json), max_depth=10_000)
+
+
+def _sqlite_elem_match(document_json: Any, condition_json: Any, now: Any) -> int | None:
+    """The ELEM_MATCH condition (its field relative to ``r``, the column) on the column's JSON document."""
+    if not isinstance(condition_json, str) or not isinstance(now, str):
+        return None
+    return int(matches(_parsed(condition_json), {"r": _loaded(document_json)}, now=datetime.fromisoformat(now)))
+
+
 def _ensure_sqlite_functions(connection) -> None:
-    """Register MATCH's word function on this SQLite connection (once per underlying connection)."""
+    """Register the compiler's functions on this SQLite connection (once per underlying connection).
+
+    Django registers its own (REGEXP among them) when it opens a connection;
+    these are added the first time a condition is compiled for it.
+    """
     connection.ensure_connection()
     raw = connection.connection
     if getattr(connection, "_wow_query_functions", None) is not raw:
         raw.create_function(SQLITE_WORDS_FUNCTION, 2, _sqlite_words_match, deterministic=True)
+        raw.create_function(SQLITE_JSON_EQUALS_FUNCTION, 2, _sqlite_json_equals, deterministic=True)
+        raw.create_function(SQLITE_REACH_FUNCTION, 3, _sqlite_reach, deterministic=True)
+        raw.create_function(SQLITE_MISSING_FUNCTION, 2, _sqlite_missing, deterministic=True)
+        raw.create_function(SQLITE_ELEM_MATCH_FUNCTION, 3, _sqlite_elem_match, deterministic=True)
         connection._wow_query_functions = raw
 
 
@@ -875,26 +975,17 @@ class _Renderer:
             return self.elements[-1]
         return self.d.column_node(self.column_sql[path.column.name], path.column.kind)
 
-    def over_leaves(self, path: _Path, body: Callable[[Any], tuple[str, list]]) -> tuple[str, list]:
+    def over(self, path: _Path, mode: str, body: Callable[[Any], tuple[str, list]]) -> tuple[str, list]:
+        """``body`` holds for some leaf (``mode`` "leaves") or candidate ("candidates": a leaf, or an element
+        of an array leaf) of ``path``."""
         root = self.root(path)
-        if not path.segments:
+        if path.segments:
+            return self.d.exists_over(root, path.segments, mode, body, self.fresh)
+        if mode == "leaves" or _scalar_column(path):
             return body(root)
-        alias = self.fresh("l")
-        leaves = self.d.leaves(root, path.segments, self.fresh)
-        return _sql("EXISTS (SELECT 1 FROM (", leaves, f") AS {alias} WHERE ", body(self.d.alias_node(alias)), ")")
-
-    def missing(self, path: _Path) -> tuple[str, list]:
-        root = self.root(path)
-        parts = []
-        for depth, segment in enumerate(path.segments):
-            if depth == 0:
-                parts.append(self.d.step_missing(root, segment, self.fresh))
-                continue
-            alias = self.fresh("l")
-            leaves = self.d.leaves(root, path.segments[:depth], self.fresh)
-            step = self.d.step_missing(self.d.alias_node(alias), segment, self.fresh)
-            parts.append(_sql("EXISTS (SELECT 1 FROM (", leaves, f") AS {alias} WHERE ", step, ")"))
-        return _sql("(", _join(" OR ", parts), ")") if parts else ("FALSE", [])
+        alias = self.fresh("e")
+        return _sql("(", body(root), " OR EXISTS (SELECT 1 FROM ", self.d.elements(root, alias), " WHERE ",
+                    body(self.d.element_node(alias)), "))")
 
     def test(self, node, test: Any) -> tuple[str, list]:
         if isinstance(test, _Equals):
@@ -907,15 +998,6 @@ class _Renderer:
             return self.d.text(node, test)
         raise TypeError(f"unknown test {test!r}")
 
-    def candidates(self, node, test: Any, *, scalar: bool) -> tuple[str, list]:
-        """``test`` on ``node`` or on an element of it when it is an array."""
-        direct = self.test(node, test)
-        if scalar:
-            return direct
-        alias = self.fresh("e")
-        inner = self.test(self.d.element_node(alias), test)
-        return _sql("(", direct, " OR EXISTS (SELECT 1 FROM ", self.d.elements(node, alias), " WHERE ", inner, "))")
-
     def condition(self, ir: Any) -> tuple[str, list]:
         if isinstance(ir, _Const):
             return ("TRUE", []) if ir.value else ("FALSE", [])
@@ -925,17 +1007,16 @@ class _Renderer:
         if isinstance(ir, _Not):
             return _sql("NOT (", self.condition(ir.part), ")")
         if isinstance(ir, _Any):
-            scalar = _scalar_column(ir.path)
-            return self.over_leaves(ir.path, lambda node: self.candidates(node, ir.test, scalar=scalar))
+            return self.over(ir.path, "candidates", lambda node: self.test(node, ir.test))
         if isinstance(ir, _Exists):
-            return self.over_leaves(ir.path, lambda node: ("TRUE", []))
+            return self.over(ir.path, "leaves", lambda node: ("TRUE", []))
         if isinstance(ir, _Missing):
-            return self.missing(ir.path)
+            return self.d.missing(self.root(ir.path), ir.path.segments, self.fresh)
         if isinstance(ir, _ElemMatch):
-            return self.over_leaves(ir.path, lambda node: self.elem_match(node, ir.child))
-        if isinstance(ir, _Words):
             if self.d.vendor == "sqlite":
-                _ensure_sqlite_functions(self.connection)
+                return self.d.elem_match(self.root(ir.path), ir.source, ir.now)
+            return self.over(ir.path, "leaves", lambda node: self.elem_match(node, ir.child))
+        if isinstance(ir, _Words):
             strings = [self.column_sql[c.name] for c in self.columns.values() if c.kind is Kind.STRING]
             documents = [self.column_sql[c.name] for c in self.columns.values() if c.kind is Kind.JSON]
             return self.d.words(strings, documents, ir.terms, self.fresh)
@@ -1027,6 +1108,8 @@ class ConditionExpression(_ColumnsExpression):
         self.ir = ir
 
     def render(self, renderer: _Renderer) -> tuple[str, list]:
+        if renderer.d.vendor == "sqlite":
+            _ensure_sqlite_functions(renderer.connection)
         return _sql("COALESCE(", renderer.condition(self.ir), ", FALSE)")
 
     def key(self) -> str:
@@ -1046,10 +1129,12 @@ class SortKeyExpression(_ColumnsExpression):
 
     def render(self, renderer: _Renderer) -> tuple[str, list]:
         d = renderer.d
+        if d.vendor == "sqlite":
+            _ensure_sqlite_functions(renderer.connection)
         root = renderer.root(self.path)
-        leaves = d.leaves(root, self.path.segments, renderer.fresh)
-        missing = renderer.missing(self.path) if self.path.segments else None
-        keys = d.sort_keys(leaves, missing, renderer.fresh)
+        segments = self.path.segments
+        missing = d.missing(root, segments, renderer.fresh) if segments else None
+        keys = d.sort_keys(root, segments, missing, renderer.fresh)
         k = renderer.fresh("k")
         return _sql(f"(SELECT {d.sort_aggregate(self.part, self.descending, k)} FROM (", keys, f") AS {k})")
 
@@ -1087,9 +1172,13 @@ def _column_lookup(ir: Any) -> Q | None:
     return None
 
 
+#: What :func:`compile_q` gives for a condition no row can match (Django then runs no query).
+NOTHING = Q(pk__in=[])
+
+
 def _to_q(ir: Any, columns: Columns) -> Q:
     if isinstance(ir, _Const):
-        return Q() if ir.value else Q(pk__in=[])
+        return Q() if ir.value else NOTHING
     if isinstance(ir, _And):
         result = Q()
         for part in ir.parts:
@@ -1190,6 +1279,7 @@ __all__ = [
     "CodePointOrder",
     "ConditionExpression",
     "Kind",
+    "NOTHING",
     "RAW_REFUSAL",
     "SortKeyExpression",
     "are_literal",
