@@ -53,6 +53,7 @@ from wow_django.query.orm import (
     compile_order_by,
     compile_q,
     condition_data,
+    query_size,
 )
 from wow_django.query.semantics import map_field
 
@@ -678,3 +679,50 @@ def test_the_deepest_conditions_run_on_both_engines(kind):
     stores = [snapshot_store(alias) for alias in ALIASES]
     with rows(stores, documents):
         check(stores, documents, data, [{"field": "state.a.a.b"}], SNAPSHOT_COLUMNS, SNAPSHOT_MAP)
+
+
+# --- resource limits -----------------------------------------------------------------------------------------
+
+
+def test_field_paths_longer_than_documents_nest_are_refused():
+    long = "state." + ".".join(["a"] * 100)
+    with pytest.raises(QueryValidationError) as info:
+        compile_q(parse_condition({"operator": "AND", "children": [{"field": long, "operator": "NULL"}]}),
+                  columns=SNAPSHOT_COLUMNS)
+    assert info.value.path == "condition.children[0].field"
+    assert "at most 100 segments" in info.value.rule and "got 101" in info.value.rule
+    with pytest.raises(QueryValidationError) as info:
+        compile_order_by([SortField(field="id"), SortField(field=long)], columns=SNAPSHOT_COLUMNS)
+    assert info.value.path == "sort[1].field"
+    compile_q(parse_condition({"field": "state." + ".".join(["a"] * 99), "operator": "NULL"}), columns=SNAPSHOT_COLUMNS)
+
+
+def test_queries_too_large_for_sql_are_refused_before_anything_runs():
+    numeric = "state." + ".".join(["a", "0"] * 20)  # a MISSING check walks every prefix of it
+    data = {"operator": "OR", "children": [{"field": numeric, "operator": "NULL"}] * 5}
+    with pytest.raises(QueryValidationError, match=r"condition is too large for an SQL database: size \d+, at most 8000"):
+        compile_q(parse_condition(data), columns=SNAPSHOT_COLUMNS)
+    with pytest.raises(QueryValidationError, match="too large"):  # values count too
+        compile_q(parse_condition({"operator": "OR", "children": [
+            {"field": "state.a", "operator": "IN", "value": list(range(1000))}] * 9}), columns=SNAPSHOT_COLUMNS)
+    sort = [SortField(field="state." + ".".join(["a", "0"] * 10) + f".x{i}") for i in range(4)]
+    with pytest.raises(QueryValidationError) as info:
+        compile_order_by(sort, columns=SNAPSHOT_COLUMNS)
+    assert info.value.path == "sort" and "sort is too large" in info.value.rule
+
+
+@pytest.mark.django_db(databases=DATABASES)
+def test_the_largest_queries_allowed_run_on_both_engines():
+    numeric = "state." + ".".join(["a", "0"] * 11)
+    documents = [{"_id": f"d{i}", "contextName": "shop", "aggregateName": "order", "tenantId": "t1", "ownerId": "",
+                  "version": 1, "eventId": "", "firstOperator": "", "operator": "", "firstEventTime": 0,
+                  "eventTime": 0, "snapshotTime": 0, "deleted": False, "state": state}
+                 for i, state in enumerate([{"a": [{"a": [{"a": None}]}]}, {"a": [{"a": 1}]}, {}])]
+    data = {"operator": "OR", "children": [{"field": numeric, "operator": "NULL"},
+                                           {"field": numeric, "operator": "IN", "value": [None, 1, "x"]},
+                                           {"field": "state." + ".".join(["a"] * 99), "operator": "NULL"}]}
+    size = query_size(compile_condition(parse_condition(data), columns=SNAPSHOT_COLUMNS))
+    assert 7000 < size <= 8000
+    stores = [snapshot_store(alias) for alias in ALIASES]
+    with rows(stores, documents):
+        check(stores, documents, data, [{"field": "state." + ".".join(["a"] * 99)}], SNAPSHOT_COLUMNS, SNAPSHOT_MAP)

@@ -107,6 +107,15 @@ RAW_REFUSAL = (
     "RAW conditions need the Mongo backend; SQL databases (the django backend) cannot run MongoDB filters"
 )
 INT64 = (-(2**63), 2**63 - 1)
+# Resource limits (SQL only). MongoDB nests documents at most 100 levels deep, so no Wow document has a
+# longer path. A query's size counts 1 per condition node and per value, and STEP_COST per step of each
+# walk through JSON (one per run of non-numeric segments and one per numeric segment; a MISSING check
+# walks every prefix of its path). PostgreSQL plans each step as a lateral join: measured, a size unit
+# costs about 0.03 ms and 20 kB of server memory, so MAX_QUERY_SIZE keeps the largest query near 0.25 s
+# and 200 MB (unbounded, a path of a thousand segments exhausted a server's memory).
+MAX_PATH_SEGMENTS = 100
+MAX_QUERY_SIZE = 8000
+STEP_COST = 10
 # An index segment beyond this cannot address an element (no engine holds arrays that long).
 MAX_INDEX = 2**31 - 1
 
@@ -344,6 +353,49 @@ def _elem_match(path: _Path | None, child: Any, condition: Condition, now: datet
 _COMPARISON = {Op.GT: "gt", Op.LT: "lt", Op.GTE: "gte", Op.LTE: "lte"}
 
 
+def check_path_length(path: str, where: str) -> None:
+    if path.count(".") >= MAX_PATH_SEGMENTS:
+        raise QueryValidationError(
+            where, f"field paths have at most {MAX_PATH_SEGMENTS} segments on SQL databases "
+                   f"(got {path.count('.') + 1}; documents nest at most {MAX_PATH_SEGMENTS} levels)")
+
+
+def _walk_steps(segments: tuple[str, ...]) -> int:
+    return len(_runs(segments))
+
+
+def _missing_steps(segments: tuple[str, ...]) -> int:
+    return sum(1 + _walk_steps(segments[:depth]) for depth in range(len(segments)))
+
+
+def query_size(ir: Any) -> int:
+    """What :data:`MAX_QUERY_SIZE` bounds (see there)."""
+    if isinstance(ir, _And | _Or):
+        return 1 + sum(query_size(part) for part in ir.parts)
+    if isinstance(ir, _Not):
+        return 1 + query_size(ir.part)
+    if isinstance(ir, _Missing):
+        return 1 + STEP_COST * _missing_steps(ir.path.segments)
+    if isinstance(ir, _Any | _Exists | _ElemMatch):
+        size = 1 + STEP_COST * _walk_steps(ir.path.segments)
+        if isinstance(ir, _Any) and isinstance(ir.test, _Equals):
+            size += len(ir.test.values)
+        if isinstance(ir, _ElemMatch):
+            size += query_size(ir.child)
+        return size
+    if isinstance(ir, _Words):
+        return 1 + len(ir.terms)
+    return 1
+
+
+def check_query_size(size: int, where: str, what: str) -> None:
+    if size > MAX_QUERY_SIZE:
+        raise QueryValidationError(
+            where, f"the {what} is too large for an SQL database: size {size}, at most {MAX_QUERY_SIZE} "
+                   f"(each condition and value counts 1, each step through JSON {STEP_COST}; long field paths "
+                   "and their numeric segments take the most steps)")
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}
@@ -380,8 +432,9 @@ class _Compiler:
         self.field_map = field_map or {}
         self.now = now
 
-    def path(self, condition: Condition, in_element: bool) -> _Path | None:
+    def path(self, condition: Condition, in_element: bool, node: str) -> _Path | None:
         name = target_field(condition)
+        check_path_length(name, f"{node}.field")
         if in_element:
             return _Path(None, tuple(name.split(".")))
         head, *rest = map_field(name, self.field_map).split(".")
@@ -425,7 +478,7 @@ class _Compiler:
         if op is Op.DELETED and value == DeletionState.ALL:
             return TRUE
 
-        path = self.path(condition, in_element)
+        path = self.path(condition, in_element, node)
         if op in (Op.ID, Op.AGGREGATE_ID, Op.TENANT_ID, Op.OWNER_ID):
             return self.equals(path, value)
         if op in (Op.IDS, Op.AGGREGATE_IDS, Op.IN):
@@ -502,6 +555,19 @@ def _join(separator: str, fragments: list[tuple[str, list]]) -> tuple[str, list]
             parts.append(separator)
         parts.append(fragment)
     return _sql(*parts)
+
+
+def _runs(segments: tuple[str, ...]) -> list:
+    """``segments`` as runs of non-numeric segments (tuples) and single numeric segments (str)."""
+    runs: list = []
+    for segment in segments:
+        if segment.isdigit():
+            runs.append(segment)
+        elif runs and isinstance(runs[-1], tuple):
+            runs[-1] = (*runs[-1], segment)
+        else:
+            runs.append((segment,))
+    return runs
 
 
 def _index(segment: str) -> int | None:
@@ -701,23 +767,36 @@ class _Postgres:
     element_node = alias_node
 
     def leaves(self, root: _PgNode, segments: tuple[str, ...], fresh) -> tuple[str, list]:
-        """SELECT v: every value ``segments`` lead to from ``root`` (see the SQLite version)."""
+        """SELECT v: every value ``segments`` lead to from ``root`` (the evaluator's ``reach``).
+
+        A run of non-numeric segments is one lax jsonpath member chain (``lax $."a"."b"``): lax member
+        access takes the member of an object and, of an array, the member of each element that is an
+        object, which is the evaluator's walk. A numeric segment is a lateral step of its own: the member
+        of an object; of an array, the element at that index and the member of each object element.
+        """
         start = fresh("a")
         sources: list = [f"(SELECT {root.j} AS v) AS {start}"]
         previous = start
-        for segment in segments:
-            step, found, element = fresh("a"), fresh("x"), fresh("e")
+        for run in _runs(segments):
+            step = fresh("a")
             prev = f"{previous}.v"
-            branches = [_sql(f"SELECT {prev} -> ", _P(segment), "::text AS v")]
-            index = _index(segment)
-            if index is not None:
-                # jsonb keeps a top-level scalar as a one-element array: only index real arrays.
-                branches.append(_sql(f"SELECT CASE WHEN jsonb_typeof({prev}) = 'array' THEN {prev} -> ",
-                                     _P(index), "::int END AS v"))
-            branches.append(_sql(f"SELECT {element}.v -> ", _P(segment), "::text AS v FROM jsonb_array_elements("
-                                 f"CASE WHEN jsonb_typeof({prev}) = 'array' THEN {prev} END) AS {element}(v)"))
-            sources += [" CROSS JOIN LATERAL (SELECT ", f"{found}.v AS v FROM (", _join(" UNION ALL ", branches),
-                        f") AS {found} WHERE {found}.v IS NOT NULL) AS {step}"]
+            if isinstance(run, tuple):
+                path = "lax $" + "".join(f'."{segment}"' for segment in run)  # segments are [A-Za-z0-9_]
+                sources += [f" CROSS JOIN LATERAL jsonb_path_query({prev}, ", _P(path), f"::jsonpath) AS {step}(v)"]
+            else:
+                found, element = fresh("x"), fresh("e")
+                branches = [_sql(f"SELECT {prev} -> ", _P(run), "::text AS v")]
+                index = _index(run)
+                if index is not None:
+                    # jsonb keeps a top-level scalar as a one-element array: only index real arrays.
+                    branches.append(_sql(f"SELECT CASE WHEN jsonb_typeof({prev}) = 'array' THEN {prev} -> ",
+                                         _P(index), "::int END AS v"))
+                branches += [
+                    _sql(f"SELECT {element}.v -> ", _P(run), "::text AS v FROM jsonb_array_elements("
+                         f"CASE WHEN jsonb_typeof({prev}) = 'array' THEN {prev} END) AS {element}(v)"),
+                ]
+                sources += [f" CROSS JOIN LATERAL (SELECT {found}.v AS v FROM (", _join(" UNION ALL ", branches),
+                            f") AS {found} WHERE {found}.v IS NOT NULL) AS {step}"]
             previous = step
         return _sql(f"SELECT {previous}.v AS v FROM ", *sources)
 
@@ -752,8 +831,8 @@ class _Postgres:
         return _sql("EXISTS (SELECT 1 FROM (", self.leaves(root, segments, fresh), f") AS {alias} WHERE ", test, ")")
 
     def missing(self, root: _PgNode, segments: tuple[str, ...], fresh) -> tuple[str, list]:
-        """Whether walking ``segments`` ends early somewhere: at some depth, a value the walk reached has
-        no next step (the evaluator's MISSING among the leaves)."""
+        """Whether walking ``segments`` ends early somewhere: a value reached after some segments has no
+        next step (the evaluator's MISSING among the leaves)."""
         parts = []
         for depth, segment in enumerate(segments):
             if depth == 0:
@@ -808,10 +887,11 @@ class _Postgres:
         return _sql("(", _join(" OR ", parts), ")") if parts else ("FALSE", [])
 
     def sort_keys(self, root, segments: tuple[str, ...], missing: tuple[str, list] | None, fresh) -> tuple[str, list]:
+        """SELECT r, num, str, b: the sort keys of every leaf (array leaves: of each element; [] ranks 0)."""
         leaves = self.leaves(root, segments, fresh)
         leaf, e = fresh("l"), fresh("e")
-        kt = f"(CASE WHEN jsonb_typeof({leaf}.v) = 'array' THEN COALESCE(jsonb_typeof({e}.v), 'empty') " \
-             f"ELSE jsonb_typeof({leaf}.v) END)"
+        kt = (f"(CASE WHEN jsonb_typeof({leaf}.v) = 'array' THEN COALESCE(jsonb_typeof({e}.v), 'empty') "
+              f"ELSE jsonb_typeof({leaf}.v) END)")
         kv = f"(CASE WHEN jsonb_typeof({leaf}.v) = 'array' THEN {e}.v ELSE {leaf}.v END)"
         rank = (f"(CASE {kt} WHEN 'empty' THEN 0 WHEN 'null' THEN 1 WHEN 'number' THEN 2 WHEN 'string' THEN 3 "
                 f"WHEN 'object' THEN 4 WHEN 'array' THEN 5 ELSE 8 END)")
@@ -819,8 +899,8 @@ class _Postgres:
             f"SELECT {rank} AS r, (CASE WHEN {kt} = 'number' THEN ({kv})::numeric END) AS num, "
             f"(CASE WHEN {kt} = 'string' THEN ({kv} #>> '{{}}') END) AS str, "
             f"(CASE WHEN {kt} = 'boolean' THEN ({kv})::boolean END) AS b "
-            f"FROM (", leaves, f") AS {leaf} LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof({leaf}.v) = "
-            f"'array' THEN {leaf}.v END) AS {e}(v) ON TRUE",
+            f"FROM (", leaves, f") AS {leaf} LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN "
+            f"jsonb_typeof({leaf}.v) = 'array' THEN {leaf}.v END) AS {e}(v) ON TRUE",
         )
         if missing is None:
             return select
@@ -1202,8 +1282,14 @@ def compile_condition(
     condition: Condition, *, columns: Columns, field_map: dict[str, str] | None = None, now: datetime | None = None,
     path: str = "condition",
 ) -> Any:
-    """The engine-neutral compiled form of ``condition`` (what :func:`compile_q` turns into a ``Q``)."""
-    return _Compiler(columns, field_map, dates.resolve_now(now)).compile(condition, path, in_element=False)
+    """The engine-neutral compiled form of ``condition`` (what :func:`compile_q` turns into a ``Q``).
+
+    Raises :class:`QueryValidationError` for RAW, for a field path longer than
+    :data:`MAX_PATH_SEGMENTS` and for a condition larger than :data:`MAX_QUERY_SIZE`.
+    """
+    compiled = _Compiler(columns, field_map, dates.resolve_now(now)).compile(condition, path, in_element=False)
+    check_query_size(query_size(compiled), path, "condition")
+    return compiled
 
 
 def compile_q(
@@ -1233,7 +1319,13 @@ def compile_order_by(
     """
     terms: list[OrderBy] = []
     seen: set[str] = set()
-    for item in sort:
+    size = 0
+    for index, item in enumerate(sort):
+        check_path_length(item.field, f"sort[{index}].field")
+        rest = tuple(map_field(item.field, field_map).split(".")[1:])
+        # four sort keys, each walking the path and checking where it ends early
+        size += 4 * STEP_COST * (_walk_steps(rest) + _missing_steps(rest))
+        check_query_size(size, "sort", "sort")
         name = map_field(item.field, field_map)
         if name in seen:
             continue
