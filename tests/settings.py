@@ -38,3 +38,6 @@ DATABASES = {
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
+
+# A test-only app with tables shaped like the django backend's (tests/query_app).
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.query_app"]  # noqa: F405

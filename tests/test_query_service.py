@@ -1,7 +1,10 @@
-"""Query services for snapshots and event streams, on both local backends with the same expectations.
+"""Query services for snapshots and event streams, on every backend with the same expectations.
 
-Data is written straight into the process stores so that tenants, owners,
-versions and the deleted flag are exactly what each test needs.
+The ``snapshots`` and ``streams`` fixtures run each test on the in-memory
+stores, on mongomock://, and on the django backend's query services over
+tables on SQLite (``wow_sqlite``) and PostgreSQL (``wow_pg``). Data is written
+straight into the stores (or rows) so that tenants, owners, versions and the
+deleted flag are exactly what each test needs.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from django.test import override_settings
 from pymongo import errors as pymongo_errors
 
 from wow_django.application.queries import (
@@ -19,7 +23,9 @@ from wow_django.application.queries import (
     parse_paged_query,
 )
 from wow_django.application.runtime import get_runtime
+from wow_django.backends.django.queries import DjangoEventStreamQueryService, DjangoSnapshotQueryService
 from wow_django.backends.memory.queries import InMemoryEventStreamQueryService, InMemorySnapshotQueryService
+from wow_django.backends.mongo.client import disconnect
 from wow_django.backends.mongo.queries import MongoEventStreamQueryService, MongoSnapshotQueryService, jsonable
 from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.query import (
@@ -45,6 +51,9 @@ from wow_django.query.condition import (
 from wow_django.query.errors import QueryValidationError
 from wow_django.testing.event_store import make_stream
 
+from .query_app.stores import append_stream, event_store, save_snapshot, snapshot_store
+from .support import fresh_wow
+
 EQ = Operator.EQ
 
 
@@ -52,16 +61,67 @@ def cond(**data) -> Condition:
     return parse_condition(data)
 
 
-def put_snapshot(aggregate_id: str, tenant: str, state: dict, *, version: int = 1, deleted: bool = False,
-                 owner: str = "u1") -> None:
-    get_runtime().snapshot_store.save(Snapshot(
+def order_snapshot(aggregate_id: str, tenant: str, state: dict, *, version: int = 1, deleted: bool = False,
+                   owner: str = "u1") -> Snapshot:
+    return Snapshot(
         aggregate_id=AggregateId("order", aggregate_id, "order-service", tenant), version=version, state=state,
         owner_id=owner, deleted=deleted, event_id=f"e-{aggregate_id}", first_event_time=1000, event_time=2000,
-    ))
+    )
+
+
+def put_snapshot(aggregate_id: str, tenant: str, state: dict, **options) -> None:
+    get_runtime().snapshot_store.save(order_snapshot(aggregate_id, tenant, state, **options))
+
+
+class Backend:
+    """Where a test's data is written and its queries are answered."""
+
+    def __init__(self, name: str, database: str | None = None):
+        self.name = name
+        self.tables = (snapshot_store(database), event_store(database)) if database else None
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        if self.tables:
+            save_snapshot(self.tables[0], snapshot)
+        else:
+            get_runtime().snapshot_store.save(snapshot)
+
+    def append(self, stream) -> None:
+        if self.tables:
+            append_stream(self.tables[1], stream)
+        else:
+            get_runtime().event_store.append(stream)
+
+    def snapshot_queries(self, aggregate_name: str):
+        if self.tables:
+            return DjangoSnapshotQueryService(self.tables[0], aggregate_name)
+        return get_runtime().snapshot_queries(aggregate_name)
+
+    def event_queries(self, aggregate_name: str):
+        if self.tables:
+            return DjangoEventStreamQueryService(self.tables[1], aggregate_name)
+        return get_runtime().event_queries(aggregate_name)
+
+
+SQL_DATABASES = ["default", "wow_sqlite", "wow_pg"]
+
+
+@pytest.fixture(params=[
+    "in_memory", "mongo",
+    pytest.param("django:wow_sqlite", marks=pytest.mark.django_db(databases=SQL_DATABASES)),
+    pytest.param("django:wow_pg", marks=pytest.mark.django_db(databases=SQL_DATABASES)),
+])
+def backend(request):
+    """The in-memory stores, mongomock://, or the django query services on SQLite or PostgreSQL tables."""
+    name = request.param
+    settings = fresh_wow("mongo" if name == "mongo" else "in_memory")
+    with override_settings(WOW=settings):
+        yield Backend(name, name.partition(":")[2] or None)
+    disconnect(settings["MONGO_URI"])
 
 
 @pytest.fixture
-def snapshots(wow):
+def snapshots(backend):
     """Nine orders: a01-a05 and a09 of tenant t1 (a04 deleted), a06-a08 of t2."""
     rows = [
         ("a01", "t1", {"status": "PAID", "amount": 30, "note": "gift wrap please"}, False),
@@ -75,19 +135,18 @@ def snapshots(wow):
         ("a09", "t1", {"status": "PLACED", "amount": 20}, False),
     ]
     for aggregate_id, tenant, state, deleted in rows:
-        put_snapshot(aggregate_id, tenant, state, deleted=deleted, version=2 if deleted else 1)
-    return get_runtime().snapshot_queries("order")
+        backend.save_snapshot(order_snapshot(aggregate_id, tenant, state, deleted=deleted, version=2 if deleted else 1))
+    return backend.snapshot_queries("order")
 
 
 @pytest.fixture
-def streams(wow):
+def streams(backend):
     """Three aggregates: b1 (t1, 3 versions), b2 (t1, 1 version), c1 (t2, 2 versions)."""
-    store = get_runtime().event_store
     for aggregate_id, tenant, versions in (("b1", "t1", 3), ("b2", "t1", 1), ("c1", "t2", 2)):
         key = AggregateId("order", aggregate_id, "order-service", tenant)
         for version in range(1, versions + 1):
-            store.append(make_stream(key, version, create_time=1_000 * version, owner_id=f"o-{aggregate_id}"))
-    return get_runtime().event_queries("order")
+            backend.append(make_stream(key, version, create_time=1_000 * version, owner_id=f"o-{aggregate_id}"))
+    return backend.event_queries("order")
 
 
 def ids(found: list[dict], key: str = "aggregateId") -> list[str]:
@@ -279,9 +338,9 @@ def test_scoped_condition_flattens_the_clients_top_level_and():
         scoped_condition(SNAPSHOT, client, tenant_id="")
 
 
-def test_raw_runs_on_mongo_only(snapshots, wow):
+def test_raw_runs_on_mongo_only(snapshots, backend):
     raw = parse_condition({"operator": "RAW", "value": {"state.amount": {"$gt": 15}}}, allow_raw=True)
-    if wow["STORAGE"] == "mongo":
+    if backend.name == "mongo":
         assert ids(snapshots.list(ListQuery(condition=raw, limit=100), tenant_id="t1")) == ["a01", "a03", "a05",
                                                                                             "a09"]
     else:

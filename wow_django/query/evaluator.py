@@ -43,7 +43,7 @@ from wow_django.query.condition import (
     target_field,
 )
 from wow_django.query.errors import QueryValidationError
-from wow_django.query.semantics import date_bounds, map_field, text_pattern
+from wow_django.query.semantics import date_bounds, map_field, search_terms, text_pattern, words
 
 Op = Operator
 
@@ -54,7 +54,6 @@ class _Missing:
 
 
 MISSING: Any = _Missing()
-_WORD = re.compile(r"\w+")
 
 
 # --- paths ---------------------------------------------------------------------------------
@@ -149,7 +148,7 @@ def _regex(leaves: list[Any], pattern: str, ignore_case: bool) -> bool:
 
 def _words(value: Any) -> Iterable[str]:
     if isinstance(value, str):
-        yield from _WORD.findall(value.casefold())
+        yield from words(value)
     elif isinstance(value, dict):
         for item in value.values():
             yield from _words(item)
@@ -185,7 +184,7 @@ class _Evaluator:
                 return all(results)
             return any(results) if op is Op.OR else not any(results)
         if op is Op.MATCH:
-            terms = set(_WORD.findall(value.casefold()))
+            terms = search_terms(value)
             return bool(terms) and any(word in terms for word in _words(document))
         if op is Op.RAW:
             raise QueryValidationError(

@@ -15,6 +15,9 @@ from wow_django.query.condition import Condition, Operator
 
 Op = Operator
 
+# A word of MATCH (full-text search): a run of letters, digits and '_'.
+WORD = re.compile(r"\w+")
+
 # End of subject. Not "$": in both PCRE (the server) and Python, "$" also
 # matches before a final newline, so "abc$" would match "abc\n".
 END_OF_TEXT = r"(?![\s\S])"
@@ -35,6 +38,16 @@ def text_pattern(operator: Operator, text: str) -> str:
     if operator in (Op.EQ, Op.NE):
         return "^" + escaped + END_OF_TEXT
     raise ValueError(f"{operator} is not a text operator")
+
+
+def words(text: str) -> list[str]:
+    """The words MATCH sees in ``text``: runs of ``\\w`` in its case-folded form."""
+    return WORD.findall(text.casefold())
+
+
+def search_terms(text: str) -> frozenset[str]:
+    """The terms of a MATCH search text: a document matches when one of its words is one of them."""
+    return frozenset(words(text))
 
 
 def map_field(path: str, field_map: dict[str, str] | None) -> str:
