@@ -644,3 +644,23 @@ class TestRuntimeOnTheDjangoBackend(OnPostgreSQL, TransactionTestCase):
             customer = runtime.gateway.send(RegisterCustomer(username="alice", display_name="Alice"))
             self.assertEqual(runtime.prepare_key("username").get("alice").value, customer.aggregate_id)
             self.assertEqual(PrepareKeyRow.objects.using("wow_pg").get(key="alice").name, "username")
+
+    def test_the_query_services_read_the_django_stores(self):
+        from wow_django.application.queries import parse_count_query, parse_paged_query
+
+        with override_settings(WOW={"CONTEXT_NAME": "order-service", "STORAGE": "django", "DATABASE_ALIAS": "wow_pg"}):
+            runtime = get_runtime()
+            ids = [runtime.gateway.send(PlaceOrder(customer_id=f"c-{n}", items=[
+                OrderLine(sku="A", quantity=n, unit_price=Decimal("1"))]), tenant_id="t1", wait=WaitStage.SNAPSHOT
+            ).aggregate_id for n in (1, 2, 3)]
+            runtime.gateway.send(PlaceOrder(customer_id="other", items=[
+                OrderLine(sku="A", quantity=1, unit_price=Decimal("1"))]), tenant_id="t2", wait=WaitStage.SNAPSHOT)
+            snapshots = runtime.snapshot_queries("order")
+            self.assertEqual(snapshots.count(parse_count_query({}), tenant_id="t1"), 3)
+            page = snapshots.paged(parse_paged_query({
+                "condition": {"field": "state.customer_id", "operator": "IN", "value": ["c-2", "c-3"]},
+                "sort": [{"field": "state.customer_id", "direction": "DESC"}],
+                "pagination": {"index": 1, "size": 10}}), tenant_id="t1")
+            self.assertEqual((page.total, [d["aggregateId"] for d in page.list]), (2, [ids[2], ids[1]]))
+            streams = runtime.event_queries("order")
+            self.assertEqual(streams.count(parse_count_query({}), tenant_id="t2"), 1)
