@@ -8,28 +8,9 @@ sorted keys, epoch-millisecond times as big integers.
 
 from __future__ import annotations
 
-import json
-
 from django.db import models
 
-
-class SortedKeysEncoder(json.JSONEncoder):
-    def __init__(self, *args, **kwargs):
-        kwargs["sort_keys"] = True
-        kwargs["separators"] = (",", ":")
-        super().__init__(*args, **kwargs)
-
-
-class CodePointTextField(models.TextField):
-    def db_parameters(self, connection):
-        params = super().db_parameters(connection)
-        if connection.vendor == "postgresql":
-            params["collation"] = "C"
-        return params
-
-
-def _json(**options) -> models.JSONField:
-    return models.JSONField(encoder=SortedKeysEncoder, **options)
+from wow_django.backends.django.models import CodePointTextField, _json
 
 
 class SnapshotTable(models.Model):
