@@ -599,6 +599,13 @@ class FailingQuerySet:
         raise self.error
 
 
+def test_queries_the_engine_finds_too_complex_are_bad_queries():
+    store = SimpleNamespace(using="default", queryset=lambda name: FailingQuerySet(OperationalError(
+        "parser stack overflow")))
+    with pytest.raises(QueryValidationError, match="cannot run a query this complex"):
+        DjangoSnapshotQueryService(store, "order").list(ListQuery())
+
+
 @pytest.mark.parametrize("error", [OperationalError("server closed the connection unexpectedly"),
                                    OperationalError("canceling statement due to statement timeout")])
 def test_database_failures_are_recoverable(error):

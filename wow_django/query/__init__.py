@@ -3,9 +3,12 @@
 * :mod:`wow_django.query.condition` — the model and the parsers;
 * :mod:`wow_django.query.mongo` — filters, projections and sorts for pymongo;
 * :mod:`wow_django.query.evaluator` — the same semantics on plain dicts;
-* :mod:`wow_django.query.dates` — the date windows both use.
+* :mod:`wow_django.query.dates` — the date windows both use;
+* :mod:`wow_django.query.orm` — ``Q`` and ``order_by`` for Django querysets over
+  a table of document columns (the django backend), on SQLite and PostgreSQL.
 
-Nothing here imports Django.
+Nothing here imports Django except :mod:`wow_django.query.orm`, which this
+package does not import.
 """
 
 from wow_django.query.condition import (

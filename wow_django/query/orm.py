@@ -33,14 +33,36 @@ the node): no SQL engine runs MongoDB filters.
 How: columns holding scalars compile to plain lookups (``tenant_id = %s``,
 ``version > %s``, ``deleted = true``: indexes apply). Everything that reads a
 JSON path compiles to a boolean expression rendered per engine
-(``connection.vendor``): SQLite walks the JSON with ``json_each``/``json_tree``,
-PostgreSQL with ``jsonb`` operators and lateral joins. Client values only ever
-reach the database as bound parameters, path segments included; text
-operators on SQLite use the regular expressions of
-:func:`wow_django.query.semantics.text_pattern` (escaped, run by Python's
-``re`` through Django's ``REGEXP`` function, exactly as the evaluator runs
-them) and on PostgreSQL ``strpos``/``starts_with``/``right`` or, for
-``ignoreCase``, ``~*`` with every regex metacharacter escaped.
+(``connection.vendor``); comparisons, text operators, null and type checks and
+the logic between them are SQL on both engines:
+
+* PostgreSQL walks paths in SQL: a run of non-numeric segments is one lax
+  jsonpath member chain (``jsonb_path_query(state, 'lax $."a"."b"')``, which
+  unwraps arrays one level and skips non-objects, as the evaluator walks), a
+  numeric segment a lateral join (member, index, member of each object
+  element); where a walk ends early (MISSING) is checked per prefix. Values
+  compare as ``jsonb`` (typed; numerics), strings by code point
+  (``COLLATE "C"``). Run these queries with ``jit = off``
+  (:func:`wow_django.backends.django.queries.query_settings` does): the walks
+  multiply the planner's row estimates and JIT compilation then costs seconds.
+* SQLite's parser takes only about 14 nested subqueries (3.40), so the parts
+  that nest are Python functions registered on the connection, built on the
+  evaluator itself: the walk (``reach``, its values read back with
+  ``json_each``), where it ends early, equality with an array or object, MATCH's
+  words, and a whole ELEM_MATCH node. Text operators use the evaluator's
+  regular expressions (:func:`wow_django.query.semantics.text_pattern`, input
+  escaped by ``re.escape``) through Django's ``REGEXP`` function.
+
+Client values only ever reach the database as bound parameters, path segments
+included; on PostgreSQL text operators use ``strpos``/``starts_with``/``right``
+or, for ``ignoreCase``, ``~*`` with every regex metacharacter escaped
+(:func:`are_literal`).
+
+**Limits** (SQL only; a :class:`QueryValidationError` before anything runs):
+field paths of at most :data:`MAX_PATH_SEGMENTS` segments, and at most
+:data:`MAX_QUERY_SIZE` for a condition or a sort (1 per node and value,
+:data:`STEP_COST` per step through JSON): PostgreSQL plans a lateral join per
+step, and unbounded paths exhausted a server's memory.
 
 Where the engines cannot follow the evaluator (all documented in tests):
 
@@ -61,7 +83,7 @@ Where the engines cannot follow the evaluator (all documented in tests):
 * **Sorting** follows the evaluator (MongoDB's type order: missing and null,
   numbers, strings, objects, arrays, booleans; an array sorts by its smallest
   element ascending and its largest descending, ``[]`` first) except that
-  objects and arrays inside arrays sort by their type only, not by content:
+  objects, and arrays inside arrays, sort by their type only, not by content:
   ties among them fall to the next sort key.
 
 Only SQLite and PostgreSQL are supported; other engines raise
@@ -668,9 +690,6 @@ class _SQLite:
 
     def elements(self, n: _LiteNode, alias: str) -> str:
         return f"json_each(CASE WHEN {n.t} = 'array' THEN {n.v} END) AS {alias}"
-
-    def is_type(self, n: _LiteNode, kind: str) -> str:
-        return f"({n.t} = '{kind}')"  # kind: 'array' or 'object', never client text
 
     def equals(self, n: _LiteNode, values: tuple, fresh) -> tuple[str, list]:
         parts: list[tuple[str, list]] = []

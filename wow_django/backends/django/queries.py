@@ -24,7 +24,10 @@ column per top-level field of Wow's document, JSON fields as ``JSONField``.
 
 Errors: a lost connection, a timeout or another ``OperationalError`` /
 ``InterfaceError`` is a :class:`~wow_django.exceptions.RecoverableStoreError`
-(retry); a bad query is a :class:`~wow_django.query.errors.QueryValidationError`.
+(retry); a bad query is a :class:`~wow_django.query.errors.QueryValidationError`:
+RAW, a field path over 100 segments, a query over the compiler's size budget
+(see :mod:`wow_django.query.orm`), or, should one get past those, a query the
+engine calls too complex.
 """
 
 from __future__ import annotations
@@ -88,6 +91,11 @@ EVENT_STREAM_COLUMNS: dict[str, Column] = {
 }
 
 
+# What SQLite and PostgreSQL say when a query, not the database, is the problem.
+TOO_COMPLEX = ("parser stack overflow", "too many SQL variables", "Expression tree is too large",
+               "stack depth limit exceeded", "too many range table entries")
+
+
 @contextlib.contextmanager
 def query_settings(using: str, *, max_time_ms: int | None = None) -> Iterator[None]:
     """Run the queries inside (on database ``using``) the way compiled conditions should run.
@@ -146,7 +154,15 @@ class DjangoQueryService(QueryService):
         try:
             with self._postgres_settings():
                 yield
-        except (OperationalError, InterfaceError) as exc:
+        except OperationalError as exc:
+            if any(sign in str(exc) for sign in TOO_COMPLEX):
+                # The compiler's limits keep queries below these; should one get there, it is the query.
+                raise QueryValidationError("condition", f"the database cannot run a query this complex ({exc})") \
+                    from exc
+            raise RecoverableStoreError(
+                f"querying {self.aggregate_name} {self.kind}s failed transiently ({type(exc).__name__}: {exc}); retry"
+            ) from exc
+        except InterfaceError as exc:
             raise RecoverableStoreError(
                 f"querying {self.aggregate_name} {self.kind}s failed transiently ({type(exc).__name__}: {exc}); retry"
             ) from exc
