@@ -20,15 +20,13 @@ PostgreSQL: ``WOW_BENCH_PG_HOST`` / ``_PORT`` / ``_USER`` / ``_PASSWORD``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import threading
-import time
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_store import bench_baseline, bench_ours  # noqa: E402  (the same work as bench_store.py)
 
 PG = {
     "HOST": os.environ.get("WOW_BENCH_PG_HOST", "127.0.0.1"),
@@ -36,21 +34,6 @@ PG = {
     "USER": os.environ.get("WOW_BENCH_PG_USER", "postgres"),
     "PASSWORD": os.environ.get("WOW_BENCH_PG_PASSWORD", ""),
 }
-LOAD_ROUNDS = 5
-
-
-def split(items, parts):
-    return [items[i::parts] for i in range(parts)]
-
-
-def run_threads(target, chunks):
-    threads = [threading.Thread(target=target, args=(chunk,)) for chunk in chunks]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - started
 
 
 def admin_connection():
@@ -77,58 +60,6 @@ def django_store(alias: str, batching: str):
     if batching == "on 0ms":
         return BatchingEventStore(store, max_delay_ms=0)
     return store
-
-
-def bench_ours(store, aggregates: int, versions: int, threads: int):
-    from wow_django.persistence.records import AggregateId
-    from wow_django.testing.event_store import make_stream
-
-    ids = [AggregateId("order", uuid.uuid4().hex) for _ in range(aggregates)]
-    work = [[make_stream(agg, v) for v in range(1, versions + 1)] for agg in ids]
-
-    def append(chunk):
-        for streams in chunk:
-            for stream in streams:
-                store.append(stream)
-
-    append_s = run_threads(append, split(work, threads))
-
-    def load(chunk):
-        for _ in range(LOAD_ROUNDS):
-            for agg in chunk:
-                assert len(store.load(agg)) == versions
-
-    load_s = run_threads(load, split(ids, threads))
-    store.close()
-    return aggregates * versions / append_s, aggregates * LOAD_ROUNDS / load_s
-
-
-def bench_baseline(recorder, aggregates: int, versions: int, threads: int):
-    from eventsourcing.persistence import StoredEvent
-
-    recorder.create_table()
-    ids = [uuid.uuid4() for _ in range(aggregates)]
-    work = [
-        [StoredEvent(originator_id=agg, originator_version=v, topic="tests:ThingHappened",
-                     state=json.dumps({"n": v, "i": 0, "text": f"event 0 of v{v}"}).encode())
-         for v in range(1, versions + 1)]
-        for agg in ids
-    ]
-
-    def append(chunk):
-        for events in chunk:
-            for event in events:
-                recorder.insert_events([event])
-
-    append_s = run_threads(append, split(work, threads))
-
-    def load(chunk):
-        for _ in range(LOAD_ROUNDS):
-            for agg in chunk:
-                assert len(recorder.select_events(agg)) == versions
-
-    load_s = run_threads(load, split(ids, threads))
-    return aggregates * versions / append_s, aggregates * LOAD_ROUNDS / load_s
 
 
 def main() -> None:
@@ -163,7 +94,8 @@ def main() -> None:
     rows = []
     try:
         recorder = SQLiteAggregateRecorder(SQLiteDatastore(os.path.join(directory, "baseline.sqlite3")))
-        rows.append(("pyeventsourcing SQLite recorder (baseline)", "-", bench_baseline(recorder, a, v, t)))
+        recorder.create_table()
+        rows.append(("pyeventsourcing SQLite recorder (baseline)", "-", bench_baseline(a, v, t, recorder)))
         for batching in BATCHING:
             rows.append(("wow_django django backend, SQLite", batching,
                          bench_ours(django_store(f"sqlite {batching}", batching), a, v, t)))
@@ -174,8 +106,10 @@ def main() -> None:
         else:
             datastore = PostgresDatastore(pg_names[-1], PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"],
                                           pool_size=t)
+            postgres_recorder = PostgresAggregateRecorder(datastore)
+            postgres_recorder.create_table()
             rows.append(("pyeventsourcing PostgreSQL recorder (baseline)", "-",
-                         bench_baseline(PostgresAggregateRecorder(datastore), a, v, t)))
+                         bench_baseline(a, v, t, postgres_recorder)))
             datastore.close()
         for batching in BATCHING:
             rows.append(("wow_django django backend, PostgreSQL", batching,

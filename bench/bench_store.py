@@ -80,11 +80,12 @@ def bench_ours(store, aggregates: int, versions: int, threads: int):
     return aggregates * versions / append_s, aggregates * LOAD_ROUNDS / load_s
 
 
-def bench_baseline(aggregates: int, versions: int, threads: int):
+def bench_baseline(aggregates: int, versions: int, threads: int, recorder=None):
+    """The same work on a pyeventsourcing recorder (POPO unless another, with its table created, is given)."""
     from eventsourcing.persistence import StoredEvent
     from eventsourcing.popo import POPOAggregateRecorder
 
-    recorder = POPOAggregateRecorder()
+    recorder = recorder if recorder is not None else POPOAggregateRecorder()
     ids = [uuid.uuid4() for _ in range(aggregates)]
     work = [
         [

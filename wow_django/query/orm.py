@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import functools
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -1156,7 +1157,7 @@ def _column_names(ir: Any, columns: Columns) -> list[str]:
     return list(found)
 
 
-class _ColumnsExpression(Expression):
+class _ColumnsExpression(Expression, ABC):
     """An expression over some columns of the document table, rendered by ``render(renderer)``."""
 
     def __init__(self, columns: Columns, names: list[str], output_field):
@@ -1171,8 +1172,9 @@ class _ColumnsExpression(Expression):
     def set_source_expressions(self, exprs):
         self.refs = list(exprs)
 
+    @abstractmethod
     def render(self, renderer: _Renderer) -> tuple[str, list]:
-        raise NotImplementedError
+        """``(sql, params)`` of this expression for the renderer's engine."""
 
     def as_sql(self, compiler, connection):
         column_sql: dict[str, str] = {}
@@ -1187,8 +1189,9 @@ class _ColumnsExpression(Expression):
     def identity(self):
         return (type(self), self.key(), tuple(self.names))
 
+    @abstractmethod
     def key(self) -> str:
-        raise NotImplementedError
+        """What tells two expressions of one class apart (with the column names)."""
 
     def __eq__(self, other):
         return isinstance(other, _ColumnsExpression) and self.identity == other.identity
