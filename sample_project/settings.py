@@ -104,6 +104,8 @@ WOW = {
 }
 if os.environ.get("WOW_MONGO_URI"):
     WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]
+if os.environ.get("WOW_BUS_TRANSPORT_URL"):
+    WOW["BUS_TRANSPORT_URL"] = os.environ["WOW_BUS_TRANSPORT_URL"]
 
 # --- Celery ----------------------------------------------------------------------
 # Redis is the broker. On the embedded Mongo engine a worker process could not

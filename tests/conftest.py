@@ -44,6 +44,14 @@ def wow_mongo():
 
 
 @pytest.fixture
+def outside_tests(monkeypatch):
+    """Django's test environment looks torn down to the system checks (as in ``manage.py check``)."""
+    from django.core import mail
+
+    monkeypatch.delattr(mail, "outbox")
+
+
+@pytest.fixture
 def queued_commands(monkeypatch):
     """Commands sent with wait stage SENT: recorded, then run in-line instead of through Celery.
 

@@ -1,6 +1,6 @@
 """Settings for the test suite: the sample project on embedded defaults.
 
-Besides Django's own in-memory ``default``, two databases serve the django
+Besides Django's own ``default`` (a SQLite file), two databases serve the django
 storage backend's tests: ``wow_sqlite`` (a file, so that threads and processes
 share it) and ``wow_pg`` (the PostgreSQL on 127.0.0.1 that ``.ci/run``
 starts; ``WOW_TEST_PG_HOST``/``_PORT``/``_USER``/``_PASSWORD``/``_DB`` override).
@@ -19,7 +19,13 @@ _RUN = os.getpid()
 _SQLITE_DIR = tempfile.mkdtemp(prefix="wow-tests-")
 
 DATABASES = {
-    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    # A file, not ":memory:": the sample's consumers write their rows from other threads.
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(_SQLITE_DIR, "default.sqlite3"),
+        "OPTIONS": {"timeout": 20},
+        "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_default.sqlite3")},
+    },
     "wow_sqlite": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.path.join(_SQLITE_DIR, "wow.sqlite3"),

@@ -37,6 +37,8 @@ def test_bus_store_defaults_to_storage():
         assert wow_settings.storage_for("BUS_STORE") == "mongo"
     with override_settings(WOW={"BUS_STORE": "in_memory"}):
         assert wow_settings.storage_for("BUS_STORE") == "in_memory"
+        assert wow_settings.storage_for("EVENT_STORE") == "django"
+    with override_settings(WOW={"BUS_STORE": "in_memory", "MONGO_URI": "mongodb://db.example:27017/orders"}):
         assert wow_settings.storage_for("EVENT_STORE") == "mongo"
 
 
@@ -51,7 +53,7 @@ def test_a_bad_bus_store_is_refused_with_the_setting_named():
             call_command("check")
 
 
-def test_the_in_memory_bus_store_is_a_warning():
+def test_the_in_memory_bus_store_is_a_warning(outside_tests):
     with override_settings(WOW={"MONGO_URI": "mongodb://db.example:27017/orders", "BUS_STORE": "in_memory"}):
         messages = check_settings()
     assert ids(messages) == ["wow_django.W002"]
@@ -61,7 +63,7 @@ def test_the_in_memory_bus_store_is_a_warning():
     assert warning.msg.startswith("EVENT_STORE, SNAPSHOT_STORE, PREPARE_STORE, BUS_STORE use the in-memory backend")
 
 
-def test_a_bus_store_on_the_embedded_engine_is_warned_about_alone():
+def test_a_bus_store_on_the_embedded_engine_is_warned_about_alone(outside_tests):
     with override_settings(WOW={"STORAGE": "in_memory", "BUS_STORE": "mongo", "MONGO_URI": "mongomock://localhost/b"}):
         assert ids(check_settings()) == ["wow_django.W001", "wow_django.W002"]
 

@@ -20,6 +20,7 @@ from .support import fresh_wow
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.django_db(transaction=True)
 def test_wow_demo_fills_and_reports():
     out = StringIO()
     with override_settings(WOW=fresh_wow("mongo")):
@@ -35,6 +36,7 @@ def test_wow_demo_fills_and_reports():
     assert text.count("notification.sent  CONSUMED  1/1 consumed") == 6
 
 
+@pytest.mark.django_db(transaction=True)
 def test_wow_demo_is_idempotent_for_its_own_requests():
     with override_settings(WOW=fresh_wow("mongo")):
         call_command("wow_demo", "--orders", "3", stdout=StringIO())

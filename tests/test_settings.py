@@ -28,7 +28,8 @@ def debug_on(settings):
 
 def test_defaults_apply_under_user_values():
     assert wow_settings.CONTEXT_NAME == "order-service"  # from the sample project's WOW
-    assert wow_settings.STORAGE == "mongo"
+    assert DEFAULTS["STORAGE"] is None
+    assert wow_settings.STORAGE == "django"  # the sample sets no MONGO_URI
     assert wow_settings.EVENT_STORE_BATCH == DEFAULTS["EVENT_STORE_BATCH"]
 
 
@@ -85,12 +86,37 @@ def test_wow_must_be_a_dict():
         assert "must be a dict" in check_settings()[0].msg
 
 
-def test_embedded_engine_is_a_warning():
+def test_storage_defaults_to_the_project_database_unless_a_mongo_uri_is_set():
+    with override_settings(WOW={}):
+        assert wow_settings.STORAGE == "django"
+        assert [wow_settings.storage_for(p) for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE",
+                                                      "BUS_STORE")] == ["django"] * 4
+    with override_settings(WOW={"MONGO_URI": "mongodb://db.example:27017/orders"}):
+        assert wow_settings.STORAGE == "mongo"
+    with override_settings(WOW={"MONGO_URI": "mongodb://db.example:27017/orders", "STORAGE": "django"}):
+        assert wow_settings.STORAGE == "django"
+    with override_settings(WOW={"STORAGE": None}):
+        assert wow_settings.STORAGE == "django"
+
+
+def test_embedded_engine_is_a_warning_outside_tests(outside_tests):
     with override_settings(WOW={"MONGO_URI": "mongomock://localhost/demo"}):
         messages = check_settings()
     assert ids(messages) == ["wow_django.W001"]
     assert "neither persisted nor shared between processes" in messages[0].msg
     assert isinstance(messages[0], checks.Warning)
+
+
+def test_one_process_backends_are_not_warned_about_in_tests():
+    with override_settings(WOW={"MONGO_URI": "mongomock://localhost/demo"}):
+        assert check_settings() == []
+    with override_settings(WOW={"STORAGE": "in_memory"}):
+        assert check_settings() == []
+
+
+def test_the_default_storage_gives_no_warning(outside_tests):
+    with override_settings(WOW={"CONTEXT_NAME": "orders"}):
+        assert check_settings() == []
 
 
 def test_real_server_uri_gives_no_warning():
@@ -112,7 +138,7 @@ def test_uri_without_database_is_fine_when_every_database_is_set():
         assert check_settings() == []
 
 
-def test_in_memory_storage_is_a_warning():
+def test_in_memory_storage_is_a_warning(outside_tests):
     with override_settings(WOW={"STORAGE": "in_memory"}):
         messages = check_settings()
     assert ids(messages) == ["wow_django.W002"]

@@ -54,11 +54,13 @@ def check_settings(app_configs=None, **kwargs):
                 hint="pip install 'wow-django[mongomock]', or set WOW['MONGO_URI'] to a mongodb:// URI.",
                 id="wow_django.E003",
             )]
-        if embedded:
+        if embedded and not _running_tests():
             messages.append(checks.Warning(
                 "wow_django is using the embedded MongoDB engine (mongomock://): data is neither "
-                "persisted nor shared between processes.",
-                hint="Set WOW['MONGO_URI'] to a mongodb:// or mongodb+srv:// URI in production.",
+                "persisted nor shared between processes (web workers, Celery workers, consumers and "
+                "management commands each see their own empty store). It is meant for tests.",
+                hint="Set WOW['MONGO_URI'] to a mongodb:// or mongodb+srv:// URI, or leave MONGO_URI and "
+                     "STORAGE unset to keep events in the project's database (the django backend).",
                 id="wow_django.W001",
             ))
     uses_django = any(wow_settings.storage_for(p) == "django" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE"))
@@ -95,14 +97,23 @@ def check_settings(app_configs=None, **kwargs):
             id="wow_django.W003",
         ))
     in_memory = [p for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE") if wow_settings.storage_for(p) == "in_memory"]
-    if in_memory:
+    if in_memory and not _running_tests():
         messages.append(checks.Warning(
             f"{', '.join(in_memory)} use the in-memory backend: data is neither persisted nor shared "
-            "between processes.",
-            hint="Set WOW['STORAGE'] (or the per-store setting) to 'mongo' in production.",
+            "between processes. It is meant for tests.",
+            hint="Set WOW['STORAGE'] (or the per-store setting) to 'django' (the project's database) or "
+                 "'mongo'.",
             id="wow_django.W002",
         ))
     return messages
+
+
+def _running_tests() -> bool:
+    """Whether Django's test environment is set up (the test runner, pytest-django): the one-process
+    backends are what tests are meant to use, so they are not warned about there."""
+    from django.core import mail
+
+    return hasattr(mail, "outbox")
 
 
 def _cache_is_process_local() -> bool:

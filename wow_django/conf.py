@@ -33,8 +33,9 @@ DEFAULTS: dict[str, Any] = {
     "CONTEXT_NAME": "default",
     # --- storage selection ----------------------------------------------
     # Default backend for everything: "mongo", "in_memory" or "django" (the
-    # project's database through the ORM, see DATABASE_ALIAS).
-    "STORAGE": "mongo",
+    # project's database through the ORM, see DATABASE_ALIAS). None (the
+    # default) means "mongo" when MONGO_URI is set, "django" otherwise.
+    "STORAGE": None,
     # Per-purpose overrides (None means: use STORAGE).
     "EVENT_STORE": None,
     "SNAPSHOT_STORE": None,
@@ -202,7 +203,7 @@ def _str_dict(value: Any) -> str | None:
 
 VALIDATORS = {
     "CONTEXT_NAME": _str,
-    "STORAGE": _choice(STORAGE_CHOICES),
+    "STORAGE": _choice(STORAGE_CHOICES, optional=True),
     "EVENT_STORE": _choice(STORAGE_CHOICES, optional=True),
     "SNAPSHOT_STORE": _choice(STORAGE_CHOICES, optional=True),
     "PREPARE_STORE": _choice(STORAGE_CHOICES, optional=True),
@@ -318,6 +319,8 @@ class WowSettings:
             value = {**DEFAULTS[name], **user.get(name, {})}
         else:
             value = user.get(name, DEFAULTS[name])
+        if name == "STORAGE" and value is None:
+            value = default_storage(user)
         if name in IMPORT_STRINGS and isinstance(value, str):
             try:
                 value = import_string(value)
@@ -333,6 +336,11 @@ class WowSettings:
     def reload(self) -> None:
         self._cached.clear()
         self._user = None
+
+
+def default_storage(user: dict[str, Any]) -> str:
+    """The backend of an unset ``STORAGE``: MongoDB when a ``MONGO_URI`` is given, else the project's database."""
+    return "mongo" if user.get("MONGO_URI") else "django"
 
 
 wow_settings = WowSettings()

@@ -7,8 +7,9 @@ as partition key and the aggregate version as sequence. Its eventId is derived
 from the domain event's id, so translating the same domain event again keeps
 one bus record.
 
-**Downstream**, in this process for the sample (each would be its own service
-with its own database in production):
+**Downstream**, in this project for the sample (each would be its own service
+with its own database in production; here their rows live in the project's
+database, :mod:`sample_project.orders.models`, so every process sees them):
 
 - ``member-service`` adds points for ``order.purchased`` (one point per whole
   currency unit; a ledger entry keyed by the consumer's idempotency key, so a
@@ -32,14 +33,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import ROUND_DOWN, Decimal
 
-from pymongo import errors as pymongo_errors
+from django.db import IntegrityError, models, transaction
+from django.db.models import Sum
 
 from sample_project.orders.aggregates import Order, OrderPaid
+from sample_project.orders.models import Member, Notice, PointsEntry
 from wow_django.application.runtime import get_runtime
-from wow_django.backends.mongo import get_connection
-from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.bus import consumer, get_bus
-from wow_django.bus.envelope import iso, utcnow
+from wow_django.bus.envelope import iso
 from wow_django.domain import event_processor
 
 PURCHASED = "order.purchased"
@@ -54,8 +55,6 @@ TOPIC_CONSUMERS = (
     (POINTS_ADDED, MESSAGE_SERVICE),
     (NOTIFICATION_SENT, MEMBER_SERVICE),
 )
-MEMBER_DATABASE = "member_service"
-MESSAGE_DATABASE = "message_service"
 
 
 def configure_topic_consumers(bus=None) -> None:
@@ -103,38 +102,21 @@ def publish_purchase(message) -> None:
 # --- member-service and message-service ------------------------------------------------
 
 
-def _collection(database: str, name: str):
-    connection = get_connection()
-    return connection, connection.database(database)[name]
-
-
-def _insert_once(database: str, name: str, document: dict) -> bool:
-    """Insert ``document`` unless its ``_id`` exists (a redelivered event): the effect happens once."""
-    connection, collection = _collection(database, name)
+def _insert_once(model: type[models.Model], **fields) -> bool:
+    """Insert a row keyed by the consumer's idempotency key unless it exists (a redelivered event):
+    the effect happens once, whichever process consumes the event."""
     try:
-        with recoverable_errors(f"writing {name}"), connection.guard(collection):
-            collection.insert_one(dict(document))
-    except pymongo_errors.DuplicateKeyError:
+        with transaction.atomic():
+            model.objects.create(**fields)
+    except IntegrityError:
+        if not model.objects.filter(pk=fields[model._meta.pk.attname]).exists():
+            raise
         return False
     return True
 
 
-def points_ledger():
-    return _collection(MEMBER_DATABASE, "points_ledger")
-
-
 def member_points(user_id: str) -> int:
-    connection, ledger = points_ledger()
-    with recoverable_errors("reading points"), connection.guard(ledger):
-        return sum(entry["points"] for entry in ledger.find({"memberId": user_id}, {"points": 1}))
-
-
-def notices():
-    return _collection(MESSAGE_DATABASE, "notices")
-
-
-def members():
-    return _collection(MEMBER_DATABASE, "members")
+    return PointsEntry.objects.filter(member_id=user_id).aggregate(total=Sum("points"))["total"] or 0
 
 
 @consumer(MEMBER_SERVICE, topics=[PURCHASED])
@@ -142,10 +124,8 @@ def add_points(event, ctx) -> None:
     payload = event.payload
     user_id = payload["userId"]
     points = int(Decimal(payload["amount"]).to_integral_value(rounding=ROUND_DOWN))
-    _insert_once(MEMBER_DATABASE, "points_ledger", {
-        "_id": ctx.idempotency_key, "memberId": user_id, "points": points, "orderId": payload["orderId"],
-        "sourceEventId": event.event_id, "at": utcnow(),
-    })
+    _insert_once(PointsEntry, key=ctx.idempotency_key, member_id=user_id, points=points,
+                 order_id=payload["orderId"], source_event_id=event.event_id, at=datetime.now(UTC))
     ctx.send(POINTS_ADDED, {"userId": user_id, "points": points, "balance": member_points(user_id),
                             "orderId": payload["orderId"], "sourceEventId": event.event_id},
              operation="addPoints")
@@ -154,10 +134,8 @@ def add_points(event, ctx) -> None:
 def _send_notice(event, ctx, template: str, text: str) -> None:
     payload = event.payload
     channel = payload.get("channel") or "app"
-    _insert_once(MESSAGE_DATABASE, "notices", {
-        "_id": ctx.idempotency_key, "userId": payload["userId"], "channel": channel, "templateId": template,
-        "text": text, "sourceEventId": event.event_id, "at": utcnow(),
-    })
+    _insert_once(Notice, key=ctx.idempotency_key, user_id=payload["userId"], channel=channel,
+                 template_id=template, text=text, source_event_id=event.event_id, at=datetime.now(UTC))
     ctx.send(NOTIFICATION_SENT, {"userId": payload["userId"], "channel": channel, "templateId": template,
                                  "noticeId": ctx.idempotency_key, "sourceEventId": event.event_id},
              operation="sendNotice")
@@ -177,14 +155,11 @@ def notify_points(event, ctx) -> None:
 
 @consumer(MEMBER_SERVICE, topics=[NOTIFICATION_SENT])
 def remember_notification(event, ctx) -> None:
-    connection, collection = members()
-    for attempt in range(2):
-        try:
-            with recoverable_errors("updating a member"), connection.guard(collection):
-                # $max: applying the same (or an older) notification again changes nothing.
-                collection.update_one({"_id": event.payload["userId"]},
-                                      {"$max": {"lastNotifiedAt": event.occurred_at}}, upsert=True)
-            return
-        except pymongo_errors.DuplicateKeyError:
-            if attempt:  # two first upserts of one member raced; the retry updates
-                raise
+    user_id, at = event.payload["userId"], event.occurred_at
+    if at.tzinfo is None:  # the bus keeps UTC times naive, as BSON does
+        at = at.replace(tzinfo=UTC)
+    # Only ever forward: the same (or an older) notification applied again changes nothing.
+    if Member.objects.filter(pk=user_id, last_notified_at__lt=at).update(last_notified_at=at):
+        return
+    if not _insert_once(Member, user_id=user_id, last_notified_at=at):
+        Member.objects.filter(pk=user_id, last_notified_at__lt=at).update(last_notified_at=at)  # a racing first one

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from kombu import Consumer as KombuConsumer
 from kombu.exceptions import OperationalError
 
@@ -246,7 +247,17 @@ class ConsumerWorker:
     # --- the loop -------------------------------------------------------------------
 
     def run(self, *, max_messages: int | None = None, idle_timeout: float | None = None) -> WorkerStats:
-        """Consume until stopped, until ``max_messages`` were received, or after ``idle_timeout`` s without one."""
+        """Consume until stopped, until ``max_messages`` were received, or after ``idle_timeout`` s without one.
+
+        Run in a thread other than the main one, the thread's database connections are closed when it returns.
+        """
+        try:
+            return self._consume(max_messages, idle_timeout)
+        finally:
+            if threading.current_thread() is not threading.main_thread():
+                connections.close_all()
+
+    def _consume(self, max_messages: int | None, idle_timeout: float | None) -> WorkerStats:
         transport = self.bus.transport
         queue = transport.queue(self.consumer_id, self.topics)
         retry_delay = 0.5
@@ -296,12 +307,15 @@ class ConsumerWorker:
             message.reject()
             return
         redelivered = bool((message.delivery_info or {}).get("redelivered"))
+        release_database_connections()
         try:
             verdict = self.process(envelope, redelivered=redelivered)
         except Exception as exc:  # the store failed: leave the message to a later delivery
             self.stats.error(f"{type(exc).__name__}: {exc}")
             logger.exception("consumer %s: processing %s failed; requeueing it", self.consumer_id, envelope.event_id)
             verdict = REQUEUE
+        finally:
+            release_database_connections()
         if verdict == REQUEUE:
             self.stats.requeued += 1
             self._stop.wait(min(max(self.backoff_s, 0.05), 1.0))
@@ -405,6 +419,16 @@ class ConsumerWorker:
         logger.error("consumer %s: %s dead-lettered after %d attempts: %s", self.consumer_id, event_id,
                      self.max_attempts, error)
         return ACK
+
+
+def release_database_connections() -> None:
+    """What Django does around a request, around one message: a connection that broke or outlived
+    ``CONN_MAX_AGE`` is closed so that the next query connects again (a long-running consumer would
+    otherwise keep failing on a connection the database dropped). A connection inside a transaction
+    (a test's, or a caller's) is left alone."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
 
 
 def run_in_thread(worker: ConsumerWorker, **run_kwargs) -> threading.Thread:

@@ -46,6 +46,8 @@ class Command(BaseCommand):
         if orders < 1:
             raise CommandError("--orders must be ≥ 1")
         rng = random.Random(seed)
+        # The events, snapshots and the downstream services' rows live in the project's database.
+        call_command("migrate", interactive=False, verbosity=0)
         gateway = get_runtime().gateway
         write = self.stdout.write
         # Paid orders publish order.purchased: its consumers must be configured first.
@@ -112,7 +114,6 @@ class Command(BaseCommand):
         from django.conf import settings
         from django.contrib.auth import get_user_model
 
-        call_command("migrate", interactive=False, verbosity=0)
         if settings.DEBUG:
             users = get_user_model()
             if not users.objects.filter(username="admin").exists():
