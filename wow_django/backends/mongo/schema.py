@@ -9,13 +9,14 @@ name, and never drops anything.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
+from wow_django.persistence.schema import SchemaReport
 
 METADATA_COLLECTION = "wow_database_metadata"
 NAMESPACE_EXISTS = 48  # server error code when a collection is created twice
@@ -104,35 +105,6 @@ def prepare_spec(key_name: str) -> CollectionSpec:
 
 
 # --- reconciliation ------------------------------------------------------------
-
-
-@dataclass
-class SchemaReport:
-    """What reconciliation found: one ``(database, collection, subject, state)`` per line.
-
-    ``state`` is ``created``, ``verified``, ``missing`` (check mode) or
-    ``conflict``; ``conflicts`` and ``ownership`` hold the messages.
-    """
-
-    lines: list[tuple[str, str, str, str]] = field(default_factory=list)
-    conflicts: list[str] = field(default_factory=list)
-    ownership: list[str] = field(default_factory=list)
-
-    @property
-    def problems(self) -> list[str]:
-        return self.ownership + self.conflicts
-
-    def add(self, database: str, collection: str, subject: str, state: str) -> None:
-        self.lines.append((database, collection, subject, state))
-
-    @property
-    def matches(self) -> bool:
-        return not self.problems and all(state in ("verified", "created") for *_, state in self.lines)
-
-    def merge(self, other: SchemaReport) -> None:
-        self.lines.extend(other.lines)
-        self.conflicts.extend(other.conflicts)
-        self.ownership.extend(other.ownership)
 
 
 def _normalise_keys(key) -> tuple[tuple[str, int | str], ...]:

@@ -1,17 +1,23 @@
-"""Create or verify the MongoDB collections and indexes wow_django needs."""
+"""Create or verify the schema wow_django's stores need: MongoDB collections and indexes, and the
+django backend's migrations, tables, constraints and indexes."""
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from wow_django.backends.mongo import initialize, planned_specs
+from wow_django.backends import mongo
+from wow_django.backends.django import schema as django_schema
+from wow_django.persistence.schema import SchemaReport
 
 
 class Command(BaseCommand):
     help = (
-        "Claim each configured MongoDB database for this bounded context and create the "
-        "collections and indexes of every registered aggregate, prepare key and the bus. "
-        "Never drops anything. With --check, change nothing and exit 1 unless the schema matches."
+        "For stores on MongoDB: claim each configured database for this bounded context and create the "
+        "collections and indexes of every registered aggregate, prepare key and the bus. For stores on the "
+        "django backend: apply the wow_django/wow_bus migrations on WOW['DATABASE_ALIAS'] and verify their "
+        "tables, unique constraints and indexes. Never drops anything. With --check, change nothing and exit 1 "
+        "unless the schema matches."
     )
 
     def add_arguments(self, parser):
@@ -21,10 +27,19 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, check=False, **options):
-        if not planned_specs():
-            self.stdout.write("Nothing to do: no aggregate, prepare key or bus collection uses MongoDB.")
+        uses_mongo = bool(mongo.planned_specs())
+        uses_django = bool(django_schema.planned_apps())
+        if not (uses_mongo or uses_django):
+            self.stdout.write("Nothing to do: no store uses MongoDB or the django backend.")
             return
-        report = initialize(check_only=check)
+        report = SchemaReport()
+        try:
+            if uses_django:
+                report.merge(django_schema.initialize(check_only=check))
+            if uses_mongo:
+                report.merge(mongo.initialize(check_only=check))
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
         styles = {"created": self.style.SUCCESS, "verified": str, "missing": self.style.WARNING,
                   "conflict": self.style.ERROR}
         for database, collection, subject, state in report.lines:
