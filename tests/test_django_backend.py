@@ -55,6 +55,8 @@ from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.records import AggregateId
 from wow_django.testing import EventStoreContract, FakeClock, make_snapshot, make_stream
 
+from .support import in_forked_child
+
 
 class OnSQLite:
     databases = {"default", "wow_sqlite"}  # Django sets a non-default test database up after "default"
@@ -664,3 +666,31 @@ class TestRuntimeOnTheDjangoBackend(OnPostgreSQL, TransactionTestCase):
             self.assertEqual((page.total, [d["aggregateId"] for d in page.list]), (2, [ids[2], ids[1]]))
             streams = runtime.event_queries("order")
             self.assertEqual(streams.count(parse_count_query({}), tenant_id="t2"), 1)
+
+
+class TestForkedChildren(OnPostgreSQL, TransactionTestCase):
+    """gunicorn --preload, Celery prefork: a child must neither use nor end the parent's database session."""
+
+    def test_a_forked_child_opens_its_own_connection_and_leaves_the_parents_session_alone(self):
+        from wow_django.backends.django import connection as django_connection
+
+        parent = connections["wow_pg"]
+        with parent.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            parent_pid = cursor.fetchone()[0]
+
+        def probe():
+            forgotten = parent.connection is None
+            parent.close()  # what Celery's Django fixup and close_old_connections do in a new child
+            with parent.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                child_pid = cursor.fetchone()[0]
+            parent.close()
+            for raw in django_connection._inherited:  # even closing the inherited driver connection...
+                raw.close()  # ...sends its goodbye to /dev/null, not to the parent's session
+            return forgotten, child_pid != parent_pid
+
+        self.assertEqual(in_forked_child(probe), (True, True))
+        with parent.cursor() as cursor:  # the parent's session survived the child, on the same connection
+            cursor.execute("SELECT pg_backend_pid()")
+            self.assertEqual(cursor.fetchone()[0], parent_pid)

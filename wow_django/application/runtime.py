@@ -16,8 +16,10 @@ talks to a server before that), and it is the only holder of process state:
   (batchers flushed, dispatch lanes and broker pools closed) and the next
   :func:`get_runtime` builds a new one;
 * **fork** (Celery prefork, gunicorn): the child drops the parent's runtime
-  without closing it (its threads and server clients belong to the parent)
-  and forgets the parent's MongoDB server clients; the child builds its own
+  without closing it (its threads and server clients belong to the parent),
+  forgets the parent's MongoDB server clients and the Django database
+  connections the forking thread had open (unclosed: their sessions are the
+  parent's, see ``backends.django.connection.after_fork``); the child builds its own
   runtime on first use. Parts taken from a runtime (``get_runtime().gateway``)
   must not be kept across a fork: ask :func:`get_runtime` in the child. (The
   id generator reseeds itself after a fork: it is pure Python and may be used
@@ -40,6 +42,7 @@ from django.core.signals import setting_changed
 from wow_django.application.gateway import CommandGateway
 from wow_django.application.ports import TaskQueue
 from wow_django.backends.django import DjangoBackend
+from wow_django.backends.django.connection import after_fork as django_connections_after_fork
 from wow_django.backends.memory import MemoryBackend
 from wow_django.backends.mongo import MongoBackend
 from wow_django.backends.mongo.client import connections
@@ -251,6 +254,7 @@ def _after_fork_in_child() -> None:
     _runtime_lock = threading.Lock()
     _runtime = None  # the parent's: not closed, its threads and clients are the parent's
     connections.after_fork()
+    django_connections_after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 from django.core.exceptions import ImproperlyConfigured
@@ -143,3 +144,50 @@ def configure_sqlite(raw) -> None:
         raw.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_MS)}")
     # Persistent in the file; a no-op when already set; in-memory databases stay "memory".
     raw.execute("PRAGMA journal_mode = WAL")
+
+
+# --- fork ---------------------------------------------------------------------------------------
+
+#: Driver connections a forked child inherited from its parent: kept (never used, never finalized
+#: while the child lives) so that nothing the child does reaches the parent's database session.
+_inherited: list[object] = []
+
+
+def after_fork() -> None:
+    """In a forked child (gunicorn ``--preload``, Celery prefork, ``multiprocessing``): forget the
+    database connections the forking thread had open, so the child opens its own.
+
+    A connection copied by ``fork`` shares its socket with the parent; a query from the child would
+    interleave with the parent's on one session, and closing it — which Celery's Django fixup and
+    ``close_old_connections`` do in a new child — would end the parent's session (PostgreSQL's
+    terminate message). So the wrapper forgets it unclosed: on PostgreSQL the child's copy of the
+    socket descriptor is also pointed at ``/dev/null`` (the parent's socket is untouched; whatever
+    the driver might still write goes nowhere), and the driver object is kept until the child
+    exits. Django's wrapper opens a new connection on first use.
+    """
+    for wrapper in connections.all(initialized_only=True):
+        raw = wrapper.connection
+        if raw is None:
+            continue
+        if wrapper.vendor == "postgresql":
+            _blind(raw)
+        _inherited.append(raw)
+        wrapper.connection = None
+        wrapper.in_atomic_block = False
+        wrapper.needs_rollback = False
+        wrapper.savepoint_ids = []
+        wrapper.run_on_commit = []
+
+
+def _blind(raw) -> None:
+    """Point the child's descriptor of a PostgreSQL connection's socket at ``/dev/null``."""
+    try:
+        pgconn = getattr(raw, "pgconn", None)  # psycopg 3
+        fd = pgconn.socket if pgconn is not None else raw.fileno()  # psycopg2
+    except Exception:  # already broken: nothing of the parent's left to protect
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
