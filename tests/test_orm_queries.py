@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.db import NotSupportedError, OperationalError, connections, transaction
 from django.db.models import Q
+from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -733,3 +734,21 @@ def test_the_largest_queries_allowed_run_on_both_engines():
     stores = [snapshot_store(alias) for alias in ALIASES]
     with rows(stores, documents):
         check(stores, documents, data, [{"field": "state." + ".".join(["a"] * 99)}], SNAPSHOT_COLUMNS, SNAPSHOT_MAP)
+
+
+@pytest.mark.django_db(databases=DATABASES)
+def test_the_runtimes_query_services_carry_the_timeout_setting_and_postgresql_enforces_it():
+    from wow_django.application.runtime import get_runtime
+
+    with override_settings(WOW={"CONTEXT_NAME": "order-service", "STORAGE": "django", "DATABASE_ALIAS": "wow_pg",
+                                "DATABASE_QUERY_TIMEOUT_MS": 1}):
+        runtime = get_runtime()
+        service = runtime.backend("SNAPSHOT_STORE").snapshot_queries(runtime.snapshot_store, "order")
+        events = runtime.backend("EVENT_STORE").event_queries(runtime.event_store, "order")
+        assert service.max_time_ms == 1 and events.max_time_ms == 1
+        with connections["wow_pg"].cursor() as cursor:  # a statement that outlives 1 ms is cancelled
+            with pytest.raises(RecoverableStoreError, match="retry"), service._reading():
+                cursor.execute("SELECT pg_sleep(0.05)")
+    with override_settings(WOW={"CONTEXT_NAME": "order-service", "STORAGE": "django", "DATABASE_ALIAS": "wow_pg"}):
+        runtime = get_runtime()
+        assert runtime.backend("SNAPSHOT_STORE").snapshot_queries(runtime.snapshot_store, "order").max_time_ms == 10_000

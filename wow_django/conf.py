@@ -46,6 +46,9 @@ DEFAULTS: dict[str, Any] = {
     # holds the django backend's tables: migrate it with
     # ``manage.py migrate --database=<alias>``.
     "DATABASE_ALIAS": "default",
+    # PostgreSQL's statement_timeout for each query of the query API (the
+    # condition DSL) on the django backend; SQLite has no server-side limit.
+    "DATABASE_QUERY_TIMEOUT_MS": 10_000,
     # --- MongoDB ----------------------------------------------------------
     # mongodb://, mongodb+srv:// or mongomock:// (the embedded engine).
     # None means the embedded engine on database "wow".
@@ -209,6 +212,7 @@ VALIDATORS = {
     "PREPARE_STORE": _choice(STORAGE_CHOICES, optional=True),
     "BUS_STORE": _choice(STORAGE_CHOICES, optional=True),
     "DATABASE_ALIAS": _database_alias,
+    "DATABASE_QUERY_TIMEOUT_MS": _pos_int,
     "MONGO_URI": _optional_str,
     "EVENT_STREAM_DATABASE": _optional_str,
     "SNAPSHOT_DATABASE": _optional_str,

@@ -46,12 +46,13 @@ class DjangoBackend(Backend):
     def snapshot_queries(self, store, aggregate_name: str):
         from wow_django.backends.django.queries import DjangoSnapshotQueryService
 
-        return DjangoSnapshotQueryService(store, aggregate_name)
+        return DjangoSnapshotQueryService(store, aggregate_name, max_time_ms=wow_settings.DATABASE_QUERY_TIMEOUT_MS)
 
     def event_queries(self, store, aggregate_name: str):
         from wow_django.backends.django.queries import DjangoEventStreamQueryService
 
-        return DjangoEventStreamQueryService(store, aggregate_name)
+        return DjangoEventStreamQueryService(store, aggregate_name,
+                                             max_time_ms=wow_settings.DATABASE_QUERY_TIMEOUT_MS)
 
 
 __all__ = ["DjangoBackend"]

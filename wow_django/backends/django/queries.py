@@ -13,6 +13,7 @@ stores provide it)::
     store.using                      # the database alias, e.g. "default"
     store.queryset(aggregate_name)   # a QuerySet of that aggregate type's rows, on store.using
     store.max_time_ms                # optional: PostgreSQL statement timeout per query, in ms
+                                     # (the backend passes WOW['DATABASE_QUERY_TIMEOUT_MS'] instead)
 
 On PostgreSQL every query runs in a transaction (a savepoint inside an outer
 one) with ``jit = off`` and the optional ``statement_timeout``, set with
@@ -138,10 +139,11 @@ class DjangoQueryService(QueryService):
     #: Top-level document field -> model field, in document order.
     COLUMNS: ClassVar[Columns]
 
-    def __init__(self, store, aggregate_name: str, kind: str):
+    def __init__(self, store, aggregate_name: str, kind: str, *, max_time_ms: int | None = None):
         super().__init__(aggregate_name, kind)
         self.store = store
         self.using = store.using
+        self.max_time_ms = max_time_ms if max_time_ms is not None else getattr(store, "max_time_ms", None)
 
     @staticmethod
     def _refuse_raw(condition: Condition) -> None:
@@ -168,7 +170,7 @@ class DjangoQueryService(QueryService):
             ) from exc
 
     def _postgres_settings(self):
-        return query_settings(self.using, max_time_ms=getattr(self.store, "max_time_ms", None))
+        return query_settings(self.using, max_time_ms=self.max_time_ms)
 
     def _filtered(self, condition: Condition):
         """The rows matching ``condition``, or None when no row can (nothing needs to be read)."""
@@ -206,8 +208,8 @@ class DjangoSnapshotQueryService(DjangoQueryService):
 
     COLUMNS = SNAPSHOT_COLUMNS
 
-    def __init__(self, store, aggregate_name: str):
-        super().__init__(store, aggregate_name, SNAPSHOT)
+    def __init__(self, store, aggregate_name: str, *, max_time_ms: int | None = None):
+        super().__init__(store, aggregate_name, SNAPSHOT, max_time_ms=max_time_ms)
 
 
 class DjangoEventStreamQueryService(DjangoQueryService):
@@ -215,8 +217,8 @@ class DjangoEventStreamQueryService(DjangoQueryService):
 
     COLUMNS = EVENT_STREAM_COLUMNS
 
-    def __init__(self, store, aggregate_name: str):
-        super().__init__(store, aggregate_name, EVENT_STREAM)
+    def __init__(self, store, aggregate_name: str, *, max_time_ms: int | None = None):
+        super().__init__(store, aggregate_name, EVENT_STREAM, max_time_ms=max_time_ms)
 
 
 __all__ = [
