@@ -20,15 +20,23 @@ sessions terminated. The contract checked:
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal
 
 import psycopg
 from django.db import connections, transaction
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
+from psycopg import sql
 
+from sample_project.orders.aggregates import CancelOrder, OrderLine, PlaceOrder
+from wow_django.application.gateway import CommandResult, derived_aggregate_id
 from wow_django.application.queries import parse_count_query, parse_paged_query
+from wow_django.application.runtime import get_runtime
 from wow_django.backends.django.bus_store import DjangoBusStore
 from wow_django.backends.django.event_store import DjangoEventStore
 from wow_django.backends.django.models import EventStreamRow
@@ -37,29 +45,35 @@ from wow_django.backends.django.queries import DjangoEventStreamQueryService, Dj
 from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
 from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.bus import EventQuery
-from wow_django.persistence.records import AggregateId
+from wow_django.persistence.records import DEFAULT_TENANT_ID, AggregateId
 from wow_django.testing import make_snapshot, make_stream
 from wow_django.testing.bus_store import T0, make_event
 
 ALIAS = "wow_pg"
 
 
-def pg_admin() -> psycopg.Connection:
-    """An administrator's connection to the test database, past Django (its sessions are never terminated)."""
+#: The application name of the tests' administrator sessions, which are never terminated.
+ADMIN = "wow-outage-admin"
+
+
+def pg_admin(**kwargs) -> psycopg.Connection:
+    """An administrator's connection to the test database (or ``dbname``), past Django."""
     settings = connections[ALIAS].settings_dict
-    return psycopg.connect(host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
-                           password=settings["PASSWORD"] or None, dbname=settings["NAME"], autocommit=True)
+    options = {"host": settings["HOST"], "port": settings["PORT"], "user": settings["USER"],
+               "password": settings["PASSWORD"] or None, "dbname": settings["NAME"], "application_name": ADMIN,
+               "autocommit": True}
+    return psycopg.connect(**{**options, **kwargs})
 
 
 def terminate_sessions(admin: psycopg.Connection, pids: list[int] | None = None) -> int:
-    """End the sessions of the test database (all but ``admin``'s, or only ``pids``); how many ended."""
-    sql = ("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
-           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-    params: list = []
+    """End the sessions of the test database (all but the administrators', or only ``pids``); how many ended."""
+    query = ("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+             "WHERE datname = current_database() AND application_name <> %s")
+    params: list = [ADMIN]
     if pids is not None:
-        sql += " AND pid = ANY(%s)"
+        query += " AND pid = ANY(%s)"
         params.append(pids)
-    return admin.execute(sql, params).fetchone()[0]
+    return admin.execute(query, params).fetchone()[0]
 
 
 def own_pid() -> int:
@@ -233,9 +247,7 @@ class TestStoresOnADeadSession(OnPostgreSQL, TransactionTestCase):
 def killed_while_waiting(admin: psycopg.Connection, table: str, pid: int):
     """Lock ``table`` on a second administrator session; the first statement of session ``pid`` that waits on the
     lock gets its session terminated (by a thread, as the statement blocks its own)."""
-    settings = connections[ALIAS].settings_dict
-    locker = psycopg.connect(host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
-                             password=settings["PASSWORD"] or None, dbname=settings["NAME"])
+    locker = pg_admin(autocommit=False)
     locker.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
     done = threading.Event()
     killed: list[int] = []
@@ -258,3 +270,216 @@ def killed_while_waiting(admin: psycopg.Connection, table: str, pid: int):
         killer.join()
         locker.close()
     assert killed == [1], killed
+
+
+# --- outages --------------------------------------------------------------------------------------------------
+
+
+class SessionKiller:
+    """A thread terminating every session of the test database but its own, again and again, until stopped.
+
+    ``terminated`` counts the sessions it ended. Bounded: it stops by itself after ``limit_s``.
+    """
+
+    def __init__(self, *, pause_s: tuple[float, float] = (0.01, 0.05), limit_s: float = 20.0):
+        self.pause_s = pause_s
+        self.limit_s = limit_s
+        self.terminated = 0
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="session-killer", daemon=True)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit_s
+        try:
+            with pg_admin() as admin:
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    self.terminated += terminate_sessions(admin)
+                    self._stop.wait(random.uniform(*self.pause_s))
+        except BaseException as exc:  # reported by __exit__
+            self.errors.append(exc)
+
+    def __enter__(self) -> SessionKiller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "the session killer did not stop"
+        assert not self.errors, self.errors
+
+
+@contextlib.contextmanager
+def database_down():
+    """The test database refuses connections and its sessions are ended: a total outage, until the block ends."""
+    test_database = connections[ALIAS].settings_dict["NAME"]
+    name = sql.Identifier(test_database)
+    with pg_admin(dbname="postgres") as admin:  # a database may not refuse the session that changes it
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                          "AND application_name <> %s", [test_database, ADMIN])
+            yield
+        finally:
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
+
+
+def session_pid() -> int | None:
+    """The server process of this thread's current Django connection (dead or alive), without connecting."""
+    raw = connections[ALIAS].connection
+    return None if raw is None else raw.info.backend_pid
+
+
+def in_threads(count: int, target) -> None:
+    """``target(index)`` in the main thread (index 0) and ``count - 1`` more, each thread on its own Django
+    connection; all joined before returning."""
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            target(index)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"outage-worker-{i}") for i in range(1, count)]
+    for thread in threads:
+        thread.start()
+    run(0)
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads), "a worker did not finish"
+    assert not errors, errors
+
+
+ITEMS = [OrderLine(sku="A-1", quantity=2, unit_price=Decimal("3.50"))]
+
+
+@dataclass
+class Sent:
+    """What one request id was sent for, and how it ended the first time."""
+
+    request_id: str
+    command: object
+    aggregate_id: str | None
+    result: CommandResult | None = None
+    error: BaseException | None = None
+    met_a_termination: bool = False
+
+
+@dataclass
+class Ledger:
+    sent: dict[str, Sent] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, entry: Sent) -> None:
+        with self.lock:
+            assert entry.request_id not in self.sent
+            self.sent[entry.request_id] = entry
+
+    def succeeded(self) -> list[Sent]:
+        return [e for e in self.sent.values() if e.result is not None]
+
+    def failed(self) -> list[Sent]:
+        return [e for e in self.sent.values() if e.error is not None]
+
+
+def send_through_gateway(ledger: Ledger, request_id: str, command, aggregate_id: str | None = None) -> Sent:
+    """Send once; a RecoverableStoreError is an allowed outcome, anything else fails the test."""
+    entry = Sent(request_id, command, aggregate_id)
+    before = session_pid()
+    try:
+        entry.result = get_runtime().gateway.send(command, aggregate_id=aggregate_id, request_id=request_id)
+    except RecoverableStoreError as exc:
+        entry.error = exc
+    else:
+        assert entry.result.succeeded and not entry.result.duplicate, entry.result
+        entry.met_a_termination = before is not None and session_pid() != before
+    ledger.add(entry)
+    return entry
+
+
+def check_stored_once(test: TransactionTestCase, ledger: Ledger) -> set[str]:
+    """Every success stored once as reported; every aggregate's versions contiguous; no request id twice.
+
+    The request ids stored (each success's, and perhaps a failure's whose write landed).
+    """
+    connections[ALIAS].close()  # this thread's session may have been terminated: read on a new one
+    rows = list(EventStreamRow.objects.using(ALIAS).values_list("aggregate_id", "version", "request_id",
+                                                                 "command_id"))
+    request_ids = Counter(request_id for _, _, request_id, _ in rows)
+    test.assertEqual([r for r, n in request_ids.items() if n > 1], [])
+    by_aggregate: dict[str, list[int]] = {}
+    for aggregate_id, version, _, _ in rows:
+        by_aggregate.setdefault(aggregate_id, []).append(version)
+    for aggregate_id, versions in by_aggregate.items():
+        test.assertEqual(sorted(versions), list(range(1, len(versions) + 1)), aggregate_id)
+    stored = {request_id: (aggregate_id, version, command_id) for aggregate_id, version, request_id, command_id in rows}
+    test.assertLessEqual(set(stored), set(ledger.sent))
+    for entry in ledger.succeeded():
+        result = entry.result
+        test.assertEqual(stored.get(entry.request_id), (result.aggregate_id, result.aggregate_version,
+                                                        result.command_id), entry.request_id)
+    return set(stored)
+
+
+def place_order(request_id: str) -> PlaceOrder:
+    return PlaceOrder(customer_id=f"c-{request_id}", items=ITEMS)
+
+
+def cancel_order(request_id: str) -> CancelOrder:
+    return CancelOrder(reason=f"r-{request_id}")
+
+
+WOW = {"CONTEXT_NAME": "order-service", "STORAGE": "django", "DATABASE_ALIAS": ALIAS,
+       "COMMAND_RETRY_LIMIT": 8, "COMMAND_RETRY_BACKOFF_MS": 1.0}
+
+
+@override_settings(WOW=WOW)
+class TestGatewayDuringAnOutage(OnPostgreSQL, TransactionTestCase):
+    def test_commands_while_sessions_are_terminated(self):
+        ledger = Ledger()
+        outage_s = 2.5
+
+        def work(tag: str) -> None:
+            deadline = time.monotonic() + outage_s
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                placed = send_through_gateway(ledger, f"{tag}-{n}-place", place_order(f"{tag}-{n}"))
+                if placed.result is not None:
+                    send_through_gateway(ledger, f"{tag}-{n}-cancel", cancel_order(f"{tag}-{n}"),
+                                         placed.result.aggregate_id)
+
+        with SessionKiller() as killer:
+            in_threads(4, lambda i: work(f"w{i}"))  # the main thread and three workers
+        self.assertGreater(killer.terminated, 0)
+        succeeded = ledger.succeeded()
+        self.assertTrue(succeeded)
+        self.assertTrue(any(e.met_a_termination for e in succeeded), "no command was retried on a new session")
+        stored = check_stored_once(self, ledger)
+
+        # A total outage: every command fails after its retries, and nothing of it is stored.
+        connections[ALIAS].close()
+        orders = [send_through_gateway(ledger, f"ready-{i}-place", place_order(f"ready-{i}")) for i in range(2)]
+        self.assertTrue(all(e.result is not None for e in orders))
+        stored |= {e.request_id for e in orders}
+        with database_down():
+            down = [send_through_gateway(ledger, "down-place", place_order("down")),
+                    *(send_through_gateway(ledger, f"down-cancel-{i}", cancel_order(f"down-{i}"), e.result.aggregate_id)
+                      for i, e in enumerate(orders))]
+        for entry in down:
+            self.assertIsInstance(entry.error, RecoverableStoreError)
+        self.assertEqual(check_stored_once(self, ledger), stored)
+
+        # Sent again with their request ids, the failed commands complete, each once.
+        for entry in ledger.failed():
+            result = get_runtime().gateway.send(entry.command, aggregate_id=entry.aggregate_id,
+                                                request_id=entry.request_id)
+            self.assertTrue(result.succeeded, result)
+            # Stored by this send, or (a failure whose write had landed) by the first: then a duplicate.
+            self.assertEqual(result.duplicate, entry.request_id in stored, entry.request_id)
+            entry.result, entry.error = result, None
+        self.assertEqual(check_stored_once(self, ledger), set(ledger.sent))
+        self.assertEqual(derived_aggregate_id("order", DEFAULT_TENANT_ID, "down-place"),
+                         ledger.sent["down-place"].result.aggregate_id)
