@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import socket
 import threading
 import time
 import uuid
@@ -44,6 +45,7 @@ from wow_django.backends.django.prepare_key import DjangoPrepareKey
 from wow_django.backends.django.queries import DjangoEventStreamQueryService, DjangoSnapshotQueryService
 from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
 from wow_django.exceptions import RecoverableStoreError
+from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.bus import EventQuery
 from wow_django.persistence.records import DEFAULT_TENANT_ID, AggregateId
 from wow_django.testing import make_snapshot, make_stream
@@ -438,6 +440,15 @@ WOW = {"CONTEXT_NAME": "order-service", "STORAGE": "django", "DATABASE_ALIAS": A
 @override_settings(WOW=WOW)
 class TestGatewayDuringAnOutage(OnPostgreSQL, TransactionTestCase):
     def test_commands_while_sessions_are_terminated(self):
+        self.commands_while_sessions_are_terminated()
+
+    @override_settings(WOW={**WOW, "EVENT_STORE_BATCH": {"ENABLED": True, "LANE_COUNT": 2}})
+    def test_batched_appends_while_sessions_are_terminated(self):
+        """The same through the batching event store: its lanes append on connections of their own threads."""
+        self.assertIsInstance(get_runtime().event_store, BatchingEventStore)
+        self.commands_while_sessions_are_terminated()
+
+    def commands_while_sessions_are_terminated(self):
         ledger = Ledger()
         outage_s = 2.5
 
@@ -483,3 +494,192 @@ class TestGatewayDuringAnOutage(OnPostgreSQL, TransactionTestCase):
         self.assertEqual(check_stored_once(self, ledger), set(ledger.sent))
         self.assertEqual(derived_aggregate_id("order", DEFAULT_TENANT_ID, "down-place"),
                          ledger.sent["down-place"].result.aggregate_id)
+
+
+# --- a lost reply --------------------------------------------------------------------------------------------
+
+
+class CuttingProxy:
+    """A TCP proxy to PostgreSQL that, once armed, closes the client's side right after passing on a message
+    containing ``marker``: the server runs the statement (and commits it), the client never hears back."""
+
+    def __init__(self, host: str, port: int, marker: bytes):
+        self.target = (host, int(port))
+        self.marker = marker
+        self.armed = False
+        self.cuts = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, name="proxy-accept", daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self._sockets += [client, server]
+            for source, sink, watch in ((client, server, True), (server, client, False)):
+                thread = threading.Thread(target=self._pipe, args=(source, sink, watch), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, watch: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+                if watch and self.armed and self.marker in data:
+                    self.armed = False
+                    self.cuts += 1
+                    source.shutdown(socket.SHUT_RDWR)  # the client's side only: the server goes on
+                    return
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for sock in [self._listener, *self._sockets]:  # shutdown wakes a thread blocked on the socket; close alone would not
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+
+@override_settings(WOW=WOW)
+class TestALostReply(OnPostgreSQL, TransactionTestCase):
+    def test_an_append_that_landed_without_an_answer_is_the_commands_result(self):
+        """The INSERT commits but its answer is lost: the gateway finds its own stream and reports success, once,
+        not a DuplicateRequestId or DuplicateAggregateId from its retry."""
+        settings = connections[ALIAS].settings_dict
+        proxy = CuttingProxy(settings["HOST"], settings["PORT"], b"INSERT INTO \"wow_event_stream\"")
+        self.addCleanup(proxy.close)
+        original = (settings["HOST"], settings["PORT"])
+        connections[ALIAS].close()
+        settings["HOST"], settings["PORT"] = "127.0.0.1", str(proxy.port)
+        try:
+            gateway = get_runtime().gateway
+            ready = gateway.send(place_order("lost-0"), request_id="lost-0-place")
+            for request_id, command, aggregate_id in (
+                    ("lost-1-place", place_order("lost-1"), None),  # a create: its retry would meet v1 taken
+                    ("lost-0-cancel", cancel_order("lost-0"), ready.aggregate_id),
+                    (None, place_order("lost-2"), None)):  # no request id: its command id is looked up
+                with self.subTest(request_id):
+                    proxy.armed = True
+                    result = gateway.send(command, aggregate_id=aggregate_id, request_id=request_id)
+                    self.assertFalse(proxy.armed)  # the cut happened
+                    self.assertTrue(result.succeeded and not result.duplicate, result)
+                    stored = EventStreamRow.objects.using(ALIAS).filter(request_id=result.request_id)
+                    self.assertEqual([(r.aggregate_id, r.version, r.command_id) for r in stored],
+                                     [(result.aggregate_id, result.aggregate_version, result.command_id)])
+        finally:
+            connections[ALIAS].close()
+            settings["HOST"], settings["PORT"] = original
+        self.assertEqual(proxy.cuts, 3)
+        self.assertEqual(EventStreamRow.objects.using(ALIAS).count(), 4)
+
+
+# --- HTTP level ----------------------------------------------------------------------------------------------------
+
+
+def assert_unavailable(test: TransactionTestCase, response) -> dict:
+    """A 503 in the API's error shape naming the store error, with Retry-After."""
+    test.assertEqual(response.status_code, 503, response.content)
+    test.assertEqual(response["Retry-After"], "1")
+    body = response.json()
+    test.assertEqual(set(body), {"errorCode", "errorMsg", "bindingErrors"})
+    test.assertEqual(body["errorCode"], "STORE_UNAVAILABLE")
+    test.assertIn("retry", body["errorMsg"])
+    return body
+
+
+@override_settings(WOW=WOW)
+class TestAPIDuringAnOutage(OnPostgreSQL, TransactionTestCase):
+    available_apps = ["django.contrib.contenttypes", "django.contrib.auth", *OnPostgreSQL.available_apps]
+    ORDER = {"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 2, "unit_price": "3.50"}]}
+
+    def post_command(self, client, request_id: str, path: str, body: dict):
+        return client.post(f"/api/{path}", body, format="json", HTTP_WOW_REQUEST_ID=request_id)
+
+    def test_commands_and_reads_get_2xx_or_503(self):
+        from rest_framework.test import APIClient
+
+        sent: dict[str, tuple[str, dict]] = {}  # request id -> (path, body)
+        answered: dict[str, int] = {}  # request id -> the first answer's status
+        statuses: Counter = Counter()
+        lock = threading.Lock()
+
+        def record(request_id: str | None, path: str, body: dict | None, response) -> None:
+            self.assertIn(response.status_code, (200, 503), response.content)
+            if response.status_code == 503:
+                assert_unavailable(self, response)
+            with lock:
+                statuses[response.status_code] += 1
+                if request_id is not None:
+                    sent[request_id] = (path, body)
+                    answered[request_id] = response.status_code
+
+        def work(index: int) -> None:
+            client = APIClient()
+            deadline = time.monotonic() + 2.0
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                request_id = f"h{index}-{n}"
+                response = self.post_command(client, f"{request_id}-place", "order/place_order", self.ORDER)
+                record(f"{request_id}-place", "order/place_order", self.ORDER, response)
+                if response.status_code != 200:
+                    continue
+                order_id = response.json()["aggregateId"]
+                record(None, "state", None, client.get(f"/api/order/{order_id}/state"))
+                record(None, "count", None, client.post("/api/order/snapshot/count", {}, format="json"))
+                cancel = {"reason": "changed my mind"}
+                record(f"{request_id}-cancel", f"order/{order_id}/cancel_order", cancel,
+                       self.post_command(client, f"{request_id}-cancel", f"order/{order_id}/cancel_order", cancel))
+
+        with SessionKiller() as killer:
+            in_threads(3, work)
+        self.assertGreater(killer.terminated, 0)
+        self.assertGreater(statuses[200], 0)
+
+        client = APIClient()
+        connections[ALIAS].close()
+        placed = self.post_command(client, "ready-place", "order/place_order", self.ORDER)
+        self.assertEqual(placed.status_code, 200)
+        order_id = placed.json()["aggregateId"]
+        with database_down():
+            for request_id, path, body in (("down-place", "order/place_order", self.ORDER),
+                                           ("down-cancel", f"order/{order_id}/cancel_order", {"reason": "r"})):
+                record(request_id, path, body, self.post_command(client, request_id, path, body))
+                self.assertEqual(answered[request_id], 503)
+            for read in (lambda: client.get(f"/api/order/{order_id}/state"),
+                         lambda: client.get(f"/api/order/{order_id}/snapshot"),
+                         lambda: client.get(f"/api/order/{order_id}/event/1/10"),
+                         lambda: client.post("/api/order/snapshot/paged", {}, format="json"),
+                         lambda: client.post("/api/order/event/count", {}, format="json")):
+                assert_unavailable(self, read())
+
+        connections[ALIAS].close()
+        rows = list(EventStreamRow.objects.using(ALIAS).values_list("aggregate_id", "version", "request_id"))
+        self.assertEqual([r for r, n in Counter(r for _, _, r in rows).items() if n > 1], [])
+        stored = {r for _, _, r in rows}
+        self.assertLessEqual({r for r, status in answered.items() if status == 200}, stored)
+        self.assertNotIn("down-place", stored)
+        # The 503s, sent again with their request ids: 200, each stored once.
+        for request_id, status in answered.items():
+            if status == 503:
+                path, body = sent[request_id]
+                response = self.post_command(client, request_id, path, body)
+                self.assertEqual(response.status_code, 200, response.content)
+                self.assertEqual(response.json()["duplicate"], request_id in stored)
+        rows = list(EventStreamRow.objects.using(ALIAS).values_list("aggregate_id", "version", "request_id"))
+        self.assertEqual(Counter(r for _, _, r in rows), Counter(set(answered) | {"ready-place"}))
+        by_aggregate: dict[str, list[int]] = {}
+        for aggregate_id, version, _ in rows:
+            by_aggregate.setdefault(aggregate_id, []).append(version)
+        for aggregate_id, versions in by_aggregate.items():
+            self.assertEqual(sorted(versions), list(range(1, len(versions) + 1)), aggregate_id)
