@@ -319,6 +319,27 @@ def test_serve_runs_the_workers_and_consumers_and_stops_them_all(sample_env):
 
 
 @pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_demo_leaves_no_process_behind(sample_env):
+    """SIGKILL gives the demo no chance to stop its children: each of them ends with it all the same."""
+    if not (reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5672)):
+        pytest.skip("needs the Redis and RabbitMQ on 127.0.0.1 (.ci/run)")
+    port = free_port()
+    served = Served(sample_env, "wow_demo", "--orders", "2", "--serve", "--addrport", f"127.0.0.1:{port}")
+    tree: set[int] = set()
+    try:
+        served.wait_until_serving(f"http://127.0.0.1:{port}")
+        wait_for(lambda: served.output.count("Consuming ") >= 2, 30, "the consumers started")
+        tree = descendants(served.process.pid)
+        assert len(tree) == 5  # two Celery workers, two consumers, the serving child
+        served.process.kill()
+        served.process.wait(10)
+        wait_for(lambda: not [pid for pid in tree if alive(pid)], 30, "every child ended")
+    finally:
+        served.stop()
+
+
+@pytest.mark.integration
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
 def test_serve_with_no_broker_consumes_in_the_server_process(sample_env):
     """Nothing else on the machine: Celery eager, the bus on memory://, the consumers in the server's process."""

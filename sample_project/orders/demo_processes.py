@@ -104,7 +104,7 @@ def handed_down_environment() -> dict[str, str]:
 
 
 def _parent_death_signal():
-    """A ``preexec_fn`` asking Linux to SIGTERM the child when its parent dies (None elsewhere)."""
+    """A function asking Linux to SIGTERM the calling process when its parent dies (None elsewhere)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -115,10 +115,21 @@ def _parent_death_signal():
         return None
     pr_set_pdeathsig = 1
 
-    def preexec() -> None:
+    def die_with_parent() -> None:
         prctl(pr_set_pdeathsig, signal.SIGTERM)
 
-    return preexec
+    return die_with_parent
+
+
+def end_with_parent() -> None:
+    """Let this process receive SIGTERM when its parent dies (Linux), e.g. the autoreloader's serving child,
+    which Django starts without that: killed with SIGKILL, the demo would otherwise leave it serving."""
+    parent = os.getppid()
+    die_with_parent = _parent_death_signal()
+    if die_with_parent is not None:
+        die_with_parent()
+        if os.getppid() != parent:  # the parent died before the request: no signal will come
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class DemoProcesses:

@@ -46,6 +46,7 @@ from sample_project.orders.demo_processes import (
     celery_parts,
     consume_in_threads,
     consumer_parts,
+    end_with_parent,
     handed_down_environment,
     separately,
 )
@@ -82,6 +83,7 @@ class Command(BaseCommand):
             raise CommandError("--orders must be ≥ 1")
         if serve and not noreload and os.environ.get(DJANGO_AUTORELOAD_ENV) == "true":
             # The autoreloader's serving child: the first process filled the database and runs the rest.
+            end_with_parent()
             self.run_server(addrport, use_reloader=True)
             return
         self.fill(orders, seed)
