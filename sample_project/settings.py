@@ -1,17 +1,71 @@
 """Settings of the sample order service.
 
-Runs on embedded defaults with no environment at all: SQLite for Django's own
-tables, the embedded MongoDB engine (mongomock://) for events and snapshots.
+With no environment at all everything the demo keeps is in one SQLite file,
+``sample.sqlite3`` next to ``manage.py`` (git-ignored): Django's own tables,
+and — through ``WOW["STORAGE"]``'s default, the django backend — the events,
+snapshots, PrepareKey reservations, bus records and the downstream services'
+rows. Every process that uses these settings (``runserver``, gunicorn, a
+shell, a Celery worker, ``wow_consume``) sees the same data; delete the file to
+start over.
+
 Environment variables switch to real servers:
 
-- ``WOW_MONGO_URI``: e.g. ``mongodb://localhost:27017/order_service``
-- PostgreSQL for Django's own tables with ``SAMPLE_POSTGRES_DB`` (and
-  ``SAMPLE_POSTGRES_HOST``/``_USER``/``_PASSWORD``/``_PORT``); otherwise
-  SQLite at ``SAMPLE_SQLITE_PATH`` (default ``sample.sqlite3`` here).
+- ``SAMPLE_POSTGRES_DB`` (and ``SAMPLE_POSTGRES_HOST``/``_USER``/``_PASSWORD``/
+  ``_PORT``): PostgreSQL instead of SQLite; otherwise SQLite at
+  ``SAMPLE_SQLITE_PATH`` (default ``sample.sqlite3`` here).
+- ``WOW_MONGO_URI``: events, snapshots and bus records on MongoDB instead
+  (``mongodb://localhost:27017/order_service``).
+- ``CELERY_BROKER_URL``: the Celery broker (default ``redis://127.0.0.1:6379/0``).
+- ``CELERY_REDIS_KEY_PREFIX``: a prefix for every key Celery writes to Redis,
+  so that several projects (or test runs) can share one Redis database.
+- ``CELERY_EAGER``: ``1`` runs tasks inline in the process that queues them,
+  ``0`` sends them to the broker for a worker.
+- ``WOW_BUS_TRANSPORT_URL``: the integration-event bus's broker
+  (``amqp://user:password@host:5672//``); ``WOW_BUS_EXCHANGE`` its topic
+  exchange (default ``wow.bus``; a name of its own keeps several projects
+  on one broker apart).
+
+**Probing what runs on this machine.** A demo should work on a fresh machine
+with nothing else started, and use a broker when there is one. So when
+``CELERY_EAGER`` or ``WOW_BUS_TRANSPORT_URL`` is not set, these settings open
+a TCP connection (nothing is sent; at most 0.3 s, and a closed local port
+answers at once) to decide:
+
+- Celery runs **non-eagerly** when the broker's host and port accept a
+  connection — tasks (bus rollups, commands sent with ``SENT``) then need a
+  worker, which ``manage.py wow_demo --serve`` starts — and **eagerly**
+  otherwise: each task runs inline, in the process that queued it, which is
+  correct, only not in the background.
+- The bus goes over **RabbitMQ** when ``SAMPLE_AMQP_URL`` (default
+  ``amqp://guest:guest@127.0.0.1:5672//``) accepts a connection; else over
+  **Redis** when the Celery broker's server does (kombu's ``redis://``
+  transport, in the next database number — the broker's own database keeps
+  Celery's queues alone); else over kombu's **memory://**, which never leaves
+  a process, so the consumers must run inside the serving process (``wow_demo
+  --serve`` runs them there in threads; ``wow_django.W005`` warns about it
+  when ``DEBUG`` is off). The Redis transport works with the bus because
+  kombu routes the topic exchange through bindings kept in Redis (seen by
+  every process) and an empty exchange name straight to the queue of that
+  name, which is how a consumer gives a failed message back to its own queue
+  on non-AMQP transports. It has no publisher confirms and redelivers a dead
+  consumer's unacknowledged messages only after kombu's visibility timeout
+  (an hour): a development stand-in, RabbitMQ is the production transport.
+
+The probes run once per process, when the settings are imported. A process
+that starts others (``wow_demo --serve``) hands its answers down through
+``CELERY_EAGER`` and ``WOW_BUS_TRANSPORT_URL`` so that they all agree. Set
+both variables to skip probing altogether (production does: a server that is
+down must be an error there, not a quiet fallback).
+
+``SNAPSHOT_MODE`` stays ``inline`` (the dispatcher saves snapshots), so no
+shared cache is needed: the per-process default cache is enough
+(``wow_django.W003`` is about ``SNAPSHOT_MODE="celery"``).
 """
 
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -97,22 +151,69 @@ SPECTACULAR_SETTINGS = {
     "OAS_VERSION": "3.1.0",  # the command schemas are pydantic's JSON Schema 2020-12
 }
 
+
+# --- what runs on this machine (see the module docstring) --------------------------------
+_PROBED: dict[tuple[str, int], bool] = {}
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    """Whether the URL's host accepts a TCP connection on its port within 0.3 s (nothing is sent)."""
+    parts = urlsplit(url)
+    if not parts.hostname:  # e.g. a unix socket: configured on purpose, taken as it is
+        return True
+    try:
+        key = (parts.hostname, parts.port or default_port)
+    except ValueError:  # a malformed port: Celery or kombu will say what is wrong with it
+        return True
+    if key not in _PROBED:
+        try:
+            socket.create_connection(key, timeout=0.3).close()
+            _PROBED[key] = True
+        except OSError:
+            _PROBED[key] = False
+    return _PROBED[key]
+
+
+def _next_redis_database(url: str) -> str:
+    """The same Redis server as ``url``, one database number further (wrapping below 16)."""
+    parts = urlsplit(url)
+    path = parts.path.strip("/")
+    database = int(path) if path.isdigit() else 0
+    return urlunsplit((parts.scheme, parts.netloc, f"/{(database + 1) % 16}", "", ""))
+
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+SAMPLE_AMQP_URL = os.environ.get("SAMPLE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+if os.environ.get("CELERY_EAGER") in ("0", "1"):
+    CELERY_TASK_ALWAYS_EAGER = os.environ["CELERY_EAGER"] == "1"
+else:
+    CELERY_TASK_ALWAYS_EAGER = not _reachable(CELERY_BROKER_URL, 6379)
+
+if os.environ.get("WOW_BUS_TRANSPORT_URL"):
+    BUS_TRANSPORT_URL = os.environ["WOW_BUS_TRANSPORT_URL"]
+elif _reachable(SAMPLE_AMQP_URL, 5672):
+    BUS_TRANSPORT_URL = SAMPLE_AMQP_URL
+elif CELERY_BROKER_URL.startswith("redis://") and _reachable(CELERY_BROKER_URL, 6379):
+    BUS_TRANSPORT_URL = _next_redis_database(CELERY_BROKER_URL)
+else:
+    BUS_TRANSPORT_URL = "memory://"
+
 WOW = {
     "CONTEXT_NAME": "order-service",
     "SERVICE_NAME": "order-service",
     "SNAPSHOT_STRATEGY": "all",
+    "BUS_TRANSPORT_URL": BUS_TRANSPORT_URL,
+    "BUS_EXCHANGE": os.environ.get("WOW_BUS_EXCHANGE", "wow.bus"),
 }
 if os.environ.get("WOW_MONGO_URI"):
     WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]
-if os.environ.get("WOW_BUS_TRANSPORT_URL"):
-    WOW["BUS_TRANSPORT_URL"] = os.environ["WOW_BUS_TRANSPORT_URL"]
 
 # --- Celery ----------------------------------------------------------------------
-# Redis is the broker. On the embedded Mongo engine a worker process could not
-# see this process's data, so tasks run eagerly unless CELERY_EAGER=0.
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+# Redis is the broker (and keeps the results); eager or not: see above.
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", CELERY_BROKER_URL)
-CELERY_TASK_ALWAYS_EAGER = os.environ.get("CELERY_EAGER", "0" if os.environ.get("WOW_MONGO_URI") else "1") == "1"
+if os.environ.get("CELERY_REDIS_KEY_PREFIX"):  # several projects (or test runs) sharing one Redis database
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": os.environ["CELERY_REDIS_KEY_PREFIX"]}
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = CELERY_BROKER_TRANSPORT_OPTIONS
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -124,6 +225,3 @@ CELERY_TASK_ROUTES = {"wow_django.bus.rollup": {"queue": "wow.bus.rollup"}}
 CELERY_BEAT_SCHEDULE = {
     "wow-bus-relay-pending": {"task": "wow_django.bus.relay_pending", "schedule": 30.0},
 }
-
-# The embedded engine lives in one process: its warning is expected here.
-SILENCED_SYSTEM_CHECKS = [] if os.environ.get("WOW_MONGO_URI") else ["wow_django.W001"]

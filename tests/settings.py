@@ -8,6 +8,11 @@ Each test run gets its own test databases (the process id is in their names),
 so concurrent runs on one machine do not collide. Neither depends on
 ``default`` (``TEST['DEPENDENCIES']``), so tests that use only one of them can
 run alone.
+
+The sample's settings probe for Redis and RabbitMQ; the suite does not follow
+them: Celery stays eager and the bus on ``memory://`` unless ``CELERY_EAGER``
+or ``WOW_BUS_TRANSPORT_URL`` say otherwise (tests that need a broker bring
+their own).
 """
 
 import os
@@ -44,6 +49,8 @@ DATABASES = {
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
+CELERY_TASK_ALWAYS_EAGER = os.environ.get("CELERY_EAGER", "1") == "1"
+WOW = {**WOW, "BUS_TRANSPORT_URL": os.environ.get("WOW_BUS_TRANSPORT_URL", "memory://")}  # noqa: F405
 
 # A test-only app with tables shaped like the django backend's (tests/query_app).
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.query_app"]  # noqa: F405

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+import uuid
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
+
+from wow_django.testing.bus import amqp_url, delete_amqp_entities, unique_exchange
 
 from .support import fresh_wow
 
@@ -56,37 +64,305 @@ def get(url: str) -> tuple[int, str]:
         return response.status, response.read().decode()
 
 
-@pytest.mark.integration
-def test_the_readme_demo_command_serves_the_site(tmp_path):
-    """``manage.py wow_demo --serve``: fills, migrates and serves in one process."""
-    port = free_port()
-    env = {**os.environ, "SAMPLE_SQLITE_PATH": str(tmp_path / "demo.sqlite3"), "PYTHONUNBUFFERED": "1"}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "wow_demo", "--orders", "4", "--serve", "--addrport", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+def post(url: str, body: dict) -> tuple[int, object]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - localhost only
+        return response.status, json.loads(response.read())
+
+
+def reachable(host: str, port: int) -> bool:
     try:
-        deadline = time.monotonic() + 60
-        status = None
-        while time.monotonic() < deadline and process.poll() is None:
+        socket.create_connection((host, port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+CLOSED = "127.0.0.1:1"  # nothing listens there: "no Redis, no RabbitMQ"
+SAMPLE_CONSUMERS = ("member-service", "message-service")
+
+
+@pytest.fixture
+def sample_env(tmp_path):
+    """The environment of a fresh checkout's sample project, on its own SQLite file.
+
+    Its own bus exchange and Celery key prefix: other test runs and demos on this
+    machine share the Redis and the RabbitMQ, and must not take this one's messages.
+    What it declared there is deleted afterwards.
+    """
+    exchange = unique_exchange("wow.sample-test")
+    prefix = f"wow-sample-test-{uuid.uuid4().hex[:10]}:"
+    env = {**os.environ, "SAMPLE_SQLITE_PATH": str(tmp_path / "sample.sqlite3"), "PYTHONUNBUFFERED": "1",
+           "WOW_BUS_EXCHANGE": exchange, "CELERY_REDIS_KEY_PREFIX": prefix, "SAMPLE_AMQP_URL": amqp_url()}
+    for name in ("DJANGO_SETTINGS_MODULE", "CELERY_EAGER", "WOW_BUS_TRANSPORT_URL", "RUN_MAIN"):
+        env.pop(name, None)
+    yield env
+    if reachable("127.0.0.1", 5672):
+        delete_amqp_entities(amqp_url(), exchange, SAMPLE_CONSUMERS)
+    if reachable("127.0.0.1", 6379):
+        import redis
+
+        for database in (0, 1):  # Celery's, and the bus's when it falls back to Redis
+            client = redis.Redis(host="127.0.0.1", port=6379, db=database)
+            keys = [*client.scan_iter(f"{prefix}*"), *client.scan_iter(f"*{exchange}*")]
+            if keys:
+                client.delete(*keys)
+            client.close()
+
+
+def manage(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+COUNT = """
+import json
+from sample_project.orders.models import Notice, PointsEntry
+from wow_django.application.runtime import get_runtime
+from wow_django.bus import get_bus
+store = get_runtime().gateway.event_store
+print("COUNTS", json.dumps({
+    "orders": sum(1 for _ in store.iter_all("order")), "customers": sum(1 for _ in store.iter_all("customer")),
+    "bus events": get_bus().list_events(size=1)["total"], "points entries": PointsEntry.objects.count(),
+    "notices": Notice.objects.count()}))
+"""
+
+
+def counts(env: dict) -> dict:
+    """What a separate process (``manage.py shell``) finds in the sample's database."""
+    shell = manage(env, "shell", "--no-imports", "-c", COUNT)
+    assert shell.returncode == 0, shell.stderr
+    line = next(line for line in shell.stdout.splitlines() if line.startswith("COUNTS "))
+    return json.loads(line.removeprefix("COUNTS "))
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout:g}s")
+
+
+# --- processes: what a process started, and whether any of it is still alive (Linux /proc) ---------------
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
             try:
-                status, body = get(f"http://127.0.0.1:{port}/admin/login/")
-                break
+                stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
-                time.sleep(0.25)
-        assert status == 200, "the demo server did not answer"
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+class Served:
+    """A ``manage.py`` process whose output is collected as it comes (a thread reads it)."""
+
+    def __init__(self, env: dict, *args: str):
+        self.process = subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_until_serving(self, base: str, timeout: float = 90.0) -> None:
+        def answers():
+            assert self.process.poll() is None, f"the process ended:\n{self.output}"
+            try:
+                return get(f"{base}/admin/login/")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(answers, timeout, "the server answering")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, as a supervisor stops it; SIGKILL for whatever is left after ``timeout`` (a test failure)."""
+        started = descendants(self.process.pid)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        for pid in started:  # never leave a process behind, even when the test fails
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.reader.join(10)
+        return code
+
+
+def place_and_pay(base: str, customer: str) -> str:
+    status, placed = post(f"{base}/api/order/place_order",
+                          {"customer_id": customer, "items": [{"sku": "T-1", "quantity": 2, "unit_price": "5.00"}]})
+    assert status == 200 and placed["errorCode"] == "Ok", placed
+    status, paid = post(f"{base}/api/order/{placed['aggregateId']}/pay_order", {"amount": "10.00", "payment_id": "p-1"})
+    assert status == 200 and paid["errorCode"] == "Ok", paid
+    return placed["aggregateId"]
+
+
+# --- the tests -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_readme_demo_command_serves_the_site(sample_env):
+    """``manage.py wow_demo --serve`` (the README's first command): fills, migrates and serves."""
+    port = free_port()
+    served = Served(sample_env, "wow_demo", "--orders", "4", "--serve", "--addrport", f"127.0.0.1:{port}")
+    try:
+        served.wait_until_serving(f"http://127.0.0.1:{port}")
+        status, body = get(f"http://127.0.0.1:{port}/admin/login/")
         assert "Django administration" in body or "Log in" in body
         status, _ = get(f"http://127.0.0.1:{port}/api/docs/")
         assert status == 200
     finally:
-        process.terminate()
-        try:
-            output, _ = process.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output, _ = process.communicate()
-    assert "orders by status:" in output
+        served.stop()
+    assert "orders by status:" in served.output
+    assert "did not settle" not in served.output
+
+
+def test_rerunning_the_demo_adds_nothing(sample_env):
+    first = manage(sample_env, "wow_demo", "--orders", "4")
+    assert first.returncode == 0, first.stderr
+    before = counts(sample_env)
+    assert before["orders"] == 4 + 3 and before["customers"] == 2 and before["bus events"] > 0
+
+    again = manage(sample_env, "wow_demo", "--orders", "4")
+    assert again.returncode == 0, again.stderr
+    assert "(already there)" in again.stdout
+    assert "4 of these 4 orders were already there (same request ids): nothing added" in again.stdout
+    assert "Bus demo: 3 paid orders published order.purchased" in again.stdout
+    assert "did not settle" not in again.stdout
+    assert counts(sample_env) == before
+
+
+def test_a_second_process_sees_the_demo_orders_over_the_api(sample_env):
+    filled = manage(sample_env, "wow_demo", "--orders", "4")
+    assert filled.returncode == 0, filled.stderr
+    assert counts(sample_env)["orders"] == 4 + 3  # a shell, a process of its own
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = Served(sample_env, "runserver", "--noreload", f"127.0.0.1:{port}")
+    try:
+        server.wait_until_serving(base)
+        assert post(f"{base}/api/order/snapshot/count", {})[1] == 7
+        status, orders = post(f"{base}/api/order/snapshot/list", {"limit": 20})
+        assert status == 200 and len(orders) == 7
+        status, body = get(f"{base}/api/order/{orders[0]['aggregateId']}/state")
+        assert status == 200
+        assert json.loads(body)["status"] in {"PLACED", "PAID", "SHIPPED", "CANCELLED"}
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_serve_runs_the_workers_and_consumers_and_stops_them_all(sample_env):
+    """With Redis and RabbitMQ: two Celery workers and a ``wow_consume`` per consumer, children of the demo."""
+    if not (reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5672)):
+        pytest.skip("needs the Redis and RabbitMQ on 127.0.0.1 (.ci/run)")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    served = Served(sample_env, "wow_demo", "--orders", "2", "--serve", "--addrport", f"127.0.0.1:{port}")
+    started: dict[str, str] = {}
+    tree: set[int] = set()
+    try:
+        served.wait_until_serving(base)
+        started = dict(re.findall(r"started (.+) \(pid (\d+)\)", served.output))
+        assert set(started) == {"celery worker", "celery rollup worker", "consumer member-service",
+                                "consumer message-service"}
+        pids = {int(pid) for pid in started.values()}
+        tree = descendants(served.process.pid)
+        assert pids <= tree and all(alive(pid) for pid in pids)
+        assert len(tree - pids) >= 1  # the autoreloader's serving child (and nothing of it survives either)
+
+        # An order paid over the API is consumed by the wow_consume processes, which write their own rows.
+        points = counts(sample_env)["points entries"]
+        place_and_pay(base, "user-Q")
+        wait_for(lambda: counts(sample_env)["points entries"] == points + 1, 60, "member-service's points")
+    finally:
+        code = served.stop()
+    assert code == 0
+    assert not [pid for pid in tree if alive(pid)], served.output
+    for name in started:
+        assert f"stopped {name} (pid {started[name]})" in served.output
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_demo_leaves_no_process_behind(sample_env):
+    """SIGKILL gives the demo no chance to stop its children: each of them ends with it all the same."""
+    if not (reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5672)):
+        pytest.skip("needs the Redis and RabbitMQ on 127.0.0.1 (.ci/run)")
+    port = free_port()
+    served = Served(sample_env, "wow_demo", "--orders", "2", "--serve", "--addrport", f"127.0.0.1:{port}")
+    tree: set[int] = set()
+    try:
+        served.wait_until_serving(f"http://127.0.0.1:{port}")
+        wait_for(lambda: served.output.count("Consuming ") >= 2, 30, "the consumers started")
+        tree = descendants(served.process.pid)
+        assert len(tree) == 5  # two Celery workers, two consumers, the serving child
+        served.process.kill()
+        served.process.wait(10)
+        wait_for(lambda: not [pid for pid in tree if alive(pid)], 30, "every child ended")
+    finally:
+        served.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_serve_with_no_broker_consumes_in_the_server_process(sample_env):
+    """Nothing else on the machine: Celery eager, the bus on memory://, the consumers in the server's process."""
+    env = {**sample_env, "CELERY_BROKER_URL": f"redis://{CLOSED}/0", "SAMPLE_AMQP_URL": f"amqp://guest:guest@{CLOSED}//"}
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    served = Served(env, "wow_demo", "--orders", "2", "--serve", "--addrport", f"127.0.0.1:{port}")
+    tree: set[int] = set()
+    try:
+        served.wait_until_serving(base)
+        assert "Celery: eager" in served.output and "bus: memory://" in served.output
+        assert "started " not in served.output
+        tree = descendants(served.process.pid)
+        assert len(tree) == 1  # only the autoreloader's serving child
+        assert f"Consuming in this process ({next(iter(tree))}): member-service, message-service" in served.output
+
+        points = counts(env)["points entries"]
+        place_and_pay(base, "user-R")
+        wait_for(lambda: counts(env)["points entries"] == points + 1, 60, "member-service's points")
+    finally:
+        code = served.stop()
+    assert code == 0
+    assert not [pid for pid in tree if alive(pid)]
 
 
 def test_no_model_change_lacks_a_migration(db):

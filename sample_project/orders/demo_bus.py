@@ -1,11 +1,17 @@
-"""The bus scenario of seed 004 §7, end to end in one process.
+"""The bus scenario of seed 004 §7, end to end.
 
 ``run_bus_demo(stdout)`` configures the topic consumers, places and pays a few
 orders through the command gateway (the event processor publishes
 ``order.purchased``), runs ``member-service`` and ``message-service`` as
-consumer workers in threads until every event of those purchases has settled,
-then writes each purchase's events with their status ("2/2 consumed") and the
-trace tree of the first purchase.
+consumer workers in threads of this process until every event of those
+purchases has settled, then writes each purchase's events with their status
+("2/2 consumed") and the trace tree of the first purchase.
+
+The commands have fixed request ids and the purchases fixed trace ids: run
+again, nothing is placed, paid or published twice, and the same traces are
+shown. On a broker (``amqp://``, ``redis://``) other consumer processes
+(``manage.py wow_consume``) may take some of the events; every event settles
+all the same.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ def _settled(bus, trace_ids: list[str]) -> dict[str, dict] | None:
     return traces
 
 
-def run_bus_demo(stdout, *, orders: int = 3, timeout: float = 60.0) -> None:
+def run_bus_demo(stdout, *, orders: int = 3, timeout: float = 60.0, also_settle: list[str] = ()) -> None:
+    """``also_settle``: trace ids of other purchases to wait for (not shown), e.g. those of ``wow_demo``'s orders."""
     bus = get_bus()
     configure_topic_consumers(bus)
     gateway = get_runtime().gateway
@@ -61,19 +68,24 @@ def run_bus_demo(stdout, *, orders: int = 3, timeout: float = 60.0) -> None:
         for n in range(orders):
             items = [OrderLine(sku=f"SKU-{n + 1}", quantity=n + 1, unit_price=Decimal("49.90"))]
             placed = gateway.send(PlaceOrder(customer_id=f"user-{'ABC'[n % 3]}", items=items),
-                                  operator=f"user-{'ABC'[n % 3]}")
+                                  request_id=f"demo-bus-order-{n + 1}", operator=f"user-{'ABC'[n % 3]}")
             total = Decimal("49.90") * (n + 1)
+            trace_id = f"trace-demo-bus-{n + 1}"
             paid = gateway.send(PayOrder(amount=total, payment_id=f"pay-{n + 1}"), aggregate_id=placed.aggregate_id,
-                                operator=f"user-{'ABC'[n % 3]}", wait=WaitStage.PROJECTED)
+                                request_id=f"demo-bus-pay-{n + 1}", operator=f"user-{'ABC'[n % 3]}",
+                                header={"traceId": trace_id}, wait=WaitStage.PROJECTED)
             if not paid.succeeded:
                 stdout.write(f"order {placed.aggregate_id}: {paid.error_code} {paid.error_msg}\n")
                 continue
-            trace_ids.append(f"trace-{paid.command_id}")
+            trace_ids.append(trace_id)
         deadline = time.monotonic() + timeout
-        traces = _settled(bus, trace_ids)
+        awaited = [*trace_ids, *also_settle]
+        traces = _settled(bus, awaited)
         while traces is None and time.monotonic() < deadline:
             time.sleep(0.05)
-            traces = _settled(bus, trace_ids)
+            traces = _settled(bus, awaited)
+        if traces is not None:
+            traces = {trace_id: traces[trace_id] for trace_id in trace_ids}
     finally:
         for worker in workers:
             worker.stop()
