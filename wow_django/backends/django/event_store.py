@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from django.db import DataError, IntegrityError, transaction
 
-from wow_django.backends.django.connection import database, prepare_database
+from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow
 from wow_django.exceptions import (
@@ -197,7 +197,7 @@ class DjangoEventStore(EventStore):
             with store_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
                 # Inside the caller's transaction a savepoint keeps a conflict from breaking it.
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
-                with atomic, connection.cursor() as cursor:
+                with sqlite_writer(connection), atomic, connection.cursor() as cursor:
                     cursor.execute(self._insert_sql + self._row_sql, values)
         except IntegrityError as exc:
             raise self._conflict(connection, stream, exc) from exc
@@ -255,7 +255,7 @@ class DjangoEventStore(EventStore):
         try:
             with store_errors(connection, f"appending {len(rows)} event streams"):
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
-                with atomic, connection.cursor() as cursor:
+                with sqlite_writer(connection), atomic, connection.cursor() as cursor:
                     cursor.execute(sql, params)
                     stored = cursor.fetchall()
         except RecoverableStoreError as exc:
@@ -285,7 +285,7 @@ class DjangoEventStore(EventStore):
                      results: list[Exception | None]) -> None:
         try:
             with store_errors(connection, f"appending {len(indexes)} event streams"):
-                with transaction.atomic(using=self.using):
+                with sqlite_writer(connection), transaction.atomic(using=self.using):
                     for index in indexes:
                         stream = streams[index]
                         try:

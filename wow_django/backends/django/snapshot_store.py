@@ -16,7 +16,7 @@ integer column: a stored version is never missing or of another type.
 
 from __future__ import annotations
 
-from wow_django.backends.django.connection import database, prepare_database
+from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.models import SnapshotRow
 from wow_django.persistence.contracts import SnapshotStore
@@ -84,5 +84,5 @@ class DjangoSnapshotStore(SnapshotStore):
         connection = database(self.using)
         params = [field.get_db_prep_save(value, connection) for field, value in zip(self._fields, values, strict=True)]
         with store_errors(connection, f"saving the snapshot of {agg.aggregate_name} {agg.id!r}"):
-            with connection.cursor() as cursor:
+            with sqlite_writer(connection), connection.cursor() as cursor:
                 cursor.execute(self._sql, params)
