@@ -46,6 +46,7 @@ _COLUMNS = ("stream_id", "context_name", "tenant_id", "owner_id", "request_id", 
 
 _INSERT_FIELDS = [field for field in EventStreamRow._meta.concrete_fields if not field.primary_key]
 _JSON_FIELDS = {"header", "body"}
+_encode_json = CanonicalJSONEncoder().encode
 # What RETURNING gives back to tell the inserted streams of a batch.
 _IDENTITY = ("stream_id", "aggregate_name", "aggregate_id", "version")
 
@@ -141,6 +142,7 @@ class DjangoEventStore(EventStore):
         self.request_id_index = request_id_index
         self._global = request_id_index == "global"
         self._scopes_checked: set[str] = set()
+        self._read_sql: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
     def _rows(self):
@@ -150,8 +152,14 @@ class DjangoEventStore(EventStore):
         """The rows of one aggregate type (what the query services compile against)."""
         return self._rows().filter(aggregate_name=aggregate_name)
 
-    def _values(self, stream: EventStream, connection) -> list:
-        """The row of ``stream``, adapted for ``connection``, in the order of :data:`_INSERT_FIELDS`."""
+    def _values(self, stream: EventStream) -> list:
+        """The row of ``stream`` in the order of :data:`_INSERT_FIELDS`, JSON columns as canonical JSON text.
+
+        Text suits both engines (PostgreSQL casts it to ``jsonb``, as a column
+        of the insert), and encoding here, with one encoder, spares building an
+        encoder per value; a body that is not JSON is a ``TypeError``/``ValueError``
+        before any statement runs, on either engine.
+        """
         agg = stream.aggregate_id
         row = {
             "stream_id": stream.id, "context_name": agg.context_name, "aggregate_name": agg.aggregate_name,
@@ -162,9 +170,8 @@ class DjangoEventStore(EventStore):
                      for e in stream.body],
             "size": len(stream.body), "create_time": stream.create_time,
         }
-        adapt = connection.ops.adapt_json_value
-        return [adapt(row[field.attname], CanonicalJSONEncoder) if field.attname in _JSON_FIELDS
-                else row[field.attname] for field in _INSERT_FIELDS]
+        return [_encode_json(row[field.attname]) if field.attname in _JSON_FIELDS else row[field.attname]
+                for field in _INSERT_FIELDS]
 
     # --- the request-id mode ----------------------------------------------------------------------
 
@@ -191,7 +198,7 @@ class DjangoEventStore(EventStore):
     def append(self, stream: EventStream) -> None:
         self._check_scope(stream.aggregate_name)
         connection = database(self.using)
-        values = self._values(stream, connection)
+        values = self._values(stream)
         agg = stream.aggregate_id
         try:
             with store_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
@@ -243,7 +250,7 @@ class DjangoEventStore(EventStore):
         rows: list[int] = []
         for index in indexes:
             try:
-                params.extend(self._values(streams[index], connection))
+                params.extend(self._values(streams[index]))
             except (TypeError, ValueError) as exc:  # a body that is not JSON
                 results[index] = exc
             else:
@@ -263,8 +270,8 @@ class DjangoEventStore(EventStore):
                 results[index] = exc
             return
         except (DataError, IntegrityError, TypeError, ValueError):
-            # A stream the database cannot hold (or, on PostgreSQL, whose body is not JSON: encoded as the
-            # statement runs) fails the whole statement: store the chunk stream by stream to isolate it.
+            # A stream the database cannot hold fails the whole statement: store the chunk stream by
+            # stream to isolate it.
             self._insert_each(connection, streams, rows, results)
             return
         inserted: dict[tuple, list[int]] = {}
@@ -290,7 +297,7 @@ class DjangoEventStore(EventStore):
                         stream = streams[index]
                         try:
                             with transaction.atomic(using=self.using), connection.cursor() as cursor:
-                                cursor.execute(self._insert_sql + self._row_sql, self._values(stream, connection))
+                                cursor.execute(self._insert_sql + self._row_sql, self._values(stream))
                         except IntegrityError as exc:
                             results[index] = self._conflict(connection, stream, exc)
                         except DataError as exc:
@@ -357,7 +364,9 @@ class DjangoEventStore(EventStore):
                  order: str = "ORDER BY {version}") -> list[EventStream]:
         """The streams of one aggregate matching ``condition`` (raw SQL: the hot read path skips the ORM)."""
         connection = database(self.using)
-        sql = f"{self._select_sql} {condition} {order}".format_map(self._names)
+        sql = self._read_sql.get((condition, order))
+        if sql is None:  # a few constant shapes: built once each
+            sql = self._read_sql[condition, order] = f"{self._select_sql} {condition} {order}".format_map(self._names)
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
             with connection.cursor() as cursor:
                 cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, *params))
