@@ -4,9 +4,9 @@ Same work as ``bench_store.py``: ``--aggregates`` aggregates × ``--versions``
 appends each (one event per append, one call per append) over ``--threads``
 threads, then five full loads per aggregate. Each row runs on fresh tables:
 a new SQLite file (WAL) and a new PostgreSQL database that is dropped
-afterwards; each row is the best of ``--repeat`` runs on its tables. Batching
-is shown off, with the default 1 ms window and with a 0 ms window. The
-baselines are pyeventsourcing's SQLite and PostgreSQL aggregate recorders
+afterwards; each row is the best of ``--repeat`` runs on its tables, the
+runs interleaved (every row once, then again). Batching is shown off, with
+the default 1 ms window and with a 0 ms window. The baselines are pyeventsourcing's SQLite and PostgreSQL aggregate recorders
 doing the same work (the PostgreSQL one needs ``psycopg_pool``, which the
 ``bench`` extra brings; its row is skipped without it); ``x base`` is a row's
 figure over its engine's baseline.
@@ -81,10 +81,6 @@ def main() -> None:
     args = parser.parse_args()
     a, v, t = args.aggregates, args.versions, args.threads
 
-    def best(fn):
-        runs = [fn() for _ in range(args.repeat)]
-        return max(r[0] for r in runs), max(r[1] for r in runs)
-
     # Fresh databases per row: SQLite files in a temporary directory, PostgreSQL databases dropped at the end.
     directory = tempfile.mkdtemp(prefix="wow-bench-")
     pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 2)]
@@ -108,14 +104,17 @@ def main() -> None:
     from django.db import connections
     from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteDatastore
 
-    rows = []
+    # The rows in order; each run goes through every row once, so that what else the machine does
+    # at a moment weighs on the baselines and on ours alike.
+    plan = []
+    datastore = None
     try:
         recorder = SQLiteAggregateRecorder(SQLiteDatastore(os.path.join(directory, "baseline.sqlite3")))
         recorder.create_table()
-        rows.append(("pyeventsourcing SQLite recorder (baseline)", "-", best(lambda: bench_baseline(a, v, t, recorder))))
+        plan.append(("pyeventsourcing SQLite recorder (baseline)", "-", lambda: bench_baseline(a, v, t, recorder)))
         for batching in BATCHING:
-            rows.append(("wow_django django backend, SQLite", batching,
-                         best(lambda b=batching: bench_ours(django_store(f"sqlite {b}", b), a, v, t))))
+            plan.append(("wow_django django backend, SQLite", batching,
+                         lambda b=batching: bench_ours(django_store(f"sqlite {b}", b), a, v, t)))
         try:
             from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore
         except ImportError:
@@ -125,19 +124,23 @@ def main() -> None:
                                           pool_size=t)
             postgres_recorder = PostgresAggregateRecorder(datastore)
             postgres_recorder.create_table()
-            rows.append(("pyeventsourcing PostgreSQL recorder (baseline)", "-",
-                         best(lambda: bench_baseline(a, v, t, postgres_recorder))))
-            datastore.close()
+            plan.append(("pyeventsourcing PostgreSQL recorder (baseline)", "-",
+                         lambda: bench_baseline(a, v, t, postgres_recorder)))
         for batching in BATCHING:
-            rows.append(("wow_django django backend, PostgreSQL", batching,
-                         best(lambda b=batching: bench_ours(django_store(f"pg {b}", b), a, v, t))))
-        rows.append(("wow_django django backend, PostgreSQL, prepared", "off",
-                     best(lambda: bench_ours(django_store("pg prepared", "off"), a, v, t))))
+            plan.append(("wow_django django backend, PostgreSQL", batching,
+                         lambda b=batching: bench_ours(django_store(f"pg {b}", b), a, v, t)))
+        plan.append(("wow_django django backend, PostgreSQL, prepared", "off",
+                     lambda: bench_ours(django_store("pg prepared", "off"), a, v, t)))
+        runs = [[run() for _, _, run in plan] for _ in range(args.repeat)]
     finally:
+        if datastore is not None:
+            datastore.close()
         connections.close_all()
         with admin_connection() as admin:
             for name in pg_names:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    rows = [(name, batching, (max(run[i][0] for run in runs), max(run[i][1] for run in runs)))
+            for i, (name, batching, _) in enumerate(plan)]
     print(f"# {a} aggregates x {v} appends each, {t} threads, best of {args.repeat}; "
           f"Python {sys.version.split()[0]}")
     print(f"{'store':48} {'batching':8} {'appends/s':>10} {'x base':>7} {'loads/s':>10} {'x base':>7}")
