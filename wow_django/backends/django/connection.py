@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 
@@ -161,6 +162,17 @@ def sqlite_writer(connection: BaseDatabaseWrapper) -> Iterator[None]:
             lock = _writer_locks.setdefault(name, threading.Lock())
     with lock:
         yield
+
+
+def _new_writer_locks_in_child() -> None:
+    # A lock held by another thread of the parent at the fork would stay held in the child forever.
+    global _sqlite_lock
+    _sqlite_lock = threading.Lock()
+    _writer_locks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_writer_locks_in_child)
 
 
 def configure_sqlite(raw) -> None:
