@@ -4,10 +4,20 @@ Same work as ``bench_store.py``: ``--aggregates`` aggregates × ``--versions``
 appends each (one event per append, one call per append) over ``--threads``
 threads, then five full loads per aggregate. Each row runs on fresh tables:
 a new SQLite file (WAL) and a new PostgreSQL database that is dropped
-afterwards. Batching is shown off, with the default 1 ms window and with a
-0 ms window. The baselines are pyeventsourcing's SQLite and PostgreSQL
-aggregate recorders doing the same work (the PostgreSQL one needs
-``psycopg_pool``; its row is skipped without it).
+afterwards; each row is the best of ``--repeat`` runs on its tables, the
+runs interleaved (every row once, then again). Batching is shown off, with
+the default 1 ms window and with a 0 ms window. The baselines are pyeventsourcing's SQLite and PostgreSQL aggregate recorders
+doing the same work (the PostgreSQL one needs ``psycopg_pool``, which the
+``bench`` extra brings; its row is skipped without it); ``x base`` is a row's
+figure over its engine's baseline.
+
+Like for like: on SQLite both sides use WAL and SQLite's default
+``synchronous`` (FULL), both commit each append. On PostgreSQL both commit each
+append (``synchronous_commit`` as the server says); pyeventsourcing sends
+prepared statements, while Django by default sends every statement unprepared
+(``prepare_threshold`` None, client-side binding), so one more django row runs
+with ``OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}``: the
+same statements, prepared by psycopg from the fifth use.
 
     python bench/bench_django_store.py
     python bench/bench_django_store.py --aggregates 500 --versions 10 --threads 8
@@ -67,12 +77,13 @@ def main() -> None:
     parser.add_argument("--aggregates", type=int, default=300)
     parser.add_argument("--versions", type=int, default=10)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3, help="best of N runs per row")
     args = parser.parse_args()
     a, v, t = args.aggregates, args.versions, args.threads
 
     # Fresh databases per row: SQLite files in a temporary directory, PostgreSQL databases dropped at the end.
     directory = tempfile.mkdtemp(prefix="wow-bench-")
-    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 1)]
+    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 2)]
     with admin_connection() as admin:
         for name in pg_names:
             admin.execute(f'CREATE DATABASE "{name}"')
@@ -82,6 +93,8 @@ def main() -> None:
                                            "NAME": os.path.join(directory, f"{batching}.sqlite3")}
         databases[f"pg {batching}"] = {"ENGINE": "django.db.backends.postgresql",
                                        "NAME": pg_names[BATCHING.index(batching)], **PG}
+    databases["pg prepared"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-2], **PG,
+                                "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5}}
 
     import django
     from django.conf import settings
@@ -91,14 +104,17 @@ def main() -> None:
     from django.db import connections
     from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteDatastore
 
-    rows = []
+    # The rows in order; each run goes through every row once, so that what else the machine does
+    # at a moment weighs on the baselines and on ours alike.
+    plan = []
+    datastore = None
     try:
         recorder = SQLiteAggregateRecorder(SQLiteDatastore(os.path.join(directory, "baseline.sqlite3")))
         recorder.create_table()
-        rows.append(("pyeventsourcing SQLite recorder (baseline)", "-", bench_baseline(a, v, t, recorder)))
+        plan.append(("pyeventsourcing SQLite recorder (baseline)", "-", lambda: bench_baseline(a, v, t, recorder)))
         for batching in BATCHING:
-            rows.append(("wow_django django backend, SQLite", batching,
-                         bench_ours(django_store(f"sqlite {batching}", batching), a, v, t)))
+            plan.append(("wow_django django backend, SQLite", batching,
+                         lambda b=batching: bench_ours(django_store(f"sqlite {b}", b), a, v, t)))
         try:
             from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore
         except ImportError:
@@ -108,21 +124,32 @@ def main() -> None:
                                           pool_size=t)
             postgres_recorder = PostgresAggregateRecorder(datastore)
             postgres_recorder.create_table()
-            rows.append(("pyeventsourcing PostgreSQL recorder (baseline)", "-",
-                         bench_baseline(a, v, t, postgres_recorder)))
-            datastore.close()
+            plan.append(("pyeventsourcing PostgreSQL recorder (baseline)", "-",
+                         lambda: bench_baseline(a, v, t, postgres_recorder)))
         for batching in BATCHING:
-            rows.append(("wow_django django backend, PostgreSQL", batching,
-                         bench_ours(django_store(f"pg {batching}", batching), a, v, t)))
+            plan.append(("wow_django django backend, PostgreSQL", batching,
+                         lambda b=batching: bench_ours(django_store(f"pg {b}", b), a, v, t)))
+        plan.append(("wow_django django backend, PostgreSQL, prepared", "off",
+                     lambda: bench_ours(django_store("pg prepared", "off"), a, v, t)))
+        runs = [[run() for _, _, run in plan] for _ in range(args.repeat)]
     finally:
+        if datastore is not None:
+            datastore.close()
         connections.close_all()
         with admin_connection() as admin:
             for name in pg_names:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    print(f"# {a} aggregates x {v} appends each, {t} threads; Python {sys.version.split()[0]}")
-    print(f"{'store':48} {'batching':8} {'appends/s':>10} {'loads/s':>10}")
+    rows = [(name, batching, (max(run[i][0] for run in runs), max(run[i][1] for run in runs)))
+            for i, (name, batching, _) in enumerate(plan)]
+    print(f"# {a} aggregates x {v} appends each, {t} threads, best of {args.repeat}; "
+          f"Python {sys.version.split()[0]}")
+    print(f"{'store':48} {'batching':8} {'appends/s':>10} {'x base':>7} {'loads/s':>10} {'x base':>7}")
+    base = (1.0, 1.0)
     for name, batching, (appends, loads) in rows:
-        print(f"{name:48} {batching:8} {appends:10,.0f} {loads:10,.0f}")
+        if "(baseline)" in name:
+            base = (appends, loads)
+        print(f"{name:48} {batching:8} {appends:10,.0f} {appends / base[0]:7.2f} {loads:10,.0f} "
+              f"{loads / base[1]:7.2f}")
 
 
 if __name__ == "__main__":

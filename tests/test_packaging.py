@@ -65,3 +65,13 @@ def test_a_mongomock_uri_without_mongomock_installed_says_what_to_install(monkey
     monkeypatch.setitem(sys.modules, "mongomock", None)  # as if it were not installed
     with pytest.raises(ImproperlyConfigured, match=r"pip install 'wow-django\[mongomock\]'"):
         MongoConnection("mongomock://localhost/wow")
+
+
+def test_the_bench_extra_pulls_the_postgresql_baseline_with_psycopg_3():
+    parser = configparser.ConfigParser()
+    parser.read(SETUP_CFG)
+    bench = [line.strip() for line in parser["options.extras_require"]["bench"].splitlines() if line.strip()]
+    test = [line.strip() for line in parser["options.extras_require"]["test"].splitlines() if line.strip()]
+    # pyeventsourcing's postgres extra brings psycopg_pool, which bench_django_store and bench_gateway_pg need.
+    assert any(line.startswith("eventsourcing[postgres]") for line in bench)
+    assert any(line.startswith("psycopg[binary]") and "<4" in line for line in test)

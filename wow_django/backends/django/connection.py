@@ -11,12 +11,21 @@
 * SQLite: every new connection of a store's alias runs in WAL mode with a busy
   timeout, so readers do not block the writer and writers of several
   processes wait for each other instead of failing at once.
+* SQLite has one writer at a time. The threads of one process that write
+  outside a transaction queue for it on a process-wide lock per database
+  file (:func:`sqlite_writer`) instead of in SQLite's busy handler, which
+  sleeps between retries (1 ms, 2 ms, 5 ms … 100 ms) and so leaves the file
+  idle while they wait. A write inside the caller's transaction does not take
+  the lock: that transaction may already hold the file, and waiting on the
+  lock then would stall whoever holds the lock until the busy timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
@@ -135,6 +144,31 @@ def _share_sqlite(using: str, connection: BaseDatabaseWrapper) -> None:
 def _on_connection_created(sender, connection, **kwargs) -> None:
     if connection.vendor == "sqlite" and connection.alias in _sqlite_aliases:
         configure_sqlite(connection.connection)
+
+
+_writer_locks: dict[str, threading.Lock] = {}
+
+
+@contextlib.contextmanager
+def sqlite_writer(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """Around a write: on SQLite outside a transaction, this process's lock of the database file; else nothing."""
+    if connection.vendor != "sqlite" or connection.in_atomic_block:
+        yield
+        return
+    name = str(connection.settings_dict["NAME"])
+    lock = _writer_locks.get(name)
+    if lock is None:
+        with _sqlite_lock:
+            lock = _writer_locks.setdefault(name, threading.Lock())
+    with lock:
+        yield
+
+
+def _new_writer_locks_in_child() -> None:
+    # A lock held by another thread of the parent at the fork would stay held in the child forever.
+    global _sqlite_lock
+    _sqlite_lock = threading.Lock()
+    _writer_locks.clear()
 
 
 def configure_sqlite(raw) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from django.db import DataError, IntegrityError, transaction
 
-from wow_django.backends.django.connection import database, prepare_database
+from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow
 from wow_django.exceptions import (
@@ -39,12 +39,14 @@ CONSTRAINT_KINDS = {
     "wow_stream_id_uniq": "id",
 }
 
-_COLUMNS = ("stream_id", "context_name", "aggregate_name", "aggregate_id", "tenant_id", "owner_id", "request_id",
-            "command_id", "version", "header", "body", "create_time")
+# What a read selects: not the aggregate's name and id, which the query fixes (``=`` on code-point text).
+_COLUMNS = ("stream_id", "context_name", "tenant_id", "owner_id", "request_id", "command_id", "version", "header",
+            "body", "create_time")
 
 
 _INSERT_FIELDS = [field for field in EventStreamRow._meta.concrete_fields if not field.primary_key]
 _JSON_FIELDS = {"header", "body"}
+_encode_json = CanonicalJSONEncoder().encode
 # What RETURNING gives back to tell the inserted streams of a batch.
 _IDENTITY = ("stream_id", "aggregate_name", "aggregate_id", "version")
 
@@ -69,26 +71,48 @@ def _json(value):
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def _stream(values: tuple) -> EventStream:
-    (stream_id, context_name, aggregate_name, aggregate_id, tenant_id, owner_id, request_id, command_id, version,
-     header, body, create_time) = values
-    header, body = _json(header), _json(body)
-    return EventStream(
-        id=stream_id,
-        aggregate_id=AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=context_name,
-                                 tenant_id=tenant_id),
-        version=version,
-        body=tuple(
-            DomainEventRecord(id=e["id"], name=e["name"], revision=e.get("revision", ""),
-                              body_type=e.get("bodyType", ""), body=e.get("body") or {})
-            for e in body
-        ),
-        request_id=request_id,
-        command_id=command_id,
-        owner_id=owner_id or "",
-        header=header or {},
-        create_time=create_time,
-    )
+def _decode_json(found: list[tuple]) -> list:
+    """The header and body of each row, decoded: [header0, body0, header1, body1, ...].
+
+    The columns come as JSON text, so one ``json.loads`` of their array reads
+    every row at once (per call, the decoder's overhead is most of the cost of
+    a small document); a connection that hands decoded values gets them as they are.
+    """
+    texts = [text for row in found for text in row[7:9]]
+    if all(isinstance(text, str) for text in texts):
+        return json.loads("[" + ",".join(texts) + "]")
+    return [_json(text) for text in texts]
+
+
+def _streams_of(aggregate_id: AggregateId, found: list[tuple]) -> list[EventStream]:
+    """The streams of the rows of ``aggregate_id`` (in :data:`_COLUMNS` order) that a read found."""
+    decoded = _decode_json(found)
+    ids = {(aggregate_id.context_name, aggregate_id.tenant_id): aggregate_id}
+    streams = []
+    for index, (stream_id, context_name, tenant_id, owner_id, request_id, command_id, version, _, _,
+                create_time) in enumerate(found):
+        agg = ids.get((context_name, tenant_id))
+        if agg is None:  # stored under another context or tenant than the caller's id says
+            agg = ids[context_name, tenant_id] = AggregateId(
+                aggregate_name=aggregate_id.aggregate_name, id=aggregate_id.id, context_name=context_name,
+                tenant_id=tenant_id)
+        header, body = decoded[2 * index], decoded[2 * index + 1]
+        streams.append(EventStream(
+            id=stream_id,
+            aggregate_id=agg,
+            version=version,
+            body=tuple(
+                DomainEventRecord(id=e["id"], name=e["name"], revision=e.get("revision", ""),
+                                  body_type=e.get("bodyType", ""), body=e.get("body") or {})
+                for e in body
+            ),
+            request_id=request_id,
+            command_id=command_id,
+            owner_id=owner_id or "",
+            header=header or {},
+            create_time=create_time,
+        ))
+    return streams
 
 
 class DjangoEventStore(EventStore):
@@ -118,6 +142,7 @@ class DjangoEventStore(EventStore):
         self.request_id_index = request_id_index
         self._global = request_id_index == "global"
         self._scopes_checked: set[str] = set()
+        self._read_sql: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
     def _rows(self):
@@ -127,8 +152,14 @@ class DjangoEventStore(EventStore):
         """The rows of one aggregate type (what the query services compile against)."""
         return self._rows().filter(aggregate_name=aggregate_name)
 
-    def _values(self, stream: EventStream, connection) -> list:
-        """The row of ``stream``, adapted for ``connection``, in the order of :data:`_INSERT_FIELDS`."""
+    def _values(self, stream: EventStream) -> list:
+        """The row of ``stream`` in the order of :data:`_INSERT_FIELDS`, JSON columns as canonical JSON text.
+
+        Text suits both engines (PostgreSQL casts it to ``jsonb``, as a column
+        of the insert), and encoding here, with one encoder, spares building an
+        encoder per value; a body that is not JSON is a ``TypeError``/``ValueError``
+        before any statement runs, on either engine.
+        """
         agg = stream.aggregate_id
         row = {
             "stream_id": stream.id, "context_name": agg.context_name, "aggregate_name": agg.aggregate_name,
@@ -139,9 +170,8 @@ class DjangoEventStore(EventStore):
                      for e in stream.body],
             "size": len(stream.body), "create_time": stream.create_time,
         }
-        adapt = connection.ops.adapt_json_value
-        return [adapt(row[field.attname], CanonicalJSONEncoder) if field.attname in _JSON_FIELDS
-                else row[field.attname] for field in _INSERT_FIELDS]
+        return [_encode_json(row[field.attname]) if field.attname in _JSON_FIELDS else row[field.attname]
+                for field in _INSERT_FIELDS]
 
     # --- the request-id mode ----------------------------------------------------------------------
 
@@ -168,13 +198,13 @@ class DjangoEventStore(EventStore):
     def append(self, stream: EventStream) -> None:
         self._check_scope(stream.aggregate_name)
         connection = database(self.using)
-        values = self._values(stream, connection)
+        values = self._values(stream)
         agg = stream.aggregate_id
         try:
             with store_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
                 # Inside the caller's transaction a savepoint keeps a conflict from breaking it.
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
-                with atomic, connection.cursor() as cursor:
+                with sqlite_writer(connection), atomic, connection.cursor() as cursor:
                     cursor.execute(self._insert_sql + self._row_sql, values)
         except IntegrityError as exc:
             raise self._conflict(connection, stream, exc) from exc
@@ -220,7 +250,7 @@ class DjangoEventStore(EventStore):
         rows: list[int] = []
         for index in indexes:
             try:
-                params.extend(self._values(streams[index], connection))
+                params.extend(self._values(streams[index]))
             except (TypeError, ValueError) as exc:  # a body that is not JSON
                 results[index] = exc
             else:
@@ -232,7 +262,7 @@ class DjangoEventStore(EventStore):
         try:
             with store_errors(connection, f"appending {len(rows)} event streams"):
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
-                with atomic, connection.cursor() as cursor:
+                with sqlite_writer(connection), atomic, connection.cursor() as cursor:
                     cursor.execute(sql, params)
                     stored = cursor.fetchall()
         except RecoverableStoreError as exc:
@@ -240,8 +270,8 @@ class DjangoEventStore(EventStore):
                 results[index] = exc
             return
         except (DataError, IntegrityError, TypeError, ValueError):
-            # A stream the database cannot hold (or, on PostgreSQL, whose body is not JSON: encoded as the
-            # statement runs) fails the whole statement: store the chunk stream by stream to isolate it.
+            # A stream the database cannot hold fails the whole statement: store the chunk stream by
+            # stream to isolate it.
             self._insert_each(connection, streams, rows, results)
             return
         inserted: dict[tuple, list[int]] = {}
@@ -262,12 +292,12 @@ class DjangoEventStore(EventStore):
                      results: list[Exception | None]) -> None:
         try:
             with store_errors(connection, f"appending {len(indexes)} event streams"):
-                with transaction.atomic(using=self.using):
+                with sqlite_writer(connection), transaction.atomic(using=self.using):
                     for index in indexes:
                         stream = streams[index]
                         try:
                             with transaction.atomic(using=self.using), connection.cursor() as cursor:
-                                cursor.execute(self._insert_sql + self._row_sql, self._values(stream, connection))
+                                cursor.execute(self._insert_sql + self._row_sql, self._values(stream))
                         except IntegrityError as exc:
                             results[index] = self._conflict(connection, stream, exc)
                         except DataError as exc:
@@ -334,12 +364,14 @@ class DjangoEventStore(EventStore):
                  order: str = "ORDER BY {version}") -> list[EventStream]:
         """The streams of one aggregate matching ``condition`` (raw SQL: the hot read path skips the ORM)."""
         connection = database(self.using)
-        sql = f"{self._select_sql} {condition} {order}".format_map(self._names)
+        sql = self._read_sql.get((condition, order))
+        if sql is None:  # a few constant shapes: built once each
+            sql = self._read_sql[condition, order] = f"{self._select_sql} {condition} {order}".format_map(self._names)
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
             with connection.cursor() as cursor:
                 cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, *params))
                 found = cursor.fetchall()
-        return [_stream(values) for values in found]
+        return _streams_of(aggregate_id, found)
 
     def load(
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION

@@ -16,7 +16,9 @@ integer column: a stored version is never missing or of another type.
 
 from __future__ import annotations
 
-from wow_django.backends.django.connection import database, prepare_database
+import json
+
+from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.models import SnapshotRow
 from wow_django.persistence.contracts import SnapshotStore
@@ -30,6 +32,8 @@ _COLUMNS = ("aggregate_name", "aggregate_id", "context_name", "tenant_id", "owne
 def _snapshot(values: tuple) -> Snapshot:
     (aggregate_name, aggregate_id, context_name, tenant_id, owner_id, version, event_id, first_operator, operator,
      first_event_time, event_time, snapshot_time, deleted, state) = values
+    if isinstance(state, str | bytes):  # Django's connections hand JSON columns over as text
+        state = json.loads(state)
     return Snapshot(
         aggregate_id=AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=context_name,
                                  tenant_id=tenant_id),
@@ -61,6 +65,12 @@ class DjangoSnapshotStore(SnapshotStore):
         connection = prepare_database(using)
         self.using = using
         self._sql = upsert_sql(connection.ops.quote_name)
+        quote = connection.ops.quote_name
+        column = {name: quote(SnapshotRow._meta.get_field(name).column) for name in _COLUMNS}
+        # Raw, as the event store's reads: compiling this through the ORM costs more than the query.
+        self._load_sql = (f"SELECT {', '.join(column[name] for name in _COLUMNS)} "
+                          f"FROM {quote(SnapshotRow._meta.db_table)} "
+                          f"WHERE {column['aggregate_name']} = %s AND {column['aggregate_id']} = %s")
         self._fields = [SnapshotRow._meta.get_field(name) for name in _COLUMNS]
 
     def queryset(self, aggregate_name: str):
@@ -68,13 +78,13 @@ class DjangoSnapshotStore(SnapshotStore):
         return SnapshotRow.objects.using(self.using).filter(aggregate_name=aggregate_name)
 
     def load(self, aggregate_id: AggregateId) -> Snapshot | None:
-        rows = SnapshotRow.objects.using(self.using).filter(aggregate_name=aggregate_id.aggregate_name,
-                                                            aggregate_id=aggregate_id.id)
         connection = database(self.using)
         with store_errors(connection, f"loading the snapshot of {aggregate_id.aggregate_name} "
                                             f"{aggregate_id.id!r}"):
-            found = list(rows.values_list(*_COLUMNS)[:1])
-        return _snapshot(found[0]) if found else None
+            with connection.cursor() as cursor:  # one row at most: (aggregate_name, aggregate_id) is unique
+                cursor.execute(self._load_sql, (aggregate_id.aggregate_name, aggregate_id.id))
+                found = cursor.fetchone()
+        return _snapshot(found) if found is not None else None
 
     def save(self, snapshot: Snapshot) -> None:
         agg = snapshot.aggregate_id
@@ -84,5 +94,5 @@ class DjangoSnapshotStore(SnapshotStore):
         connection = database(self.using)
         params = [field.get_db_prep_save(value, connection) for field, value in zip(self._fields, values, strict=True)]
         with store_errors(connection, f"saving the snapshot of {agg.aggregate_name} {agg.id!r}"):
-            with connection.cursor() as cursor:
+            with sqlite_writer(connection), connection.cursor() as cursor:
                 cursor.execute(self._sql, params)
