@@ -694,3 +694,30 @@ class TestForkedChildren(OnPostgreSQL, TransactionTestCase):
         with parent.cursor() as cursor:  # the parent's session survived the child, on the same connection
             cursor.execute("SELECT pg_backend_pid()")
             self.assertEqual(cursor.fetchone()[0], parent_pid)
+
+
+def test_a_forked_child_does_not_inherit_a_held_sqlite_writer_lock():
+    from wow_django.backends.django import connection as django_connection
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with django_connection.sqlite_writer(connections["wow_sqlite"]):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    try:
+        def probe():
+            writer = threading.Thread(target=lambda: django_connection.sqlite_writer(connections["wow_sqlite"])
+                                      .__enter__(), daemon=True)
+            writer.start()
+            writer.join(2)
+            return (not writer.is_alive(),)
+
+        assert in_forked_child(probe) == (True,)
+    finally:
+        release.set()
+        holder.join()

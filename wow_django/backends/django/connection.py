@@ -197,8 +197,10 @@ def after_fork() -> None:
     terminate message). So the wrapper forgets it unclosed: on PostgreSQL the child's copy of the
     socket descriptor is also pointed at ``/dev/null`` (the parent's socket is untouched; whatever
     the driver might still write goes nowhere), and the driver object is kept until the child
-    exits. Django's wrapper opens a new connection on first use.
+    exits. Django's wrapper opens a new connection on first use. The SQLite writer locks are new too
+    (one held by another thread of the parent at the fork would stay held in the child forever).
     """
+    _new_writer_locks_in_child()
     for wrapper in connections.all(initialized_only=True):
         raw = wrapper.connection
         if raw is None:
