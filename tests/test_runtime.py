@@ -206,6 +206,35 @@ def test_a_celery_pool_process_drains_its_dispatch_when_it_shuts_down(wow):
     assert seen == [1] and runtime.closed
 
 
+@pytest.mark.django_db(transaction=True, databases=["wow_pg"])
+def test_a_dispatch_lane_does_not_keep_a_connection_the_database_dropped(wow_memory):
+    """Between two commands the server ends the lane's session (a restart, a failover): the next
+    projection works on a new connection instead of failing on the dropped one."""
+    import psycopg
+    from django.db import connections
+
+    seen: list = []
+
+    @projection("order")
+    def on_pg(message):
+        try:
+            with connections["wow_pg"].cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                seen.append(cursor.fetchone()[0])
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    send(ORDER, wait=WaitStage.PROJECTED)
+    settings = connections["wow_pg"].settings_dict
+    with psycopg.connect(host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
+                         password=settings["PASSWORD"] or None, dbname=settings["NAME"], autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", [seen[0]])
+    result = send(ORDER, wait=WaitStage.PROJECTED)
+    assert result.succeeded, result.error_msg
+    assert len(seen) == 2 and isinstance(seen[1], int) and seen[1] != seen[0]
+
+
 def test_celery_mode_snapshot_requests_queued_before_a_close_are_all_made(recording_queue):
     with override_settings(WOW=fresh_wow("in_memory", TASK_QUEUE=f"{__name__}.RecordingTaskQueue",
                                          SNAPSHOT_MODE="celery")):
