@@ -53,7 +53,6 @@ from wow_django.testing.bus import amqp_url, delete_amqp_entities, queue_depth, 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 REDIS_URL = os.environ.get("WOW_DEPLOY_REDIS_URL", "redis://127.0.0.1:6379/13")
 PG = {
     "host": os.environ.get("WOW_TEST_PG_HOST", "127.0.0.1"),
@@ -397,7 +396,7 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
     }
     deployment = Deployment(tmp_path, env)
     manage = [sys.executable, "manage.py"]
-    celery = [str(BIN / "celery"), "-A", "sample_project", "worker", "--loglevel", "INFO",
+    celery = [sys.executable, "-m", "celery", "-A", "sample_project", "worker", "--loglevel", "INFO",
               "--without-gossip", "--without-mingle", "--without-heartbeat"]
     port = free_port()
     db = None
@@ -413,7 +412,7 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
             "configure_topic_consumers()\n"
             f"get_user_model().objects.create_superuser({ADMIN[0]!r}, 'e2e@example.invalid', {ADMIN[1]!r})\n"
         )])
-        deployment.start("gunicorn", [str(BIN / "gunicorn"), "sample_project.wsgi:application",
+        deployment.start("gunicorn", [sys.executable, "-m", "gunicorn", "sample_project.wsgi:application",
                                       "--bind", f"127.0.0.1:{port}", "--workers", "2", "--timeout", "60",
                                       "--graceful-timeout", "5", "--access-logfile", "-", *gunicorn_options(),
                                       # Workers recycled every few requests: a worker leaves right after
@@ -421,7 +420,7 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
                                       "--max-requests", "6", "--max-requests-jitter", "3"])
         deployment.start("worker", [*celery, "-Q", f"wow-deploy-{run}.celery", "-c", "2", "-n", f"cmd-{run}@%h"])
         deployment.start("rollup", [*celery, "-Q", f"wow-deploy-{run}.rollup", "-c", "1", "-n", f"rollup-{run}@%h"])
-        deployment.start("beat", [str(BIN / "celery"), "-A", "sample_project", "beat", "--loglevel", "INFO",
+        deployment.start("beat", [sys.executable, "-m", "celery", "-A", "sample_project", "beat", "--loglevel", "INFO",
                                   "--schedule", str(tmp_path / "beat-schedule")])
         deployment.start(MEMBER, [*manage, "wow_consume", MEMBER])
         deployment.start(MESSAGE, [*manage, "wow_consume", MESSAGE])
