@@ -12,7 +12,7 @@ share no database, queue, exchange or key:
 - ``WOW_DEPLOY_RUN`` (required): a token in every Celery queue name, cache key
   and worker name of the run;
 - ``WOW_DEPLOY_REDIS_URL``: Celery's broker and the cache (default
-  ``redis://127.0.0.1:6379/14``);
+  ``redis://127.0.0.1:6379/13``);
 - ``WOW_DEPLOY_AMQP_URL``, ``WOW_DEPLOY_EXCHANGE`` (required): the bus.
 """
 
@@ -21,7 +21,7 @@ import os
 from sample_project.settings import *  # noqa: F401,F403
 
 RUN = os.environ["WOW_DEPLOY_RUN"]
-REDIS_URL = os.environ.get("WOW_DEPLOY_REDIS_URL", "redis://127.0.0.1:6379/14")
+REDIS_URL = os.environ.get("WOW_DEPLOY_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
