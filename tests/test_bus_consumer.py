@@ -144,6 +144,25 @@ def test_a_crash_after_the_handler_but_before_the_feedback_does_not_run_it_again
     assert completed["success"] is True and "inbox" in completed["note"]
 
 
+def test_a_crash_after_the_feedback_but_before_its_rollup_is_rolled_up_on_redelivery(bus_env, recorder, monkeypatch):
+    """A consumer killed between writing its success and queueing the rollup: the message comes back
+    (it was not acknowledged), and the duplicate delivery queues the rollup the crash lost."""
+    bus = get_bus()
+    bus.send(TOPIC, {}, event_id="evt-norollup")
+    from wow_django.bus.envelope import Envelope
+
+    event = Envelope.from_document(bus.store.get_event("evt-norollup"))
+    with monkeypatch.context() as lost:
+        lost.setattr(bus, "queue_rollup", lambda event_id: None)  # the process died before queueing it
+        for consumer_id in (ALPHA, BETA):
+            bus.record_feedback("evt-norollup", consumer_id, True)
+    assert status("evt-norollup") == "SENT"
+    worker = ConsumerWorker(ALPHA, bus=bus)
+    assert worker.process(event, redelivered=True) == "ack"
+    assert worker.stats.duplicates == 1 and recorder.calls == []
+    assert status("evt-norollup") == "CONSUMED"
+
+
 def test_a_consumer_that_is_not_expected_skips_the_event(bus_env, recorder):
     bus = get_bus()
     bus.set_topic_consumer(TOPIC, BETA, enabled=False)

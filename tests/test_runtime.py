@@ -151,6 +151,90 @@ def test_close_runtime_drains_the_dispatch_then_closes_the_parts(wow):
         assert get_runtime().event_store.last(AggregateId("order", result.aggregate_id)).version == 1
 
 
+EXIT_SCRIPT = """
+import sys, time
+import django
+from django.conf import settings
+
+settings.configure(INSTALLED_APPS=["wow_django"], USE_TZ=True, WOW={"STORAGE": "in_memory"})
+django.setup()
+from decimal import Decimal
+from sample_project.orders.aggregates import Order, OrderLine, PlaceOrder
+from wow_django.application import get_runtime
+from wow_django.domain import event_processor
+
+@event_processor(Order)
+def slow(message):
+    time.sleep(0.5)
+    with open(sys.argv[1], "a") as out:
+        out.write(message.name + "\\n")
+
+get_runtime().gateway.send(PlaceOrder(customer_id="c", items=[OrderLine(sku="A", quantity=1, unit_price=Decimal(1))]))
+sys.exit(0)  # answered at stage PROCESSED: the processor has not run yet
+"""
+
+
+def test_a_process_that_exits_runs_what_its_dispatch_still_holds(tmp_path):
+    """A gunicorn worker recycled right after answering a command: its event processors still run."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "processed.txt"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": ""}
+    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(out)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "order_placed\n"
+
+
+def test_a_celery_pool_process_drains_its_dispatch_when_it_shuts_down(wow):
+    """Pool processes leave with os._exit: ``worker_process_shutdown`` closes the runtime first."""
+    from celery.signals import worker_process_shutdown
+
+    import wow_django.tasks  # noqa: F401 - connects the signal, as the worker's autodiscovery does
+
+    runtime = get_runtime()
+    seen = []
+
+    @projection("order")
+    def slow(message):
+        threading.Event().wait(0.3)
+        seen.append(message.version)
+
+    send(ORDER, wait=WaitStage.PROCESSED)
+    worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
+    assert seen == [1] and runtime.closed
+
+
+@pytest.mark.django_db(transaction=True, databases=["wow_pg"])
+def test_a_dispatch_lane_does_not_keep_a_connection_the_database_dropped(wow_memory):
+    """Between two commands the server ends the lane's session (a restart, a failover): the next
+    projection works on a new connection instead of failing on the dropped one."""
+    import psycopg
+    from django.db import connections
+
+    seen: list = []
+
+    @projection("order")
+    def on_pg(message):
+        try:
+            with connections["wow_pg"].cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                seen.append(cursor.fetchone()[0])
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    send(ORDER, wait=WaitStage.PROJECTED)
+    settings = connections["wow_pg"].settings_dict
+    with psycopg.connect(host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
+                         password=settings["PASSWORD"] or None, dbname=settings["NAME"], autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", [seen[0]])
+    result = send(ORDER, wait=WaitStage.PROJECTED)
+    assert result.succeeded, result.error_msg
+    assert len(seen) == 2 and isinstance(seen[1], int) and seen[1] != seen[0]
+
+
 def test_celery_mode_snapshot_requests_queued_before_a_close_are_all_made(recording_queue):
     with override_settings(WOW=fresh_wow("in_memory", TASK_QUEUE=f"{__name__}.RecordingTaskQueue",
                                          SNAPSHOT_MODE="celery")):

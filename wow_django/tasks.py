@@ -24,11 +24,12 @@ import dataclasses
 import logging
 
 from celery import shared_task
+from celery.signals import worker_process_shutdown
 from django.core.cache import cache
 
 from wow_django.application.gateway import CommandMessage, WaitStage
 from wow_django.application.ports import TaskQueue
-from wow_django.application.runtime import get_runtime
+from wow_django.application.runtime import close_runtime, get_runtime
 from wow_django.application.snapshotting import rebuild_snapshots as rebuild
 from wow_django.application.snapshotting import refresh_snapshot
 from wow_django.conf import wow_settings
@@ -74,6 +75,13 @@ class CeleryTaskQueue(TaskQueue):
             return False
         rollup_event.apply_async((event_id,), queue=wow_settings.BUS_ROLLUP_QUEUE)
         return True
+
+
+@worker_process_shutdown.connect(weak=False, dispatch_uid="wow_django.tasks.close_runtime")
+def close_runtime_in_pool_process(**kwargs) -> None:
+    """A pool process leaves with ``os._exit`` (no ``atexit``): what its runtime's dispatch lanes still hold
+    (event processors of commands a task sent) runs before it goes."""
+    close_runtime()
 
 
 # --- commands and snapshots ------------------------------------------------------------------

@@ -7,6 +7,12 @@ matching projection, then every matching event processor (declared with
 :func:`wow_django.domain.projection` and :func:`wow_django.domain.event_processor`).
 A failing handler is logged and reported to whoever waits; it does not stop
 the others.
+
+Around each stream a lane does what Django does around a request: the
+database connections it used are closed when they broke or outlived
+``CONN_MAX_AGE``, so a lane (a thread that lives as long as its process)
+neither keeps failing on a connection the server dropped nor holds one
+open forever.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wow_django.application.repository import stream_messages
+from wow_django.bus.consumer import release_database_connections
 from wow_django.domain import registry
 from wow_django.persistence.records import EventStream, Snapshot
 
@@ -46,6 +53,13 @@ class Job:
     snapshot: Snapshot | None  # inline snapshot to save, if the strategy asked for one
     queue_snapshot: bool  # ask the task queue for a snapshot instead
     tracker: Tracker
+
+
+def _release_connections() -> None:
+    try:
+        release_database_connections()
+    except Exception:  # closing a broken connection may fail too; the next use reconnects
+        logger.warning("releasing a dispatch lane's database connections failed", exc_info=True)
 
 
 class Dispatcher:
@@ -87,6 +101,7 @@ class Dispatcher:
             job = jobs.get()
             if job is None:
                 return
+            _release_connections()
             try:
                 self.run_job(job)
             except Exception:  # never let one job kill the lane
@@ -94,6 +109,7 @@ class Dispatcher:
             finally:
                 job.tracker.snapshot_done.set()
                 job.tracker.projected_done.set()
+                _release_connections()
 
     def run_job(self, job: Job) -> None:
         tracker = job.tracker

@@ -24,6 +24,13 @@ talks to a server before that), and it is the only holder of process state:
   must not be kept across a fork: ask :func:`get_runtime` in the child. (The
   id generator reseeds itself after a fork: it is pure Python and may be used
   without a runtime.)
+* **exit**: when the interpreter exits (a gunicorn worker recycled after
+  ``--max-requests`` or stopped, a management command ending), the runtime is
+  closed, so what the dispatch lanes still hold (event processors,
+  projections, snapshot requests of commands already answered) runs first:
+  the lanes are daemon threads that would otherwise die with the process. A
+  Celery pool process leaves with ``os._exit``: :mod:`wow_django.tasks` closes
+  the runtime on ``worker_process_shutdown`` instead.
 * :func:`close_runtime` closes it explicitly (tests, shutdown).
 
 Which backend serves which contract comes from ``WOW['STORAGE']`` and the
@@ -32,6 +39,8 @@ per-purpose overrides; each backend is a class in ``wow_django.backends``.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -256,6 +265,15 @@ def _after_fork_in_child() -> None:
     connections.after_fork()
     django_connections_after_fork()
 
+
+def _close_at_exit() -> None:
+    try:
+        close_runtime()
+    except Exception:  # the process is leaving anyway: say why, do not hide the exit status
+        logging.getLogger(__name__).exception("closing the wow_django runtime at exit failed")
+
+
+atexit.register(_close_at_exit)
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)

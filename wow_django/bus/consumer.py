@@ -13,7 +13,8 @@ Run it with ``manage.py wow_consume member-service`` (or :class:`ConsumerWorker`
 in a thread). For each delivered event the worker:
 
 1. skips it when this consumer is not expected for the event (not an enabled
-   topic consumer when the event was sent) or already reported success;
+   topic consumer when the event was sent) or already reported success (then
+   it queues the event's rollup again, which a crash may have lost);
 2. claims it in the inbox (:mod:`wow_django.bus.inbox`) — a claim already
    done means the handler ran: only the feedback is completed;
 3. optionally drops it when its sequence is stale (``drop_stale=True``);
@@ -351,6 +352,9 @@ class ConsumerWorker:
             return ACK
         if outcome(latest) is True:
             self.stats.duplicates += 1
+            # A worker that died between its feedback and queueing the rollup left the event's status
+            # behind; the redelivery is the one chance to catch up (rollups are idempotent).
+            bus.queue_rollup(event_id)
             return ACK
         known = latest["attemptNo"]
 
