@@ -19,6 +19,7 @@ share no database, queue, exchange or key:
 import os
 
 from sample_project.settings import *  # noqa: F401,F403
+from tests.pg import pg_database
 
 RUN = os.environ["WOW_DEPLOY_RUN"]
 REDIS_URL = os.environ.get("WOW_DEPLOY_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -29,16 +30,7 @@ SECRET_KEY = "deployment-test-only-not-secret"
 # The bus API is read with HTTP basic authentication: a fast hasher for the test's user.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": os.environ["WOW_DEPLOY_PG_DB"],
-        "HOST": os.environ.get("WOW_TEST_PG_HOST", "127.0.0.1"),
-        "PORT": os.environ.get("WOW_TEST_PG_PORT", "5432"),
-        "USER": os.environ.get("WOW_TEST_PG_USER", "postgres"),
-        "PASSWORD": os.environ.get("WOW_TEST_PG_PASSWORD", ""),
-    }
-}
+DATABASES = {"default": pg_database(os.environ["WOW_DEPLOY_PG_DB"])}
 
 # Pending-snapshot markers are shared by every process that appends events.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,

@@ -19,6 +19,7 @@ import os
 import tempfile
 
 from sample_project.settings import *  # noqa: F401,F403
+from tests.pg import pg_database
 
 _RUN = os.getpid()
 _SQLITE_DIR = tempfile.mkdtemp(prefix="wow-tests-")
@@ -37,12 +38,7 @@ DATABASES = {
         "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test_wow.sqlite3"), "DEPENDENCIES": []},
     },
     "wow_pg": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": os.environ.get("WOW_TEST_PG_DB", "test"),
-        "HOST": os.environ.get("WOW_TEST_PG_HOST", "127.0.0.1"),
-        "PORT": os.environ.get("WOW_TEST_PG_PORT", "5432"),
-        "USER": os.environ.get("WOW_TEST_PG_USER", "postgres"),
-        "PASSWORD": os.environ.get("WOW_TEST_PG_PASSWORD", ""),
+        **pg_database(os.environ.get("WOW_TEST_PG_DB", "test")),
         "TEST": {"NAME": f"test_wow_{_RUN}", "DEPENDENCIES": []},
     },
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import time
 import uuid
 from functools import cache
 from pathlib import Path
@@ -20,6 +21,17 @@ def fresh_wow(storage: str, **extra) -> dict:
     uri = f"mongomock://localhost/t_{uuid.uuid4().hex[:10]}"
     return {"CONTEXT_NAME": "order-service", "STORAGE": storage, "MONGO_URI": uri,
             "COMMAND_RETRY_BACKOFF_MS": 0.5, **extra}
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy (returned); ``AssertionError`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout:g}s")
 
 
 def in_forked_child(probe) -> tuple[bool, ...]:

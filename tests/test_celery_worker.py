@@ -8,7 +8,6 @@ on 127.0.0.1 (``.ci/run`` starts it). ``WOW_TEST_REDIS_URL`` overrides.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from decimal import Decimal
 
@@ -24,7 +23,7 @@ from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.persistence.records import AggregateId
 
-from .support import fresh_wow
+from .support import fresh_wow, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,16 +56,6 @@ def worker():
         previous_current.set_current()
         celery_state.set_default_app(previous_default)
         app.close()
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_sent_commands_are_processed_by_the_worker(worker):

@@ -50,16 +50,13 @@ import redis
 
 from wow_django.testing.bus import amqp_url, delete_amqp_entities, queue_depth, unique_exchange
 
+from .pg import pg_connect_kwargs
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("WOW_DEPLOY_REDIS_URL", "redis://127.0.0.1:6379/13")
-PG = {
-    "host": os.environ.get("WOW_TEST_PG_HOST", "127.0.0.1"),
-    "port": int(os.environ.get("WOW_TEST_PG_PORT", "5432")),
-    "user": os.environ.get("WOW_TEST_PG_USER", "postgres"),
-    "password": os.environ.get("WOW_TEST_PG_PASSWORD", ""),
-}
+PG = pg_connect_kwargs()
 MEMBER, MESSAGE = "member-service", "message-service"
 PURCHASED, POINTS_ADDED, NOTIFICATION_SENT = "order.purchased", "points.added", "notification.sent"
 ADMIN = ("e2e-admin", "e2e-password")

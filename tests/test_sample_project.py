@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import uuid
 from io import StringIO
@@ -23,7 +22,7 @@ from django.test import override_settings
 
 from wow_django.testing.bus import amqp_url, delete_amqp_entities, unique_exchange
 
-from .support import fresh_wow
+from .support import fresh_wow, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,16 +134,6 @@ def counts(env: dict) -> dict:
     assert shell.returncode == 0, shell.stderr
     line = next(line for line in shell.stdout.splitlines() if line.startswith("COUNTS "))
     return json.loads(line.removeprefix("COUNTS "))
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout:g}s")
 
 
 # --- processes: what a process started, and whether any of it is still alive (Linux /proc) ---------------
