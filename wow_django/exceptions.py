@@ -247,3 +247,22 @@ class TransportUnavailable(BusError):
     """The message broker could not be reached or did not confirm a publish."""
 
     error_code = "BUS_TRANSPORT_UNAVAILABLE"
+
+
+# --- followers -----------------------------------------------------------------------
+
+
+class LeaseLost(WowError):
+    """The caller no longer holds the follower's lease (it expired and another instance took it)."""
+
+    def __init__(self, name: str, owner: str, holder: str | None):
+        self.name, self.owner, self.holder = name, owner, holder
+        super().__init__(f"follower {name!r}: {owner!r} no longer holds the lease (held by {holder!r})")
+
+
+class UnknownFollower(WowError, LookupError):
+    """No state is stored for a follower of that name."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"no follower named {name!r} has run yet")

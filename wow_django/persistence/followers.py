@@ -1,0 +1,198 @@
+"""The follower contracts: reading a context's event streams by global position, and followers' durable state.
+
+A **follower** (DESIGN G, seed 001) is a named, durable reader of all event
+streams of one bounded context that hands them to a handler in commit order,
+at least once, from its own checkpoint. Two contracts serve it; every backend
+(memory, mongo, django) implements both, and ``wow_django.testing`` holds the
+conformance suite that proves it:
+
+:class:`StreamFeed` — the event store read by **position**. Every stored
+stream gets a global position, increasing per context, allocated at append
+(one extra round trip per append at most, amortised over a batch). A feed
+returns only *visible* (committed) streams, so a position may be missing
+below the highest visible one:
+
+* where ``gaps_are_final`` is true, the backend allocates positions in commit
+  order (the django backend serialises appends per context; the in-memory
+  store under its lock): a position missing below a visible one belongs to an
+  append that failed and will never appear. Followers pass it at once.
+* where it is false (MongoDB: the position comes from a counter before the
+  insert), a missing position may be a **late commit** still on its way. The
+  follower holds it and re-reads until it appears or ``gap_timeout_s`` has
+  passed since it was first seen; then the gap is skipped and recorded
+  (:class:`Gap`), visible in the follower's status. A feed may report
+  positions it knows to be void (an allocation whose insert failed) in
+  :meth:`StreamFeed.void_positions`, so followers need not wait for those.
+
+:class:`FollowerStore` — each follower's checkpoint (the position it has
+handled up to), its lease (two running instances of one follower never both
+process: the holder renews it, a dead holder's lease expires and another
+instance takes over), pause, rewind, its poison event (the error that stopped
+it), the gaps it skipped and the audit of skipped poison events. Every write
+that moves a follower forward is conditional on the caller holding the lease:
+a stale instance whose lease was taken over raises :class:`LeaseLost` and
+changes nothing.
+
+Times are aware UTC datetimes; positions are ints ≥ 1 (0 means "before the
+first stream").
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.persistence.records import EventStream
+
+
+@dataclass(frozen=True, slots=True)
+class PositionedStream:
+    """A stored stream and its global position in its context."""
+
+    position: int
+    stream: EventStream
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Positions a follower passed without seeing them: ``first``..``last`` (inclusive)."""
+
+    first: int
+    last: int
+    #: When the follower first saw the gap, and when it gave up waiting.
+    seen_at: datetime
+    skipped_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonEvent:
+    """The stream a follower's handler failed on; the follower stops there until retried or skipped."""
+
+    position: int
+    stream_id: str
+    aggregate: str  # "name/id"
+    error: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerState:
+    """What is stored for one follower."""
+
+    name: str
+    position: int
+    updated_at: datetime
+    paused: bool = False
+    lease_owner: str | None = None
+    lease_until: datetime | None = None
+    poison: PoisonEvent | None = None
+    gaps_skipped: int = 0
+    last_gap: Gap | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class StreamFeed(ABC):
+    """One context's event streams in position order (see the module docstring)."""
+
+    #: Whether a position missing below a visible one can never appear later.
+    gaps_are_final: bool = False
+
+    @abstractmethod
+    def read(self, after: int, limit: int) -> list[PositionedStream]:
+        """The visible streams of this context with position > ``after``, ascending, at most ``limit``."""
+
+    @abstractmethod
+    def head(self) -> int:
+        """The highest position allocated in this context (0 when none): what the lag is measured against."""
+
+    @abstractmethod
+    def position_at(self, time: datetime) -> int:
+        """The highest position of a visible stream created before ``time`` (0 when none): rewind by time."""
+
+    @abstractmethod
+    def count_between(self, after: int, upto: int) -> int:
+        """How many visible streams have ``after`` < position ≤ ``upto``: what a rewind will replay."""
+
+    def void_positions(self, after: int, upto: int) -> Iterable[int]:
+        """Positions in (``after``, ``upto``] known never to hold a stream (allocated, insert failed)."""
+        return ()
+
+    def created_at(self, position: int) -> datetime | None:
+        """When the stream at ``position`` was stored, if it is visible: the lag in seconds."""
+        streams = self.read(position - 1, 1)
+        if not streams or streams[0].position != position:
+            return None
+        return datetime.fromtimestamp(streams[0].stream.create_time / 1000, UTC)
+
+
+class FollowerStore(ABC):
+    """Followers' durable state (see the module docstring)."""
+
+    @abstractmethod
+    def get(self, name: str) -> FollowerState | None:
+        """The follower's state, or None when it never ran."""
+
+    @abstractmethod
+    def all(self) -> list[FollowerState]:
+        """Every follower's state, by name."""
+
+    @abstractmethod
+    def acquire(self, name: str, owner: str, lease_s: float, *, now: datetime) -> bool:
+        """Take or renew the lease of ``name`` for ``owner`` until ``now + lease_s``.
+
+        Creates the follower at position 0 when it has no state. True when
+        ``owner`` holds the lease afterwards: it was free, expired, or already
+        ``owner``'s. Atomic: of two owners acquiring at once, one wins.
+        """
+
+    @abstractmethod
+    def release(self, name: str, owner: str) -> None:
+        """Give the lease up if ``owner`` holds it (another instance may take over at once)."""
+
+    @abstractmethod
+    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = ()) -> None:
+        """Move the checkpoint forward to ``position`` and record ``gaps`` skipped on the way.
+
+        Raises :class:`LeaseLost` (changing nothing) unless ``owner`` holds an
+        unexpired lease. Never moves backwards: a ``position`` ≤ the stored one
+        changes nothing but the gaps.
+        """
+
+    @abstractmethod
+    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None) -> None:
+        """Record (or clear, with None) the event the follower stopped on. :class:`LeaseLost` as :meth:`advance`."""
+
+    @abstractmethod
+    def set_paused(self, name: str, paused: bool) -> None:
+        """Pause or resume: a paused follower's instances hold no batch (they keep waiting). :class:`UnknownFollower`."""
+
+    @abstractmethod
+    def rewind(self, name: str, position: int, *, now: datetime) -> None:
+        """Set the checkpoint to ``position`` (backwards or forwards) and clear the poison event.
+
+        Whoever holds the lease keeps it; its next batch reads from the new
+        position. :class:`UnknownFollower` when the follower never ran.
+        """
+
+    @abstractmethod
+    def skip_poison(self, name: str, *, by: str, reason: str, now: datetime) -> PoisonEvent:
+        """Pass the poison event: the checkpoint moves to its position, an audit record keeps who, why and what.
+
+        Raises :class:`UnknownFollower`, or ``ValueError`` when the follower is
+        not stopped on a poison event.
+        """
+
+    @abstractmethod
+    def skipped(self, name: str) -> list[dict]:
+        """The audit of skipped poison events, oldest first: ``position``, ``streamId``, ``aggregate``,
+        ``error``, ``by``, ``reason``, ``at``."""
+
+    def close(self) -> None:
+        """Release resources (connections, threads); the default has none."""
+
+
+__all__ = ["FollowerState", "FollowerStore", "Gap", "LeaseLost", "PoisonEvent", "PositionedStream", "StreamFeed",
+           "UnknownFollower"]
