@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from wow_django.application.followers import Follower, FollowerRunner
-from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.exceptions import DuplicateAggregateId, LeaseLost, UnknownFollower
 from wow_django.persistence.contracts import EventStore
 from wow_django.persistence.followers import FollowerStore, Gap, PoisonEvent, PositionedStream, StreamFeed
 from wow_django.persistence.records import AggregateId
@@ -150,7 +150,7 @@ class StreamFeedContract(_FollowerHarness):
 
     def test_a_refused_append_takes_no_visible_position(self):
         first = self.append(1)[0]
-        with self.assertRaises(Exception):
+        with self.assertRaises(DuplicateAggregateId):
             self.events.append(make_stream(first.aggregate_id, 1))  # version 1 again
         second = self.append(1)[0]
         found = self.feed.read(0, 10)
