@@ -58,7 +58,13 @@ class HidingFeed(StreamFeed):
         return self.inner.count_between(after, upto) - len([p for p in self.hidden if after < p <= upto])
 
     def void_positions(self, after: int, upto: int) -> Iterable[int]:
-        return sorted(p for p in self.void if after < p <= upto)
+        """The positions called void, and where the inner feed's gaps are final every position it lacks
+        that is not hidden (a feed's positions need not be contiguous: one sequence for several contexts)."""
+        void = {p for p in self.void if after < p <= upto}
+        if self.inner.gaps_are_final and upto > after:
+            present = {item.position for item in self.inner.read(after, upto - after)}
+            void |= {p for p in range(after + 1, upto + 1) if p not in present and p not in self.hidden}
+        return sorted(void)
 
 
 class _FollowerHarness:
