@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from wow_django.application.followers import FollowerRegistry, follower, use_fol
 from wow_django.application.runtime import get_runtime
 from wow_django.testing import isolated_registry
 
-from .support import fresh_wow
+from .support import fresh_wow, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -192,5 +193,24 @@ def test_wow_follow_in_a_process_on_a_sqlite_file():
         row = after["order-activity"]
         assert (row["lag_events"], row["lag_seconds"], row["lease_holder"]) == (0, 0.0, None)
         assert row["position"] == row["head"] > 0
+
+        # Running until stopped: SIGTERM finishes the batch and releases the lease.
+        follow = subprocess.Popen([sys.executable, os.path.join(ROOT, "manage.py"), "wow_follow"], env=env, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            def holder():
+                rows = {r["name"]: r for r in json.loads(manage("wow_followers", "--format", "json"))}
+                return rows["order-activity"]["lease_holder"]
+
+            wait_for(holder, timeout=60, what="wow_follow holds the lease")
+            follow.send_signal(signal.SIGTERM)
+            out, err = follow.communicate(timeout=60)
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.communicate()
+        assert follow.returncode == 0, err
+        assert "SIGTERM: finishing the current batches" in out
+        assert holder() is None
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -46,8 +46,9 @@ class Backend(ABC):
     def event_queries(self, store: EventStore, aggregate_name: str) -> QueryService:
         """Event stream queries of one aggregate type over ``store`` (built by this backend)."""
 
-    def stream_feed(self, store: EventStore, context_name: str) -> StreamFeed:
-        """The streams of context ``context_name`` in ``store`` (built by this backend) by position."""
+    def stream_feed(self, store: EventStore, context_name: str | None = None) -> StreamFeed:
+        """The streams of context ``context_name`` (None: ``WOW['CONTEXT_NAME']``) in ``store`` (built by this
+        backend) by position."""
         raise NotImplementedError(f"the {self.name!r} backend does not serve followers")
 
     def follower_store(self) -> FollowerStore:

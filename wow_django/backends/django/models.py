@@ -45,6 +45,15 @@
     every engine whatever ``USE_TZ`` says, and gives back the exact datetime
     that was stored.
 
+``wow_stream_context``, one row per context with streams
+    the lock that makes positions commit-ordered per context
+    (:class:`StreamContextRow`).
+
+``wow_follower``, ``wow_follower_gap``, ``wow_follower_skip``
+    followers' state (checkpoint, lease, pause, poison event, skipped-gap
+    count), each gap a follower passed, and the audit of skipped poison
+    events (``wow_django.backends.django.followers``).
+
 Text columns compare and sort by code point on every engine, like MongoDB
 strings (``"C"`` collation on PostgreSQL, SQLite's default ``BINARY``), so a
 scan's lexicographic order does not depend on the database's locale.
