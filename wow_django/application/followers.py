@@ -56,8 +56,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import connections, transaction
 
+from wow_django.bus.consumer import release_database_connections
 from wow_django.conf import wow_settings
 from wow_django.domain.registry import Current, check_name
 from wow_django.exceptions import LeaseLost
@@ -328,13 +329,19 @@ class FollowerRunner:
 
     def run(self, stop: threading.Event, *, until_caught_up: bool = False) -> Cycle:
         """Run cycles until ``stop`` is set (or, with ``until_caught_up``, until a read finds nothing more, or
-        the follower is stopped on a poison event or paused); then release the lease. The last cycle."""
+        the follower is stopped on a poison event or paused); then release the lease. The last cycle.
+
+        Around each cycle a database connection that broke or outlived ``CONN_MAX_AGE`` is closed (as
+        Django does around a request); run in a thread other than the main one, the thread's
+        connections are closed when it returns.
+        """
         wait = MIN_WAIT_S
         cycle = Cycle()
         try:
             while not stop.is_set():
                 notifier = self.feed.notifier
                 seen = notifier.count if notifier is not None else None
+                release_database_connections()
                 try:
                     cycle = self.run_once()
                 except Exception:
@@ -356,6 +363,8 @@ class FollowerRunner:
                     wait = min(wait * 2, self.max_wait_s)
         finally:
             self.close()
+            if threading.current_thread() is not threading.main_thread():
+                connections.close_all()
         return cycle
 
     def close(self) -> None:
