@@ -307,6 +307,11 @@ def validate_user_settings(user: Any) -> list[tuple[str, str]]:
         problem = VALIDATORS[key](value)
         if problem:
             problems.append((key, f"{problem} (got {value!r})"))
+    if not any(key in ("FOLLOWER_MIN_BATCH", "FOLLOWER_MAX_BATCH") for key, _ in problems):
+        low = user.get("FOLLOWER_MIN_BATCH", DEFAULTS["FOLLOWER_MIN_BATCH"])
+        high = user.get("FOLLOWER_MAX_BATCH", DEFAULTS["FOLLOWER_MAX_BATCH"])
+        if low > high:
+            problems.append(("FOLLOWER_MIN_BATCH", f"must be ≤ FOLLOWER_MAX_BATCH ({high}) (got {low!r})"))
     return problems
 
 
