@@ -37,7 +37,10 @@ events has a listed name (the handler gets the whole stream).
   that database; each stream in a savepoint, so a failing one leaves the
   ones before it committed.
 * **poison** — a handler that raises stops the follower at that stream
-  (``set_poison``); the streams before it are checkpointed. An operator
+  (``set_poison``); the streams before it are checkpointed. A transient store
+  error (``RecoverableStoreError``, a lost connection, a locked SQLite) is
+  not the stream's fault: the cycle fails, nothing of the batch is
+  checkpointed and it is handed again after a backoff. An operator
   retries (``rewind`` to the same position clears it) or skips it
   (``skip_poison``, audited). A paused or poisoned follower's instance keeps
   its lease and waits.
@@ -56,12 +59,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
+from wow_django.backends.django.errors import is_recoverable
 from wow_django.bus.consumer import release_database_connections
 from wow_django.conf import wow_settings
 from wow_django.domain.registry import Current, check_name
-from wow_django.exceptions import LeaseLost
+from wow_django.exceptions import LeaseLost, RecoverableStoreError
 from wow_django.persistence.followers import FollowerStore, Gap, PoisonEvent, PositionedStream, StreamFeed
 
 logger = logging.getLogger(__name__)
@@ -302,6 +306,8 @@ class FollowerRunner:
                 else:
                     self.follower.handler(item)
             except Exception as exc:
+                if transient(exc):
+                    raise  # not the stream's fault: the cycle fails and the batch is handed again
                 return handled, (item, exc), item.position - 1
             handled += 1
         return handled, None, items[-1].position
@@ -375,6 +381,11 @@ class FollowerRunner:
                 self.store.release(self.name, self.owner)
             except Exception:  # leaving anyway: the lease will expire
                 logger.exception("follower %r: releasing the lease failed", self.name)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a handler's error is a store's transient failure (retried) rather than the stream's (poison)."""
+    return isinstance(exc, RecoverableStoreError) or (isinstance(exc, DatabaseError) and is_recoverable(exc))
 
 
 def _ranges(missing: list[int], seen: dict[int, datetime], now: datetime) -> list[Gap]:

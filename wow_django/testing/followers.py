@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from wow_django.application.followers import Follower, FollowerRunner
-from wow_django.exceptions import DuplicateAggregateId, LeaseLost, UnknownFollower
+from wow_django.exceptions import DuplicateAggregateId, LeaseLost, RecoverableStoreError, UnknownFollower
 from wow_django.persistence.contracts import EventStore
 from wow_django.persistence.followers import FollowerStore, Gap, PoisonEvent, PositionedStream, StreamFeed
 from wow_django.persistence.records import AggregateId
@@ -553,6 +553,25 @@ class FollowerRunnerContract(_FollowerHarness):
         self.followers.rewind(self.name, state.position, now=self.clock())  # retry
         self.drain(runner)
         self.assertEqual(self.handled(), [p1, p2, p3])
+
+    def test_a_transient_store_error_is_retried_not_poison(self):
+        self.append(2)
+        p1, p2 = self.positions()
+        failures = [RecoverableStoreError("the database went away")]
+
+        def handle(item):
+            if item.position == p2 and failures:
+                raise failures.pop()
+            self.seen.append(("?", item.position))
+
+        runner = FollowerRunner(Follower(self.name, handle), self.feed, self.followers, owner="one", clock=self.clock,
+                                min_batch=4, max_batch=4)
+        with self.assertRaises(RecoverableStoreError):
+            runner.run_once()
+        state = self.followers.get(self.name)
+        self.assertEqual((state.position, state.poison), (0, None))
+        self.drain(runner)
+        self.assertEqual(self.handled(), [p1, p1, p2])
 
     def test_a_poison_event_skipped_with_an_audit(self):
         self.append(3)
