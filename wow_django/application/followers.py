@@ -333,7 +333,7 @@ class FollowerRunner:
         self._wake.clear()
         return woken
 
-    def run(self, stop: threading.Event, *, until_caught_up: bool = False) -> Cycle:
+    def run(self, stop: threading.Event, until_caught_up: bool = False) -> Cycle:
         """Run cycles until ``stop`` is set (or, with ``until_caught_up``, until a read finds nothing more, or
         the follower is stopped on a poison event or paused); then release the lease. The last cycle.
 
