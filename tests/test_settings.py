@@ -66,6 +66,12 @@ def test_malformed_value_is_an_error_naming_the_key():
         ({"EVENT_STORE_BATCH": {"MAX_SZE": 3}}, "EVENT_STORE_BATCH.MAX_SZE"),
         ({"EVENT_STORE_BATCH": 5}, "EVENT_STORE_BATCH"),
         ({"STORAGEE": "mongo"}, "STORAGEE"),
+        ({"FOLLOWER_GAP_TIMEOUT_S": -1}, "FOLLOWER_GAP_TIMEOUT_S"),
+        ({"FOLLOWER_LEASE_S": 0}, "FOLLOWER_LEASE_S"),
+        ({"FOLLOWER_MAX_BATCH": 1.5}, "FOLLOWER_MAX_BATCH"),
+        ({"FOLLOWER_MAX_WAIT_S": "1"}, "FOLLOWER_MAX_WAIT_S"),
+        ({"FOLLOWER_MIN_BATCH": 2000}, "FOLLOWER_MIN_BATCH"),  # above the default maximum, 1000
+        ({"FOLLOWER_MIN_BATCH": 8, "FOLLOWER_MAX_BATCH": 4}, "FOLLOWER_MIN_BATCH"),
     ],
 )
 def test_each_malformed_setting_is_reported_by_key(user, key):

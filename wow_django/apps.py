@@ -13,4 +13,4 @@ class WowDjangoConfig(AppConfig):
 
         from wow_django import checks  # noqa: F401
 
-        autodiscover_modules("aggregates", "projections")
+        autodiscover_modules("aggregates", "projections", "followers")

@@ -113,6 +113,19 @@ DEFAULTS: dict[str, Any] = {
     "BUS_PUBLISH_TIMEOUT_S": 5.0,
     # Unacknowledged messages a consumer worker holds at once.
     "BUS_CONSUMER_PREFETCH": 16,
+    # --- followers (wow_follow) ---------------------------------------------
+    # How long a follower waits for a position missing below a visible one
+    # (a late commit) before it passes it and records the gap. Backends whose
+    # gaps are final (in_memory, django) never wait.
+    "FOLLOWER_GAP_TIMEOUT_S": 10.0,
+    # A running instance's lease on its follower; a dead instance's is taken
+    # over after it. Renewed once a third of it has passed.
+    "FOLLOWER_LEASE_S": 30.0,
+    # Streams per read: doubled while reads come back full, halved when live.
+    "FOLLOWER_MIN_BATCH": 16,
+    "FOLLOWER_MAX_BATCH": 1000,
+    # The longest wait between reads of a live follower (backoff from 10 ms).
+    "FOLLOWER_MAX_WAIT_S": 1.0,
 }
 
 # Settings holding a dotted path that is imported on first use.
@@ -254,6 +267,11 @@ VALIDATORS = {
     "BUS_INBOX_LEASE_S": _pos_num,
     "BUS_PUBLISH_TIMEOUT_S": _pos_num,
     "BUS_CONSUMER_PREFETCH": _pos_int,
+    "FOLLOWER_GAP_TIMEOUT_S": _non_negative_num,
+    "FOLLOWER_LEASE_S": _pos_num,
+    "FOLLOWER_MIN_BATCH": _pos_int,
+    "FOLLOWER_MAX_BATCH": _pos_int,
+    "FOLLOWER_MAX_WAIT_S": _pos_num,
 }
 
 
@@ -289,6 +307,11 @@ def validate_user_settings(user: Any) -> list[tuple[str, str]]:
         problem = VALIDATORS[key](value)
         if problem:
             problems.append((key, f"{problem} (got {value!r})"))
+    if not any(key in ("FOLLOWER_MIN_BATCH", "FOLLOWER_MAX_BATCH") for key, _ in problems):
+        low = user.get("FOLLOWER_MIN_BATCH", DEFAULTS["FOLLOWER_MIN_BATCH"])
+        high = user.get("FOLLOWER_MAX_BATCH", DEFAULTS["FOLLOWER_MAX_BATCH"])
+        if low > high:
+            problems.append(("FOLLOWER_MIN_BATCH", f"must be ≤ FOLLOWER_MAX_BATCH ({high}) (got {low!r})"))
     return problems
 
 

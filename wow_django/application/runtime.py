@@ -62,6 +62,7 @@ from wow_django.persistence.backend import Backend
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.bus import BusStore
 from wow_django.persistence.contracts import EventStore, PrepareKey, SnapshotStore
+from wow_django.persistence.followers import FollowerStore, StreamFeed
 from wow_django.persistence.query import QueryService
 
 #: Backend class per ``WOW['STORAGE']`` value.
@@ -135,6 +136,24 @@ class Runtime:
     @property
     def bus_store(self) -> BusStore:
         return self._part("bus_store", lambda: self.backend("BUS_STORE").bus_store())
+
+    # --- followers -------------------------------------------------------------------------------
+
+    @property
+    def stream_feed(self) -> StreamFeed:
+        """The streams of ``WOW['CONTEXT_NAME']`` by position, on the event store's backend (followers read it)."""
+        return self._part("stream_feed", self._build_stream_feed)
+
+    def _build_stream_feed(self) -> StreamFeed:
+        store = self.event_store
+        if isinstance(store, BatchingEventStore):
+            store = store.inner  # reads go straight to the wrapped store
+        return self.backend("EVENT_STORE").stream_feed(store, wow_settings.CONTEXT_NAME)
+
+    @property
+    def follower_store(self) -> FollowerStore:
+        """Followers' checkpoints, leases and operations state, beside the events (the event store's backend)."""
+        return self._part("follower_store", lambda: self.backend("EVENT_STORE").follower_store())
 
     # --- queries ---------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 
 from wow_django.persistence.bus import BusStore
 from wow_django.persistence.contracts import EventStore, PrepareKey, SnapshotStore
+from wow_django.persistence.followers import FollowerStore, StreamFeed
 from wow_django.persistence.query import QueryService
 
 
@@ -44,6 +45,15 @@ class Backend(ABC):
     @abstractmethod
     def event_queries(self, store: EventStore, aggregate_name: str) -> QueryService:
         """Event stream queries of one aggregate type over ``store`` (built by this backend)."""
+
+    def stream_feed(self, store: EventStore, context_name: str | None = None) -> StreamFeed:
+        """The streams of context ``context_name`` (None: ``WOW['CONTEXT_NAME']``) in ``store`` (built by this
+        backend) by position."""
+        raise NotImplementedError(f"the {self.name!r} backend does not serve followers")
+
+    def follower_store(self) -> FollowerStore:
+        """A new store of followers' state (checkpoint, lease, pause, poison, skipped gaps)."""
+        raise NotImplementedError(f"the {self.name!r} backend does not serve followers")
 
     def close(self) -> None:
         """Release what the backend holds itself (its stores are closed by the runtime)."""

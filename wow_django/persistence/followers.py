@@ -39,6 +39,7 @@ first stream").
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -94,11 +95,63 @@ class FollowerState:
     extra: dict = field(default_factory=dict)
 
 
+def check_read_args(after: int, limit: int) -> None:
+    """``ValueError`` unless ``after`` is an int ≥ 0 and ``limit`` an int ≥ 1 (every feed's :meth:`StreamFeed.read`)."""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError(f"after must be an integer ≥ 0, got {after!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer ≥ 1, got {limit!r}")
+
+
+def check_position(position: int) -> None:
+    """``ValueError`` unless ``position`` is an int ≥ 0 (a checkpoint)."""
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be an integer ≥ 0, got {position!r}")
+
+
+def poison_time(poison: PoisonEvent | None, now: datetime | None) -> datetime:
+    """The time :meth:`FollowerStore.set_poison` checks the lease at."""
+    if now is not None:
+        return now
+    return poison.at if poison is not None else datetime.now(UTC)
+
+
+class AppendNotifier:
+    """Wakes the waiters of one process when an event store of this process stored streams.
+
+    A store that has one calls :meth:`notify` after each successful append; a
+    feed over that store exposes it as :attr:`StreamFeed.notifier`, so a
+    follower that is live waits for the next append instead of polling.
+    Appends of other processes are not seen: followers back off for those.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        """How many notifications so far: pass it to :meth:`wait`."""
+        return self._count
+
+    def notify(self) -> None:
+        with self._condition:
+            self._count += 1
+            self._condition.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Block until a notification after the ``seen``-th or ``timeout`` s; True when notified."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._count != seen, timeout)
+
+
 class StreamFeed(ABC):
     """One context's event streams in position order (see the module docstring)."""
 
     #: Whether a position missing below a visible one can never appear later.
     gaps_are_final: bool = False
+    #: Notified after each append of this process to the feed's store; None: followers poll with backoff.
+    notifier: AppendNotifier | None = None
 
     @abstractmethod
     def read(self, after: int, limit: int) -> list[PositionedStream]:
@@ -131,6 +184,10 @@ class StreamFeed(ABC):
 class FollowerStore(ABC):
     """Followers' durable state (see the module docstring)."""
 
+    #: The Django database alias the state lives in, when it is one (django backend): a transactional
+    #: follower's handler writes and the checkpoint then commit in one ``transaction.atomic(using=...)``.
+    database_alias: str | None = None
+
     @abstractmethod
     def get(self, name: str) -> FollowerState | None:
         """The follower's state, or None when it never ran."""
@@ -162,8 +219,12 @@ class FollowerStore(ABC):
         """
 
     @abstractmethod
-    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None) -> None:
-        """Record (or clear, with None) the event the follower stopped on. :class:`LeaseLost` as :meth:`advance`."""
+    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
+        """Record (or clear, with None) the event the follower stopped on. :class:`LeaseLost` as :meth:`advance`.
+
+        The lease is checked at ``now``; None means ``poison.at`` (or the real now when clearing):
+        see :func:`poison_time`.
+        """
 
     @abstractmethod
     def set_paused(self, name: str, paused: bool) -> None:
@@ -194,5 +255,6 @@ class FollowerStore(ABC):
         """Release resources (connections, threads); the default has none."""
 
 
-__all__ = ["FollowerState", "FollowerStore", "Gap", "LeaseLost", "PoisonEvent", "PositionedStream", "StreamFeed",
-           "UnknownFollower"]
+__all__ = ["AppendNotifier", "FollowerState", "FollowerStore", "Gap", "LeaseLost", "PoisonEvent", "PositionedStream", "StreamFeed",
+           "UnknownFollower", "check_position", "check_read_args",
+           "poison_time"]

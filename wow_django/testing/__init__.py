@@ -10,6 +10,8 @@ pytest and ``manage.py test`` both run them. Harness:
 
 * :func:`isolated_registry` — declarations made in a test vanish after it;
 * :class:`FakeClock` — a clock the test moves, for stores that take a ``clock``;
+* :mod:`wow_django.testing.followers` — the follower contracts (feed, store,
+  runner) and :class:`HidingFeed`, which hides positions to play a late commit;
 * :class:`EmbeddedMongoDatabase` / :class:`RealMongoDatabase` — a fresh Mongo
   database per test (``WOW_TEST_MONGO_URI`` for the real server);
 * :mod:`wow_django.testing.bus` — RabbitMQ names and clean-up, a broker outage
@@ -20,6 +22,7 @@ pytest and ``manage.py test`` both run them. Harness:
 from wow_django.testing.bus_store import BusStoreContract, make_event
 from wow_django.testing.clock import FakeClock
 from wow_django.testing.event_store import EventStoreContract, make_stream
+from wow_django.testing.followers import FollowerRunnerContract, FollowerStoreContract, HidingFeed, StreamFeedContract
 from wow_django.testing.mongo import (
     REAL_MONGO_REASON,
     EmbeddedMongoDatabase,
@@ -37,10 +40,14 @@ __all__ = [
     "EmbeddedMongoDatabase",
     "EventStoreContract",
     "FakeClock",
+    "FollowerRunnerContract",
+    "FollowerStoreContract",
+    "HidingFeed",
     "PrepareKeyContract",
     "REAL_MONGO_REASON",
     "RealMongoDatabase",
     "SnapshotStoreContract",
+    "StreamFeedContract",
     "isolated_registry",
     "make_event",
     "make_snapshot",

@@ -54,5 +54,15 @@ class DjangoBackend(Backend):
         return DjangoEventStreamQueryService(store, aggregate_name,
                                              max_time_ms=wow_settings.DATABASE_QUERY_TIMEOUT_MS)
 
+    def stream_feed(self, store, context_name: str | None = None):
+        from wow_django.backends.django.followers import DjangoStreamFeed
+
+        return DjangoStreamFeed(store, context_name or wow_settings.CONTEXT_NAME)
+
+    def follower_store(self):
+        from wow_django.backends.django.followers import DjangoFollowerStore
+
+        return DjangoFollowerStore(using=self.using)
+
 
 __all__ = ["DjangoBackend"]

@@ -18,7 +18,7 @@ from django.db import DataError, IntegrityError, transaction
 
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
-from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow
+from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow, StreamContextRow
 from wow_django.exceptions import (
     DuplicateAggregateId,
     DuplicateEventStreamId,
@@ -29,6 +29,7 @@ from wow_django.exceptions import (
     SchemaConflictError,
 )
 from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
+from wow_django.persistence.followers import AppendNotifier
 from wow_django.persistence.records import MAX_VERSION, AggregateId, DomainEventRecord, EventStream
 
 #: What a violated constraint means.
@@ -136,9 +137,19 @@ class DjangoEventStore(EventStore):
             f"SELECT {', '.join('{' + column + '}' for column in _COLUMNS)} "
             f"FROM {quote(EventStreamRow._meta.db_table)} WHERE {{aggregate_name}} = %s AND {{aggregate_id}} = %s"
         )
-        self._insert_sql = (f"INSERT INTO {quote(EventStreamRow._meta.db_table)} "
-                            f"({', '.join(quote(field.column) for field in _INSERT_FIELDS)}) VALUES ")
+        self._insert_head = (f"INSERT INTO {quote(EventStreamRow._meta.db_table)} "
+                             f"({', '.join(quote(field.column) for field in _INSERT_FIELDS)})")
+        self._insert_sql = self._insert_head + " VALUES "
         self._row_sql = "(" + ", ".join(["%s"] * len(_INSERT_FIELDS)) + ")"
+        # PostgreSQL: each insert first locks its contexts' rows of wow_stream_context (see _locked).
+        self._serialise = connection.vendor == "postgresql"
+        if self._serialise:
+            self._typed_row_sql = "(" + ", ".join(f"%s::{field.db_type(connection)}" for field in _INSERT_FIELDS) + ")"
+            context_table = quote(StreamContextRow._meta.db_table)
+            self._lock_sql = (f"INSERT INTO {context_table} ({quote('context_name')}, {quote('appends')}) VALUES {{}} "
+                              f"ON CONFLICT ({quote('context_name')}) DO UPDATE SET {quote('appends')} = "
+                              f"{context_table}.{quote('appends')} + 1")
+        self.append_notifier = AppendNotifier()
         self.request_id_index = request_id_index
         self._global = request_id_index == "global"
         self._scopes_checked: set[str] = set()
@@ -205,11 +216,39 @@ class DjangoEventStore(EventStore):
                 # Inside the caller's transaction a savepoint keeps a conflict from breaking it.
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
                 with sqlite_writer(connection), atomic, connection.cursor() as cursor:
-                    cursor.execute(self._insert_sql + self._row_sql, values)
+                    cursor.execute(*self._locked([stream], values))
         except IntegrityError as exc:
             raise self._conflict(connection, stream, exc) from exc
         except DataError as exc:
             raise EventStoreError(f"event stream {stream.id!r} cannot be stored: {exc}") from exc
+        self._appended(connection)
+
+    def _locked(self, streams: Sequence[EventStream], params: list, suffix: str = "") -> tuple[str, list]:
+        """The insert of ``streams`` (``params``: their rows' values) with ``suffix``, and its parameters.
+
+        On PostgreSQL the insert locks the streams' contexts first, in the same
+        statement: a data-modifying ``WITH`` upserts each context's row of
+        ``wow_stream_context`` (in name order, so concurrent batches never
+        deadlock), and the insert reads from it, so the rows' ``position``
+        values (drawn as each row is built) come after the locks. The locks
+        last until the transaction ends: appends to one context commit in
+        position order.
+        """
+        if not self._serialise:
+            return f"{self._insert_sql}{', '.join([self._row_sql] * len(streams))}{suffix}", params
+        contexts = sorted({stream.aggregate_id.context_name for stream in streams})
+        lock = self._lock_sql.format(", ".join(["(%s, 1)"] * len(contexts)))
+        sql = (f"WITH wow_lock AS ({lock} RETURNING 1) {self._insert_head} SELECT * FROM (VALUES "
+               f"{', '.join([self._typed_row_sql] * len(streams))}) AS wow_rows "
+               f"WHERE (SELECT count(*) FROM wow_lock) > 0{suffix}")
+        return sql, [*contexts, *params]
+
+    def _appended(self, connection) -> None:
+        """Wake this process's followers once what was appended is committed."""
+        if connection.in_atomic_block:
+            transaction.on_commit(self.append_notifier.notify, using=self.using)
+        else:
+            self.append_notifier.notify()
 
     def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
         """Each stream stored or refused on its own; one result per stream.
@@ -257,14 +296,16 @@ class DjangoEventStore(EventStore):
                 rows.append(index)
         if not rows:
             return
-        sql = (f"{self._insert_sql}{', '.join([self._row_sql] * len(rows))} ON CONFLICT DO NOTHING "
-               f"RETURNING {', '.join(self._names[name] for name in _IDENTITY)}")
+        sql, params = self._locked([streams[i] for i in rows], params, " ON CONFLICT DO NOTHING RETURNING "
+                                   f"{', '.join(self._names[name] for name in _IDENTITY)}")
         try:
             with store_errors(connection, f"appending {len(rows)} event streams"):
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
                 with sqlite_writer(connection), atomic, connection.cursor() as cursor:
                     cursor.execute(sql, params)
                     stored = cursor.fetchall()
+            if stored:
+                self._appended(connection)
         except RecoverableStoreError as exc:
             for index in rows:
                 results[index] = exc
@@ -293,6 +334,10 @@ class DjangoEventStore(EventStore):
         try:
             with store_errors(connection, f"appending {len(indexes)} event streams"):
                 with sqlite_writer(connection), transaction.atomic(using=self.using):
+                    if self._serialise:  # the contexts' locks first, for the whole transaction (see _locked)
+                        contexts = sorted({streams[i].aggregate_id.context_name for i in indexes})
+                        with connection.cursor() as cursor:
+                            cursor.execute(self._lock_sql.format(", ".join(["(%s, 1)"] * len(contexts))), contexts)
                     for index in indexes:
                         stream = streams[index]
                         try:
@@ -307,6 +352,9 @@ class DjangoEventStore(EventStore):
         except RecoverableStoreError as exc:  # rolled back: nothing of this call is stored
             for index in indexes:
                 results[index] = exc
+            return
+        if any(results[index] is None for index in indexes):
+            self._appended(connection)
 
     def _conflict(self, connection, stream: EventStream, exc: IntegrityError) -> EventStoreError:
         """The error for a unique violation, confirmed by a read when the constraint is not named."""

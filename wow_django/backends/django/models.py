@@ -45,6 +45,15 @@
     every engine whatever ``USE_TZ`` says, and gives back the exact datetime
     that was stored.
 
+``wow_stream_context``, one row per context with streams
+    the lock that makes positions commit-ordered per context
+    (:class:`StreamContextRow`).
+
+``wow_follower``, ``wow_follower_gap``, ``wow_follower_skip``
+    followers' state (checkpoint, lease, pause, poison event, skipped-gap
+    count), each gap a follower passed, and the audit of skipped poison
+    events (``wow_django.backends.django.followers``).
+
 Text columns compare and sort by code point on every engine, like MongoDB
 strings (``"C"`` collation on PostgreSQL, SQLite's default ``BINARY``), so a
 scan's lexicographic order does not depend on the database's locale.
@@ -172,3 +181,87 @@ class PrepareKeyRow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.key}"
+
+
+class StreamContextRow(models.Model):
+    """One row per context that has event streams: appends to a context lock its row first.
+
+    On PostgreSQL the event store's insert takes this row's lock (an upsert in
+    the same statement) before the row's ``position`` is drawn, and holds it
+    until its transaction ends: appends to one context commit one after the
+    other, in position order, so a position missing below a visible one is
+    never going to appear (``StreamFeed.gaps_are_final``). SQLite serialises
+    every write on the file, so it does not need the row. ``appends`` counts
+    the appends that took the lock (committed or not).
+    """
+
+    context_name = CodePointTextField(primary_key=True)
+    appends = models.BigIntegerField(default=0)
+
+    class Meta:
+        app_label = "wow_django"
+        db_table = "wow_stream_context"
+        verbose_name = "event stream context"
+
+    def __str__(self) -> str:
+        return self.context_name
+
+
+class FollowerRow(models.Model):
+    """A follower's state (``wow_django.persistence.followers.FollowerState``); times in epoch microseconds."""
+
+    name = CodePointTextField(primary_key=True)
+    position = models.BigIntegerField(default=0)
+    updated_at = models.BigIntegerField()
+    paused = models.BooleanField(default=False)
+    lease_owner = CodePointTextField(null=True, blank=True)
+    lease_until = models.BigIntegerField(null=True, blank=True)
+    poison = _json(null=True, blank=True)  # {position, streamId, aggregate, error, at}
+    gaps_skipped = models.BigIntegerField(default=0)
+    last_gap = _json(null=True, blank=True)  # {first, last, seenAt, skippedAt}
+    extra = _json(default=dict)
+
+    class Meta:
+        app_label = "wow_django"
+        db_table = "wow_follower"
+        verbose_name = "follower"
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.position}"
+
+
+class FollowerGapRow(models.Model):
+    """A range of positions a follower passed without seeing them (a gap it gave up waiting for)."""
+
+    id = models.BigAutoField(primary_key=True)
+    follower = CodePointTextField()
+    first = models.BigIntegerField()
+    last = models.BigIntegerField()
+    seen_at = models.BigIntegerField()
+    skipped_at = models.BigIntegerField()
+
+    class Meta:
+        app_label = "wow_django"
+        db_table = "wow_follower_gap"
+        verbose_name = "skipped gap"
+        indexes = [models.Index(fields=["follower", "id"], name="wow_follower_gap_name")]
+
+
+class FollowerSkipRow(models.Model):
+    """The audit of one skipped poison event: who skipped what, why and when."""
+
+    id = models.BigAutoField(primary_key=True)
+    follower = CodePointTextField()
+    position = models.BigIntegerField()
+    stream_id = CodePointTextField()
+    aggregate = CodePointTextField()
+    error = models.TextField()
+    by = CodePointTextField()
+    reason = models.TextField()
+    at = models.BigIntegerField()
+
+    class Meta:
+        app_label = "wow_django"
+        db_table = "wow_follower_skip"
+        verbose_name = "skipped poison event"
+        indexes = [models.Index(fields=["follower", "id"], name="wow_follower_skip_name")]

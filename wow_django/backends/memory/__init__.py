@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from wow_django.backends.memory.bus_store import InMemoryBusStore
+from wow_django.backends.memory.followers import InMemoryFollowerStore, InMemoryStreamFeed
 from wow_django.backends.memory.queries import InMemoryEventStreamQueryService, InMemorySnapshotQueryService
 from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
+from wow_django.conf import wow_settings
 from wow_django.persistence.backend import Backend
 
 
@@ -31,3 +33,8 @@ class MemoryBackend(Backend):
     def event_queries(self, store, aggregate_name: str):
         return InMemoryEventStreamQueryService(store, aggregate_name)
 
+    def stream_feed(self, store, context_name: str | None = None):
+        return InMemoryStreamFeed(store, context_name or wow_settings.CONTEXT_NAME)
+
+    def follower_store(self):
+        return InMemoryFollowerStore()

@@ -26,6 +26,7 @@ from wow_django.persistence.contracts import (
     check_version_range,
     resolve_ttl,
 )
+from wow_django.persistence.followers import AppendNotifier, PositionedStream
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream, PreparedValue, Snapshot
 
 
@@ -57,6 +58,10 @@ class InMemoryEventStore(EventStore):
         # aggregate name → request id → stream (global mode only)
         self._request_ids: dict[str, dict[str, EventStream]] = {}
         self._stream_ids: set[tuple[str, str]] = set()
+        # context name → its streams in append order; a stream's position is its index + 1 (gapless: a
+        # refused append takes none, and positions are taken under the lock, so in commit order).
+        self._positioned: dict[str, list[PositionedStream]] = {}
+        self.append_notifier = AppendNotifier()
 
     def _check(self, stream: EventStream) -> Exception | None:
         agg = stream.aggregate_id
@@ -96,6 +101,8 @@ class InMemoryEventStore(EventStore):
         if self._global_request_ids:
             self._request_ids.setdefault(agg.aggregate_name, {})[stream.request_id] = stream
         self._stream_ids.add((agg.aggregate_name, stream.id))
+        positioned = self._positioned.setdefault(agg.context_name, [])
+        positioned.append(PositionedStream(len(positioned) + 1, stream))
 
     def append(self, stream: EventStream) -> None:
         with self._lock:
@@ -103,6 +110,7 @@ class InMemoryEventStore(EventStore):
             if error is not None:
                 raise error
             self._store(stream)
+        self.append_notifier.notify()
 
     def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
         results: list[Exception | None] = []
@@ -112,7 +120,21 @@ class InMemoryEventStore(EventStore):
                 if error is None:
                     self._store(stream)
                 results.append(error)
+        if any(result is None for result in results):
+            self.append_notifier.notify()
         return results
+
+    def positioned(self, context_name: str, after: int, limit: int) -> list[PositionedStream]:
+        """The streams of one context with position > ``after``, ascending, at most ``limit`` (followers)."""
+        with self._lock:
+            streams = self._positioned.get(context_name, [])
+            start = max(after, 0)
+            return streams[start:start + limit]
+
+    def positioned_all(self, context_name: str) -> list[PositionedStream]:
+        """Every stream of one context in position order."""
+        with self._lock:
+            return list(self._positioned.get(context_name, []))
 
     def _record(self, aggregate_id: AggregateId) -> _Aggregate | None:
         by_id = self._aggregates.get(aggregate_id.aggregate_name)

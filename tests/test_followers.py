@@ -1,0 +1,228 @@
+"""The follower contracts and the runner on every backend: in-memory, the django backend on SQLite and on
+PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import unittest
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+
+from django.core.exceptions import ImproperlyConfigured
+from django.test import TransactionTestCase, override_settings
+
+from sample_project.orders.aggregates import OrderLine, PlaceOrder
+from wow_django.application import WaitStage
+from wow_django.application.followers import Follower, FollowerRunner
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.django.event_store import DjangoEventStore
+from wow_django.backends.django.followers import DjangoFollowerStore, DjangoStreamFeed
+from wow_django.backends.django.models import PrepareKeyRow
+from wow_django.backends.memory.followers import InMemoryFollowerStore, InMemoryStreamFeed
+from wow_django.backends.memory.stores import InMemoryEventStore
+from wow_django.persistence.records import AggregateId
+from wow_django.testing import FakeClock, make_stream
+from wow_django.testing.followers import FollowerRunnerContract, FollowerStoreContract, StreamFeedContract
+
+from .support import fresh_wow, wait_for
+
+
+class InMemory:
+    def make_event_store(self):
+        return InMemoryEventStore()
+
+    def make_feed(self, store, context_name):
+        return InMemoryStreamFeed(store, context_name)
+
+    def make_follower_store(self):
+        return InMemoryFollowerStore()
+
+
+class TestInMemoryStreamFeed(InMemory, StreamFeedContract, unittest.TestCase):
+    pass
+
+
+class TestInMemoryFollowerStore(InMemory, FollowerStoreContract, unittest.TestCase):
+    pass
+
+
+class TestInMemoryFollowerRunner(InMemory, FollowerRunnerContract, unittest.TestCase):
+    pass
+
+
+class OnDjango:
+    """The django backend; a ``TransactionTestCase``: the contracts' threads use their own connections."""
+
+    available_apps = ["wow_django"]
+
+    def make_event_store(self):
+        return DjangoEventStore(using=self.alias)
+
+    def make_feed(self, store, context_name):
+        return DjangoStreamFeed(store, context_name)
+
+    def make_follower_store(self):
+        return DjangoFollowerStore(using=self.alias)
+
+
+class OnSQLite(OnDjango):
+    databases = {"default", "wow_sqlite"}
+    alias = "wow_sqlite"
+
+
+class OnPostgreSQL(OnDjango):
+    databases = {"default", "wow_pg"}
+    alias = "wow_pg"
+
+
+class TestSQLiteStreamFeed(OnSQLite, StreamFeedContract, TransactionTestCase):
+    pass
+
+
+class TestSQLiteFollowerStore(OnSQLite, FollowerStoreContract, TransactionTestCase):
+    pass
+
+
+class TestSQLiteFollowerRunner(OnSQLite, FollowerRunnerContract, TransactionTestCase):
+    pass
+
+
+class TestPostgreSQLStreamFeed(OnPostgreSQL, StreamFeedContract, TransactionTestCase):
+    pass
+
+
+class TestPostgreSQLFollowerStore(OnPostgreSQL, FollowerStoreContract, TransactionTestCase):
+    pass
+
+
+class TestPostgreSQLFollowerRunner(OnPostgreSQL, FollowerRunnerContract, TransactionTestCase):
+    pass
+
+
+# --- transactional followers on the django backend: the handler's writes and the checkpoint commit together ---
+
+
+class TransactionalFollower:
+    """A handler that writes a row per stream into the follower store's database (a reserved key)."""
+
+    def setUp(self):
+        super().setUp()
+        self.clock = FakeClock()
+        self.context = f"ctx-{uuid.uuid4().hex[:8]}"
+        self.events = DjangoEventStore(using=self.alias)
+        self.feed = DjangoStreamFeed(self.events, self.context)
+        self.followers = DjangoFollowerStore(using=self.alias)
+        self.fail_at: set[int] = set()
+
+    def handle(self, item):
+        PrepareKeyRow.objects.using(self.alias).create(name="follower-test", key=str(item.position), value=1,
+                                                       ttl_at=0)
+        if item.position in self.fail_at:
+            raise ValueError(f"cannot handle {item.position}")
+
+    def written(self) -> list[int]:
+        keys = PrepareKeyRow.objects.using(self.alias).filter(name="follower-test").values_list("key", flat=True)
+        return sorted(int(key) for key in keys)
+
+    def runner(self, cls=FollowerRunner, owner="one"):
+        declared = Follower("tx", self.handle, transactional=True)
+        return cls(declared, self.feed, self.followers, owner=owner, clock=self.clock, lease_s=30, min_batch=8,
+                   max_batch=8)
+
+    def append(self, count):
+        for _ in range(count):
+            self.events.append(make_stream(AggregateId("order", uuid.uuid4().hex, self.context, "t"), 1))
+        return [item.position for item in self.feed.read(0, 1000)]
+
+    def test_a_crash_before_the_checkpoint_rolls_the_handler_writes_back(self):
+        positions = self.append(3)
+
+        class Crashing(FollowerRunner):
+            def checkpoint(self, position, gaps):
+                super().checkpoint(position, gaps)
+                raise RuntimeError("the process died before the commit")
+
+        with self.assertRaisesRegex(RuntimeError, "died"):
+            self.runner(cls=Crashing).run_once()
+        self.assertEqual(self.written(), [])
+        self.assertEqual(self.followers.get("tx").position, 0)
+        self.runner().run_once()
+        self.assertEqual(self.written(), positions)  # exactly once
+        self.assertEqual(self.followers.get("tx").position, positions[-1])
+
+    def test_a_lost_lease_rolls_the_handler_writes_back(self):
+        positions = self.append(2)
+        stale = self.runner(owner="stale")
+        stale.run_once()
+        self.append(2)
+        self.clock.advance(31)
+        self.followers.acquire("tx", "fresh", 30, now=self.clock())
+        stale._lease_until = self.clock() + timedelta(seconds=30)
+        self.assertFalse(stale.run_once().leader)
+        self.assertEqual(self.written(), positions)
+
+    def test_a_poison_event_keeps_the_streams_before_it_and_none_of_its_writes(self):
+        p1, p2, p3 = self.append(3)
+        self.fail_at = {p2}
+        self.assertTrue(self.runner().run_once().failed)
+        self.assertEqual(self.written(), [p1])
+        state = self.followers.get("tx")
+        self.assertEqual((state.position, state.poison.position), (p1, p2))
+
+    def test_a_transactional_follower_needs_a_database_follower_store(self):
+        with self.assertRaisesRegex(ImproperlyConfigured, "transactional"):
+            FollowerRunner(Follower("tx", self.handle, transactional=True), self.feed, InMemoryFollowerStore())
+
+
+class TestSQLiteTransactionalFollower(OnSQLite, TransactionalFollower, TransactionTestCase):
+    pass
+
+
+class TestPostgreSQLTransactionalFollower(OnPostgreSQL, TransactionalFollower, TransactionTestCase):
+    pass
+
+
+# --- the runtime's parts ------------------------------------------------------------------------------------
+
+
+def _place(runtime, customer="c-1"):
+    return runtime.gateway.send(PlaceOrder(customer_id=customer, items=[
+        OrderLine(sku="A", quantity=1, unit_price=Decimal("2.50"))]), wait=WaitStage.SNAPSHOT)
+
+
+def test_the_runtime_serves_followers_on_the_in_memory_backend():
+    with override_settings(WOW=fresh_wow("in_memory", EVENT_STORE_BATCH={"ENABLED": True})):
+        runtime = get_runtime()
+        assert isinstance(runtime.stream_feed, InMemoryStreamFeed)
+        assert runtime.stream_feed.context_name == "order-service"
+        assert isinstance(runtime.follower_store, InMemoryFollowerStore)
+        seen: list[str] = []
+        declared = Follower("orders", lambda item: seen.append(item.stream.aggregate_id.id))
+        runner = FollowerRunner(declared, runtime.stream_feed, runtime.follower_store, max_wait_s=0.05)
+        stop = threading.Event()
+        thread = threading.Thread(target=runner.run, args=(stop,))
+        thread.start()
+        try:
+            placed = _place(runtime)
+            wait_for(lambda: seen, what="the follower handled the new order")
+        finally:
+            stop.set()
+            runner.wake()
+            thread.join()
+        assert seen == [placed.aggregate_id]
+        assert runtime.follower_store.get("orders").position == 1
+
+
+class TestRuntimeFollowersOnSQLite(OnSQLite, TransactionTestCase):
+    def test_the_runtime_serves_followers_on_the_django_backend(self):
+        with override_settings(WOW={"CONTEXT_NAME": "order-service", "STORAGE": "django",
+                                    "DATABASE_ALIAS": "wow_sqlite"}):
+            runtime = get_runtime()
+            self.assertIsInstance(runtime.stream_feed, DjangoStreamFeed)
+            self.assertIsInstance(runtime.follower_store, DjangoFollowerStore)
+            self.assertEqual(runtime.follower_store.database_alias, "wow_sqlite")
+            placed = _place(runtime)
+            [item] = runtime.stream_feed.read(0, 10)
+            self.assertEqual(item.stream.aggregate_id.id, placed.aggregate_id)
+            self.assertEqual(runtime.stream_feed.head(), item.position)

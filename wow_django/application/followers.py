@@ -1,0 +1,405 @@
+"""Followers: named, durable readers of a context's event streams (DESIGN G).
+
+Declare one with :func:`follower`; ``manage.py wow_follow`` (or a thread of
+any process, or a test's :meth:`FollowerRunner.run_once`) runs it::
+
+    @follower("order-totals", aggregates={"order"}, events={"order_placed"})
+    def order_totals(item: PositionedStream) -> None:
+        ...
+
+The handler gets the streams one at a time, in position (commit) order, at
+least once: a crash between handling and the checkpoint hands the same
+streams again. Filters are applied by the runner, after gap detection, so
+every position counts; a stream passes the event filter when one of its
+events has a listed name (the handler gets the whole stream).
+
+:class:`FollowerRunner` runs one follower on a :class:`StreamFeed` and a
+:class:`FollowerStore`:
+
+* **lease** — an instance processes only while it holds the follower's lease
+  (``WOW['FOLLOWER_LEASE_S']``), renewed once a third of it has passed; a
+  lost lease makes the checkpoint write fail
+  (``LeaseLost``) and the instance waits to take it again.
+* **gaps** — where the feed's gaps are not final, a position missing below a
+  visible one is held (nothing after it is handled) until it appears or
+  ``WOW['FOLLOWER_GAP_TIMEOUT_S']`` has passed since it was first seen; then
+  it is passed and recorded with the checkpoint. Positions the feed reports
+  void are passed at once.
+* **batches** — a read's size doubles up to ``FOLLOWER_MAX_BATCH`` while reads
+  come back full, and halves toward ``FOLLOWER_MIN_BATCH`` when they do not;
+  one checkpoint per batch.
+* **waiting** — when live the runner waits for the feed's notifier (an append
+  of this process wakes it at once) or its backoff (10 ms doubling up to
+  ``FOLLOWER_MAX_WAIT_S``), whichever comes first; never a busy loop.
+* **transactional** handlers (django follower store only): each batch's
+  handler writes and its checkpoint commit in one
+  ``transaction.atomic(using=WOW['DATABASE_ALIAS'])`` — exactly once into
+  that database; each stream in a savepoint, so a failing one leaves the
+  ones before it committed.
+* **poison** — a handler that raises stops the follower at that stream
+  (``set_poison``); the streams before it are checkpointed. A transient store
+  error (``RecoverableStoreError``, a lost connection, a locked SQLite) is
+  not the stream's fault: the cycle fails, nothing of the batch is
+  checkpointed and it is handed again after a backoff. An operator
+  retries (``rewind`` to the same position clears it) or skips it
+  (``skip_poison``, audited). A paused or poisoned follower's instance keeps
+  its lease and waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, transaction
+
+from wow_django.backends.django.errors import is_recoverable
+from wow_django.bus.consumer import release_database_connections
+from wow_django.conf import wow_settings
+from wow_django.domain.registry import Current, check_name
+from wow_django.exceptions import LeaseLost, RecoverableStoreError
+from wow_django.persistence.followers import FollowerStore, Gap, PoisonEvent, PositionedStream, StreamFeed
+
+logger = logging.getLogger(__name__)
+
+#: The first wait of a live follower, doubled up to ``WOW['FOLLOWER_MAX_WAIT_S']``.
+MIN_WAIT_S = 0.01
+
+
+@dataclass(frozen=True)
+class Follower:
+    """A declared follower: its name, handler and filters."""
+
+    name: str
+    handler: Callable[[PositionedStream], object]
+    aggregates: frozenset[str] | None = None
+    events: frozenset[str] | None = None
+    transactional: bool = False
+
+    def matches(self, item: PositionedStream) -> bool:
+        """Whether the handler takes ``item`` (its aggregate type and one of its events' names pass the filters)."""
+        stream = item.stream
+        if self.aggregates is not None and stream.aggregate_id.aggregate_name not in self.aggregates:
+            return False
+        return self.events is None or any(event.name in self.events for event in stream.body)
+
+
+class FollowerRegistry:
+    """The followers declared with :func:`follower`, by name. Thread-safe; one current per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._followers: dict[str, Follower] = {}
+
+    def copy(self) -> FollowerRegistry:
+        other = FollowerRegistry()
+        with self._lock:
+            other._followers = dict(self._followers)
+        return other
+
+    def add(self, declared: Follower) -> None:
+        with self._lock:
+            previous = self._followers.get(declared.name)
+            if previous is not None and previous.handler is not declared.handler:
+                raise ImproperlyConfigured(f"two followers are named {declared.name!r}")
+            self._followers[declared.name] = declared
+
+    def get(self, name: str) -> Follower | None:
+        with self._lock:
+            return self._followers.get(name)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._followers)
+
+
+_current: Current[FollowerRegistry] = Current(FollowerRegistry())
+
+
+def followers() -> FollowerRegistry:
+    """The current follower registry."""
+    return _current.get()
+
+
+def use_followers(registry: FollowerRegistry):
+    """Make ``registry`` the current one inside a ``with`` block."""
+    return _current.use(registry)
+
+
+def _names(values: Iterable[str] | None, what: str) -> frozenset[str] | None:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        raise TypeError(f"{what} must be a collection of names, not the string {values!r}")
+    names = frozenset(values)
+    if not names or not all(isinstance(v, str) and v for v in names):
+        raise ValueError(f"{what} must hold at least one non-empty name")
+    return names
+
+
+def follower(name: str, *, aggregates: Iterable[str] | None = None, events: Iterable[str] | None = None,
+             transactional: bool = False):
+    """Declare ``fn(item: PositionedStream)`` as follower ``name`` (see the module docstring)."""
+    check_name(name, "follower name")
+    declared_aggregates = _names(aggregates, "aggregates")
+    declared_events = _names(events, "events")
+
+    def register(fn):
+        followers().add(Follower(name, fn, declared_aggregates, declared_events, bool(transactional)))
+        return fn
+
+    return register
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What one :meth:`FollowerRunner.run_once` did."""
+
+    leader: bool = False  # the runner held the lease
+    stopped: bool = False  # paused or stopped on a poison event
+    read: int = 0  # streams read
+    full: bool = False  # the read came back full: more are waiting
+    handled: int = 0  # streams handed to the handler
+    position: int = 0  # the checkpoint afterwards
+    held: bool = False  # waiting for a gap below a visible stream
+    failed: bool = False  # the handler raised (the follower is stopped on it)
+
+
+def default_owner() -> str:
+    """An instance id: host, process and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class FollowerRunner:
+    """Runs one follower on ``feed`` and ``store`` (see the module docstring); settings give the defaults."""
+
+    def __init__(self, declared: Follower, feed: StreamFeed, store: FollowerStore, *, owner: str | None = None,
+                 clock: Callable[[], datetime] | None = None, gap_timeout_s: float | None = None,
+                 lease_s: float | None = None, min_batch: int | None = None, max_batch: int | None = None,
+                 max_wait_s: float | None = None):
+        self.follower = declared
+        self.feed = feed
+        self.store = store
+        self.owner = owner or default_owner()
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.gap_timeout_s = wow_settings.FOLLOWER_GAP_TIMEOUT_S if gap_timeout_s is None else gap_timeout_s
+        self.lease_s = wow_settings.FOLLOWER_LEASE_S if lease_s is None else lease_s
+        self.min_batch = wow_settings.FOLLOWER_MIN_BATCH if min_batch is None else min_batch
+        self.max_batch = wow_settings.FOLLOWER_MAX_BATCH if max_batch is None else max_batch
+        self.max_wait_s = wow_settings.FOLLOWER_MAX_WAIT_S if max_wait_s is None else max_wait_s
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise ImproperlyConfigured(f"follower batches need 1 ≤ min ({self.min_batch}) ≤ max ({self.max_batch})")
+        if declared.transactional and store.database_alias is None:
+            raise ImproperlyConfigured(
+                f"follower {declared.name!r} is transactional, which needs its checkpoint in the handler's "
+                "database: use the django follower store (WOW['STORAGE'] = 'django')")
+        self.batch = self.min_batch
+        self._lease_until: datetime | None = None
+        self._seen: dict[int, datetime] = {}  # missing position → when first seen missing
+        self._wake = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return self.follower.name
+
+    # --- one cycle ---------------------------------------------------------------------------------
+
+    def _lease(self, now: datetime) -> bool:
+        """Whether this instance holds the lease: renewed once a third of it has passed."""
+        renew_at = None if self._lease_until is None else self._lease_until - timedelta(seconds=self.lease_s * 2 / 3)
+        if renew_at is not None and now < renew_at:
+            return True
+        if self.store.acquire(self.name, self.owner, self.lease_s, now=now):
+            self._lease_until = now + timedelta(seconds=self.lease_s)
+            return True
+        self._lease_until = None
+        return False
+
+    def _passable(self, after: int, streams: list[PositionedStream], now: datetime
+                  ) -> tuple[list[PositionedStream], list[Gap], bool]:
+        """The streams that may be handled now, the gaps passed below them, and whether a gap holds the rest."""
+        if self.feed.gaps_are_final:
+            return streams, [], False
+        passable: list[PositionedStream] = []
+        gaps: list[Gap] = []
+        expected = after + 1
+        for item in streams:
+            if item.position > expected:
+                void = set(self.feed.void_positions(expected - 1, item.position - 1))
+                missing = [p for p in range(expected, item.position) if p not in void]
+                if missing:
+                    seen = [self._seen.setdefault(p, now) for p in missing]
+                    if any(now - at < timedelta(seconds=self.gap_timeout_s) for at in seen):
+                        return passable, gaps, True
+                    gaps.extend(_ranges(missing, dict(zip(missing, seen, strict=True)), now))
+            passable.append(item)
+            expected = item.position + 1
+        return passable, gaps, False
+
+    def run_once(self) -> Cycle:
+        """Hold the lease, read one batch, hand it to the handler and checkpoint it; what happened.
+
+        A ``LeaseLost`` on the checkpoint is a cycle without the lease; an
+        exception of :meth:`checkpoint` propagates (the batch will be handed
+        again).
+        """
+        now = self.clock()
+        if not self._lease(now):
+            return Cycle()
+        state = self.store.get(self.name)
+        if state is None:  # deleted under us: take it again next cycle
+            self._lease_until = None
+            return Cycle()
+        if state.paused or state.poison is not None:
+            return Cycle(leader=True, stopped=True, position=state.position)
+        batch = self.batch
+        streams = self.feed.read(state.position, batch)
+        full = len(streams) == batch
+        self.batch = min(batch * 2, self.max_batch) if full else max(self.min_batch, batch // 2)
+        passable, gaps, held = self._passable(state.position, streams, now)
+        if not passable:
+            return Cycle(leader=True, read=len(streams), full=full, position=state.position, held=held)
+        try:
+            if self.follower.transactional:
+                with transaction.atomic(using=self.store.database_alias):
+                    handled, failure, upto = self._handle(passable, savepoints=True)
+                    self.checkpoint(upto, tuple(g for g in gaps if g.last < upto))
+            else:
+                handled, failure, upto = self._handle(passable, savepoints=False)
+                self.checkpoint(upto, tuple(g for g in gaps if g.last < upto))
+            if failure is not None:
+                item, exc = failure
+                agg = item.stream.aggregate_id
+                error = "".join(traceback.format_exception_only(exc)).strip()
+                logger.error("follower %r stopped on position %s (%s/%s): %s", self.name, item.position,
+                             agg.aggregate_name, agg.id, error)
+                self.store.set_poison(self.name, self.owner, PoisonEvent(
+                    position=item.position, stream_id=item.stream.id, aggregate=f"{agg.aggregate_name}/{agg.id}",
+                    error=error, at=self.clock()), now=self.clock())
+        except LeaseLost as exc:
+            logger.warning("%s", exc)
+            self._lease_until = None
+            return Cycle(read=len(streams), full=full)
+        for position in [p for p in self._seen if p <= upto]:
+            del self._seen[position]
+        return Cycle(leader=True, read=len(streams), full=full and failure is None, handled=handled, position=upto,
+                     held=held, failed=failure is not None)
+
+    def _handle(self, items: list[PositionedStream], *, savepoints: bool):
+        """Hand ``items`` to the handler; (how many were handled, (item, error) of a failure, checkpoint)."""
+        handled = 0
+        for item in items:
+            if not self.follower.matches(item):
+                continue
+            try:
+                if savepoints:
+                    with transaction.atomic(using=self.store.database_alias):
+                        self.follower.handler(item)
+                else:
+                    self.follower.handler(item)
+            except Exception as exc:
+                if transient(exc):
+                    raise  # not the stream's fault: the cycle fails and the batch is handed again
+                return handled, (item, exc), item.position - 1
+            handled += 1
+        return handled, None, items[-1].position
+
+    def checkpoint(self, position: int, gaps: tuple[Gap, ...]) -> None:
+        """Record that everything up to ``position`` is handled (a test overrides it to simulate a crash)."""
+        self.store.advance(self.name, self.owner, position, now=self.clock(), gaps=gaps)
+
+    # --- running ---------------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Cut the current wait short (a stop request, a test)."""
+        self._wake.set()
+        if self.feed.notifier is not None:
+            self.feed.notifier.notify()
+
+    def _wait(self, seen: int | None, timeout: float) -> bool:
+        notifier = self.feed.notifier
+        if notifier is not None and seen is not None:
+            woken = notifier.wait(seen, timeout)
+        else:
+            woken = self._wake.wait(timeout)
+        self._wake.clear()
+        return woken
+
+    def run(self, stop: threading.Event, until_caught_up: bool = False) -> Cycle:
+        """Run cycles until ``stop`` is set (or, with ``until_caught_up``, until a read finds nothing more, or
+        the follower is stopped on a poison event or paused); then release the lease. The last cycle.
+
+        Around each cycle a database connection that broke or outlived ``CONN_MAX_AGE`` is closed (as
+        Django does around a request); run in a thread other than the main one, the thread's
+        connections are closed when it returns.
+        """
+        wait = MIN_WAIT_S
+        cycle = Cycle()
+        try:
+            while not stop.is_set():
+                notifier = self.feed.notifier
+                seen = notifier.count if notifier is not None else None
+                release_database_connections()
+                try:
+                    cycle = self.run_once()
+                except Exception:
+                    logger.exception("follower %r: a cycle failed; retrying after %.2fs", self.name, wait)
+                    cycle = Cycle()
+                else:
+                    if cycle.leader and cycle.full and not cycle.held:
+                        wait = MIN_WAIT_S
+                        continue  # behind: read on at once
+                    if until_caught_up and cycle.leader and (cycle.stopped or cycle.failed or not cycle.held):
+                        break
+                    if cycle.handled:
+                        wait = MIN_WAIT_S
+                if stop.is_set():
+                    break
+                if self._wait(seen, wait):
+                    wait = MIN_WAIT_S
+                else:
+                    wait = min(wait * 2, self.max_wait_s)
+        finally:
+            self.close()
+            if threading.current_thread() is not threading.main_thread():
+                connections.close_all()
+        return cycle
+
+    def close(self) -> None:
+        """Give the lease up (another instance may take over at once)."""
+        if self._lease_until is not None:
+            self._lease_until = None
+            try:
+                self.store.release(self.name, self.owner)
+            except Exception:  # leaving anyway: the lease will expire
+                logger.exception("follower %r: releasing the lease failed", self.name)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a handler's error is a store's transient failure (retried) rather than the stream's (poison)."""
+    return isinstance(exc, RecoverableStoreError) or (isinstance(exc, DatabaseError) and is_recoverable(exc))
+
+
+def _ranges(missing: list[int], seen: dict[int, datetime], now: datetime) -> list[Gap]:
+    """``missing`` (ascending) as contiguous :class:`Gap` ranges."""
+    gaps: list[Gap] = []
+    start = prev = missing[0]
+    for position in [*missing[1:], None]:
+        if position is not None and position == prev + 1:
+            prev = position
+            continue
+        gaps.append(Gap(first=start, last=prev, seen_at=min(seen[p] for p in range(start, prev + 1)), skipped_at=now))
+        if position is not None:
+            start = prev = position
+    return gaps
+
+
+__all__ = ["Cycle", "Follower", "FollowerRegistry", "FollowerRunner", "follower", "followers", "use_followers"]
