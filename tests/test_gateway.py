@@ -17,6 +17,7 @@ from sample_project.orders.aggregates import (
     RegisterCustomer,
     ShipOrder,
 )
+from wow_django.application.followers import wait_caught_up
 from wow_django.application.gateway import CommandGateway, WaitStage, derived_aggregate_id
 from wow_django.application.runtime import get_runtime
 from wow_django.domain import DeleteAggregate, RecoverAggregate, projection
@@ -220,7 +221,9 @@ def test_wait_projected_times_out_while_the_projection_runs(wow):
         waited = time.monotonic() - began
         assert started.is_set() and not finished.is_set()
         assert result.error_code == "WAIT_TIMEOUT" and not result.succeeded
-        assert result.error_msg == "appended, but PROJECTED did not finish within 0.2s"
+        assert result.error_msg == ("appended, but PROJECTED did not finish within 0.2s (waiting for the projection "
+                                    "follower(s) projection-order-blocked; is a follower running? see manage.py "
+                                    "wow_followers)")
         assert result.stage is WaitStage.SNAPSHOT  # the last stage reached
         assert (result.aggregate_version, result.events) == (1, ("order_placed",))
         assert 0.2 <= waited < 5  # the timeout given, not the gateway's 30 s default
@@ -231,8 +234,9 @@ def test_wait_projected_times_out_while_the_projection_runs(wow):
     assert finished.wait(10)
 
 
-def test_wait_times_out_at_processed_while_the_aggregate_lane_is_busy(wow):
-    """An earlier command's projection holds the aggregate's dispatch lane: not even the snapshot step is done."""
+def test_an_earlier_stream_held_by_a_projection_holds_the_later_ones_behind_it(wow):
+    """A projection sees each aggregate's streams in order: while it is stuck on an earlier command's stream,
+    a later command is stored and snapshotted (the snapshot lane is its own), but PROJECTED waits."""
     started, release = threading.Event(), threading.Event()
     projected: list[int] = []
 
@@ -245,20 +249,20 @@ def test_wait_times_out_at_processed_while_the_aggregate_lane_is_busy(wow):
 
     gateway = get_runtime().gateway
     try:
-        placed = place()  # PROCESSED: returns once appended; its projection then holds the lane
+        placed = place()  # PROCESSED: returns once appended; its projection then holds the follower
         assert started.wait(10)
         paid = gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=placed.aggregate_id,
                             wait=WaitStage.PROJECTED, timeout=0.2)
-        assert (paid.error_code, paid.stage) == ("WAIT_TIMEOUT", WaitStage.PROCESSED)
-        assert paid.error_msg == "appended, but SNAPSHOT did not finish within 0.2s"
+        assert (paid.error_code, paid.stage) == ("WAIT_TIMEOUT", WaitStage.SNAPSHOT)
+        assert paid.error_msg.startswith("appended, but PROJECTED did not finish within 0.2s")
         assert (paid.aggregate_version, paid.events) == (2, ("order_paid",))
         assert versions(placed.aggregate_id) == [1, 2]
+        assert get_runtime().snapshot_store.load(AggregateId("order", placed.aggregate_id)).version == 2
         assert projected == []
     finally:
         release.set()
-    gateway.dispatcher.close()  # drains the lane
+    assert wait_caught_up(timeout=10)
     assert projected == [1, 2]
-    assert get_runtime().snapshot_store.load(AggregateId("order", placed.aggregate_id)).version == 2
 
 
 def test_projections_see_each_aggregate_in_version_order(wow):
@@ -283,7 +287,7 @@ def test_projections_see_each_aggregate_in_version_order(wow):
         t.start()
     for t in threads:
         t.join()
-    gateway.dispatcher.close()  # drains every lane
+    assert wait_caught_up(timeout=20)
     for customer in customers:
         assert seen[customer] == list(range(1, 22))
         assert seen[customer] == versions(customer, "customer")

@@ -22,6 +22,7 @@ from django.utils.module_loading import import_string
 DEFAULT_MONGO_URI = "mongomock://localhost/wow"
 
 STORAGE_CHOICES = ("mongo", "in_memory", "django")
+FOLLOWERS_RUN_CHOICES = ("threads", "command", "celery")
 REQUEST_ID_INDEX_MODES = ("aggregate", "global")
 SNAPSHOT_STRATEGIES = ("all", "version_offset", "time_offset", "none")
 SNAPSHOT_MODES = ("inline", "celery")
@@ -126,6 +127,14 @@ DEFAULTS: dict[str, Any] = {
     "FOLLOWER_MAX_BATCH": 1000,
     # The longest wait between reads of a live follower (backoff from 10 ms).
     "FOLLOWER_MAX_WAIT_S": 1.0,
+    # Where the followers (projections, event processors, @follower) run:
+    # "threads" — as threads of every process that handles commands (web,
+    # Celery worker), started on its first command; leases pick one instance
+    # of each follower across the processes. "command" — only in
+    # ``manage.py wow_follow`` processes. "celery" — only from the Celery
+    # beat task ``wow_django.follow`` (see ``wow_django.tasks.beat_schedule``)
+    # and wow_follow.
+    "FOLLOWERS_RUN": "threads",
 }
 
 # Settings holding a dotted path that is imported on first use.
@@ -272,6 +281,7 @@ VALIDATORS = {
     "FOLLOWER_MIN_BATCH": _pos_int,
     "FOLLOWER_MAX_BATCH": _pos_int,
     "FOLLOWER_MAX_WAIT_S": _pos_num,
+    "FOLLOWERS_RUN": _choice(FOLLOWERS_RUN_CHOICES),
 }
 
 

@@ -48,10 +48,12 @@ events has a listed name (the handler gets the whole stream).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
@@ -61,12 +63,21 @@ from datetime import UTC, datetime, timedelta
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 
+from wow_django.application.repository import stream_messages
 from wow_django.backends.django.errors import is_recoverable
 from wow_django.bus.consumer import release_database_connections
 from wow_django.conf import wow_settings
-from wow_django.domain.registry import Current, check_name
+from wow_django.domain import registry as domain_registry
+from wow_django.domain.registry import Current, EventHandler, check_name
 from wow_django.exceptions import LeaseLost, RecoverableStoreError
-from wow_django.persistence.followers import FollowerStore, Gap, PoisonEvent, PositionedStream, StreamFeed
+from wow_django.persistence.followers import (
+    AppendNotifier,
+    FollowerStore,
+    Gap,
+    PoisonEvent,
+    PositionedStream,
+    StreamFeed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +94,8 @@ class Follower:
     aggregates: frozenset[str] | None = None
     events: frozenset[str] | None = None
     transactional: bool = False
+    #: "follower" (declared with :func:`follower`), "projection" or "processor" (a domain event handler).
+    kind: str = "follower"
 
     def matches(self, item: PositionedStream) -> bool:
         """Whether the handler takes ``item`` (its aggregate type and one of its events' names pass the filters)."""
@@ -157,6 +170,51 @@ def follower(name: str, *, aggregates: Iterable[str] | None = None, events: Iter
         return fn
 
     return register
+
+
+@functools.lru_cache(maxsize=4096)
+def handler_follower(handler: EventHandler) -> Follower:
+    """The follower that runs a projection or event processor: each matching event of a stream, in order."""
+
+    def handle(item: PositionedStream) -> None:
+        for message in stream_messages(item.stream):
+            if handler.matches(message):
+                handler.fn(message)
+
+    handle.__qualname__ = handle.__name__ = getattr(handler.fn, "__name__", "handler")
+    return Follower(handler.name, handle, frozenset({handler.aggregate_name}), handler.event_names,
+                    kind=handler.kind)
+
+
+def declared_followers() -> dict[str, Follower]:
+    """Every follower of this process by name: the projections and event processors of the current
+    domain registry, then the followers declared with :func:`follower`."""
+    found: dict[str, Follower] = {}
+    for handler in domain_registry.current().handlers():
+        found[handler.name] = handler_follower(handler)
+    registry = followers()
+    for name in registry.names():
+        declared = registry.get(name)
+        if declared is None:
+            continue
+        if name in found:
+            raise ImproperlyConfigured(f"follower {name!r} is declared with @follower and names a "
+                                       f"{found[name].kind} too: rename one")
+        found[name] = declared
+    return found
+
+
+def projection_followers(aggregate_name: str, event_names: Iterable[str]) -> list[str]:
+    """The names of the projection followers that take a stream of ``aggregate_name`` holding ``event_names``
+    (what ``PROJECTED`` waits for)."""
+    names = set(event_names)
+    return [handler.name for handler in domain_registry.current().handlers()
+            if handler.kind == "projection" and handler.aggregate_name == aggregate_name
+            and (handler.event_names is None or handler.event_names & names)]
+
+
+#: Notified whenever a runner of this process moved a checkpoint: ``PROJECTED`` waiters re-check at once.
+progress = AppendNotifier()
 
 
 @dataclass(frozen=True)
@@ -284,6 +342,7 @@ class FollowerRunner:
                 self.store.set_poison(self.name, self.owner, PoisonEvent(
                     position=item.position, stream_id=item.stream.id, aggregate=f"{agg.aggregate_name}/{agg.id}",
                     error=error, at=self.clock()), now=self.clock())
+            progress.notify()
         except LeaseLost as exc:
             logger.warning("%s", exc)
             self._lease_until = None
@@ -347,7 +406,7 @@ class FollowerRunner:
             while not stop.is_set():
                 notifier = self.feed.notifier
                 seen = notifier.count if notifier is not None else None
-                release_database_connections()
+                _release_connections()
                 try:
                     cycle = self.run_once()
                 except Exception:
@@ -383,6 +442,200 @@ class FollowerRunner:
                 logger.exception("follower %r: releasing the lease failed", self.name)
 
 
+def _release_connections() -> None:
+    try:
+        release_database_connections()
+    except Exception:  # closing a broken connection may fail too; the next use reconnects
+        logger.debug("releasing a follower's database connections failed", exc_info=True)
+
+
+def run_until_caught_up(names: Iterable[str] | None = None, *, budget_s: float | None = None,
+                        feed: StreamFeed | None = None, store: FollowerStore | None = None) -> dict[str, int]:
+    """Run the named followers (default: every declared one), one thread each, until each is caught up,
+    paused or stopped on a poison event, or ``budget_s`` has passed; their positions afterwards.
+
+    What the Celery beat task ``wow_django.follow`` and ``wow_follow --until-caught-up`` do. An instance
+    that cannot take a follower's lease (another runs it) returns at the budget, without processing.
+    """
+    from wow_django.application.runtime import get_runtime
+
+    declared = declared_followers()
+    wanted = list(dict.fromkeys(names)) if names is not None else list(declared)
+    unknown = [name for name in wanted if name not in declared]
+    if unknown:
+        raise ValueError(f"unknown follower(s) {', '.join(map(repr, unknown))} (declared: {', '.join(declared)})")
+    runtime = get_runtime() if feed is None or store is None else None
+    feed = feed or runtime.stream_feed
+    store = store or runtime.follower_store
+    stop = threading.Event()
+    runners = [FollowerRunner(declared[name], feed, store) for name in wanted]
+    threads = [threading.Thread(target=runner.run, args=(stop,), kwargs={"until_caught_up": True},
+                                name=f"wow-follower-{runner.name}", daemon=True) for runner in runners]
+    for thread in threads:
+        thread.start()
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    for thread in threads:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    stop.set()
+    for runner in runners:
+        runner.wake()
+    for thread in threads:
+        thread.join()
+    positions = {}
+    for name in wanted:
+        state = store.get(name)
+        positions[name] = state.position if state is not None else 0
+    return positions
+
+
+def wait_caught_up(names: Iterable[str] | None = None, timeout: float = 10.0, *,
+                   feed: StreamFeed | None = None, store: FollowerStore | None = None) -> bool:
+    """Wait until the named followers (default: every declared one) have passed every stream stored when
+    called, wherever they run; True when they have, False at ``timeout``. For tests and deploy scripts::
+
+        assert wait_caught_up(timeout=5)
+    """
+    from wow_django.application.runtime import get_runtime
+
+    wanted = list(names) if names is not None else list(declared_followers())
+    runtime = get_runtime() if feed is None or store is None else None
+    feed = feed or runtime.stream_feed
+    store = store or runtime.follower_store
+    head = feed.head()
+    deadline = time.monotonic() + timeout
+    backoff = 0.002
+    while True:
+        seen = progress.count
+        states = [store.get(name) for name in wanted]
+        if all(state is not None and state.position >= head for state in states):
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        progress.wait(seen, min(remaining, backoff))
+        backoff = min(backoff * 2, 0.05)
+
+
+class FollowerThreads:
+    """The followers of this process as its threads (``WOW['FOLLOWERS_RUN'] == "threads"``).
+
+    The runtime owns one; :meth:`ensure` (called by the gateway before each
+    command) starts a thread for each declared follower not yet running here,
+    and stops the runners of followers no longer declared (a test's own
+    registry). Every process that handles commands runs them, and the leases
+    pick one instance per follower across the processes; the others wait. So
+    the threads are cheap where they do not hold the lease: a lease attempt
+    every ``FOLLOWER_MAX_WAIT_S``. Started on the first command, never at
+    import: a thread started before a fork (gunicorn ``--preload``, Celery's
+    prefork pool) would not exist in the children.
+    """
+
+    def __init__(self, feed: Callable[[], StreamFeed], store: Callable[[], FollowerStore]):
+        self._feed = feed
+        self._store = store
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[Follower, FollowerRunner, threading.Event, threading.Thread]] = {}
+        self._closed = False
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._running)
+
+    def ensure(self) -> None:
+        """Run every declared follower here (and only those)."""
+        declared = declared_followers()
+        with self._lock:
+            if self._closed or all(self._running.get(name, (None,))[0] is f for name, f in declared.items()) \
+                    and len(declared) == len(self._running):
+                return
+            stale = [name for name, (f, *_rest) in self._running.items() if declared.get(name) is not f]
+            stopping = [self._running.pop(name) for name in stale]
+            for name, declared_follower in declared.items():
+                if name in self._running:
+                    continue
+                runner = FollowerRunner(declared_follower, self._feed(), self._store())
+                stop = threading.Event()
+                thread = threading.Thread(target=runner.run, args=(stop,), name=f"wow-follower-{name}", daemon=True)
+                self._running[name] = (declared_follower, runner, stop, thread)
+                thread.start()
+        _stop_all(stopping, timeout=5.0)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every runner: each finishes its batch and gives its lease up."""
+        with self._lock:
+            self._closed = True
+            stopping, self._running = list(self._running.values()), {}
+        _stop_all(stopping, timeout)
+
+
+def _stop_all(running, timeout: float) -> None:
+    for _follower, runner, stop, _thread in running:
+        stop.set()
+        runner.wake()
+    deadline = time.monotonic() + timeout
+    for _follower, runner, _stop, thread in running:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            logger.warning("follower %r did not stop within %.1fs (its handler is still running)", runner.name, timeout)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What :meth:`ProjectionWaiter.wait` found: ``done`` when every projection passed (or stopped)."""
+
+    done: bool
+    errors: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+
+
+class ProjectionWaiter:
+    """``PROJECTED``: wait until the projection followers of a stream's aggregate have passed its position.
+
+    Works whichever process runs them: the followers' checkpoints are read
+    from the follower store, re-read at once when a runner of this process
+    moves one (:data:`progress`), else after a short backoff (2 ms doubling
+    to 50 ms). A projection stopped on a poison event at or before the
+    position is reported as an error instead of being waited for.
+    """
+
+    def __init__(self, feed: Callable[[], StreamFeed], store: Callable[[], FollowerStore]):
+        self._feed = feed
+        self._store = store
+
+    def wait(self, stream, timeout: float) -> Progress:
+        names = projection_followers(stream.aggregate_name, [event.name for event in stream.body])
+        if not names:
+            return Progress(True)
+        deadline = time.monotonic() + timeout
+        agg = stream.aggregate_id
+        position = None
+        backoff = 0.002
+        pending: list[str] = list(names)
+        while True:
+            seen = progress.count
+            if position is None:
+                position = self._feed().position_of(agg.aggregate_name, agg.id, stream.version)
+            if position is not None:
+                errors: list[str] = []
+                pending = []
+                for name in names:
+                    state = self._store().get(name)
+                    if state is not None and state.position >= position:
+                        continue
+                    if state is not None and state.poison is not None and state.poison.position <= position:
+                        errors.append(f"projection {name!r} is stopped on position {state.poison.position} "
+                                      f"({state.poison.aggregate}): {state.poison.error}")
+                        continue
+                    pending.append(name)
+                if not pending:
+                    return Progress(True, tuple(errors))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Progress(False, (), tuple(pending))
+            progress.wait(seen, min(remaining, backoff))
+            backoff = min(backoff * 2, 0.05)
+
+
 def transient(exc: BaseException) -> bool:
     """Whether a handler's error is a store's transient failure (retried) rather than the stream's (poison)."""
     return isinstance(exc, RecoverableStoreError) or (isinstance(exc, DatabaseError) and is_recoverable(exc))
@@ -402,4 +655,6 @@ def _ranges(missing: list[int], seen: dict[int, datetime], now: datetime) -> lis
     return gaps
 
 
-__all__ = ["Cycle", "Follower", "FollowerRegistry", "FollowerRunner", "follower", "followers", "use_followers"]
+__all__ = ["Cycle", "Follower", "FollowerRegistry", "FollowerRunner", "FollowerThreads", "ProjectionWaiter",
+           "Progress", "declared_followers", "follower", "followers", "handler_follower", "projection_followers",
+           "run_until_caught_up", "use_followers", "wait_caught_up"]

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from wow_django.application.followers import Progress, ProjectionWaiter
 from wow_django.application.ports import TaskQueue
 from wow_django.application.projections import COMPLETED, Dispatcher, Job, Tracker
 from wow_django.application.repository import AggregateRepository, apply_stream, encode_events, snapshot_of
 from wow_django.application.snapshotting import should_snapshot
-from wow_django.domain import registry
 from wow_django.domain.aggregate import Aggregate, CommandContext, aggregate_for_command, aggregate_type
 from wow_django.domain.ids import generate_id
 from wow_django.domain.messages import (
@@ -69,7 +69,7 @@ class WaitStage(enum.StrEnum):
     SENT = "SENT"  # handed to the task queue (a Celery task by default)
     PROCESSED = "PROCESSED"  # events appended
     SNAPSHOT = "SNAPSHOT"  # snapshot step done (saved, queued or not due)
-    PROJECTED = "PROJECTED"  # projections and event processors done
+    PROJECTED = "PROJECTED"  # the aggregate's projection followers passed the stream (not event processors)
 
     @classmethod
     def parse(cls, value: str | WaitStage | None) -> WaitStage:
@@ -174,6 +174,8 @@ class CommandGateway:
         prepare_keys: Callable[[str], PrepareKey] | None = None,
         tasks: Callable[[], TaskQueue] | None = None,
         dispatcher: Dispatcher | None = None,
+        projections: ProjectionWaiter | None = None,
+        before_send: Callable[[], None] | None = None,
         retry_limit: int = 8,
         retry_backoff_ms: float = 5.0,
         wait_timeout_s: float = 30.0,
@@ -194,6 +196,10 @@ class CommandGateway:
                 queue_snapshot=self._queue_snapshot,
             )
         self.dispatcher = dispatcher
+        #: PROJECTED waits with it for the projection followers (None: this gateway runs no projections).
+        self.projections = projections
+        #: Called before each command is processed (the runtime starts this process's follower threads).
+        self.before_send = before_send
         self.retry_limit = retry_limit
         self.retry_backoff_ms = retry_backoff_ms
         self.wait_timeout_s = wait_timeout_s
@@ -308,6 +314,13 @@ class CommandGateway:
             return self._result(message, None, WaitStage.SENT)
         return self._process(cls, command, message, wait, timeout)
 
+    def _started(self) -> None:
+        if self.before_send is not None:
+            try:
+                self.before_send()
+            except Exception:  # the followers are not the command's business: answer it anyway
+                logger.exception("starting this process's followers failed")
+
     @property
     def tasks(self) -> TaskQueue:
         """The task queue that takes SENT commands and snapshots in ``SNAPSHOT_MODE="celery"``."""
@@ -345,13 +358,21 @@ class CommandGateway:
         if original is None or original.aggregate_id.tenant_id != message.tenant_id:
             return None  # another tenant's command is never answered with, nor revealed
         # Our own earlier attempt (same command id) is this command's first result, not a repeat.
-        return self._result(message, original.version, wait, [e.name for e in original.body],
-                            duplicate=original.command_id != message.command_id)
+        duplicate = original.command_id != message.command_id
+        names = [e.name for e in original.body]
+        if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
+            # The first request's projections may not have run yet (its process died after the append).
+            progress = self.projections.wait(original, self.wait_timeout_s)
+            if not progress.done:
+                return self._result(message, original.version, WaitStage.SNAPSHOT, names, duplicate=duplicate,
+                                    **_timeout_error(progress, self.wait_timeout_s))
+        return self._result(message, original.version, wait, names, duplicate=duplicate)
 
     # --- the command's life -------------------------------------------------------
 
     def _process(self, cls: type[Aggregate], command: Command, message: CommandMessage, wait: WaitStage,
                  timeout: float | None) -> CommandResult:
+        self._started()
         lock = self._lock((cls.aggregate_name, message.aggregate_id))
         attempt = 0
         # Compensations of attempts whose outcome is unknown (a transient error
@@ -456,7 +477,7 @@ class CommandGateway:
         self.event_store.append(stream)
         apply_stream(aggregate, stream, events)
         job = self._job(aggregate, stream)
-        if job.snapshot is None and not job.queue_snapshot and not registry.current().has_handlers(cls.aggregate_name):
+        if job.snapshot is None and not job.queue_snapshot:
             return stream, COMPLETED  # nothing to dispatch: no thread hand-off
         self.dispatcher.submit(job)
         return stream, job.tracker
@@ -479,28 +500,42 @@ class CommandGateway:
             stream=stream,
             snapshot=snapshot_of(aggregate, self.context_name) if inline else None,
             queue_snapshot=due and not inline,
-            tracker=Tracker() if due or registry.current().has_handlers(aggregate.aggregate_name) else COMPLETED,
+            tracker=Tracker() if due else COMPLETED,
         )
 
     def _wait(self, message, stream: EventStream, tracker: Tracker, wait: WaitStage, timeout) -> CommandResult:
         names = [e.name for e in stream.body]
         limit = self.wait_timeout_s if timeout is None else timeout
-        stage = WaitStage.PROCESSED
-        for target, event in ((WaitStage.SNAPSHOT, tracker.snapshot_done),
-                              (WaitStage.PROJECTED, tracker.projected_done)):
-            if _rank(wait) < _rank(target):
-                break
-            if not event.wait(limit):
-                return self._result(message, stream.version, stage, names, error_code="WAIT_TIMEOUT",
-                                    error_msg=f"appended, but {target.value} did not finish within {limit}s")
-            stage = target
-        if tracker.errors and _rank(wait) >= _rank(WaitStage.SNAPSHOT):
+        if _rank(wait) < _rank(WaitStage.SNAPSHOT):
+            return self._result(message, stream.version, WaitStage.PROCESSED, names)
+        deadline = time.monotonic() + limit
+        if not tracker.snapshot_done.wait(limit):
+            return self._result(message, stream.version, WaitStage.PROCESSED, names, error_code="WAIT_TIMEOUT",
+                                error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
+        stage = WaitStage.SNAPSHOT
+        errors = list(tracker.errors)
+        if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
+            progress = self.projections.wait(stream, max(0.0, deadline - time.monotonic()))
+            if not progress.done:
+                return self._result(message, stream.version, stage, names, **_timeout_error(progress, limit))
+            errors.extend(progress.errors)
+            stage = WaitStage.PROJECTED
+        elif _rank(wait) >= _rank(WaitStage.PROJECTED):
+            stage = WaitStage.PROJECTED
+        if errors:
             return self._result(message, stream.version, stage, names, error_code="DISPATCH_FAILED",
-                                error_msg="appended, but: " + "; ".join(tracker.errors))
+                                error_msg="appended, but: " + "; ".join(errors))
         return self._result(message, stream.version, stage, names)
 
     def close(self) -> None:
         self.dispatcher.close()
+
+
+def _timeout_error(progress: Progress, limit: float) -> dict:
+    pending = ", ".join(progress.pending)
+    return {"error_code": "WAIT_TIMEOUT",
+            "error_msg": f"appended, but PROJECTED did not finish within {limit}s (waiting for the "
+                         f"projection follower(s) {pending}; is a follower running? see manage.py wow_followers)"}
 
 
 def _rank(stage: WaitStage) -> int:

@@ -1,12 +1,16 @@
-"""Running what follows an append: snapshotting, then projections, then event processors.
+"""The snapshot step that follows an append, off the request thread.
 
 Streams of one aggregate go to one lane (by hash of its id) and a lane runs
 them one at a time, in the order the gateway submitted them, which within a
-process is version order. Each stream runs: the snapshot step, then every
-matching projection, then every matching event processor (declared with
-:func:`wow_django.domain.projection` and :func:`wow_django.domain.event_processor`).
-A failing handler is logged and reported to whoever waits; it does not stop
-the others.
+process is version order. For each stream the lane saves the snapshot the
+strategy asked for (``SNAPSHOT_MODE="inline"``) or asks the task queue for
+one (``"celery"``). A failure is logged and reported to whoever waits.
+
+Projections and event processors do not run here: they run on followers
+(:mod:`wow_django.application.followers`), from durable checkpoints, so a
+process that dies after an append loses none of them. A lost snapshot costs
+nothing but a longer load (the next one, or ``wow_rebuild_snapshots``,
+writes it).
 
 Around each stream a lane does what Django does around a request: the
 database connections it used are closed when they broke or outlived
@@ -24,9 +28,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from wow_django.application.repository import stream_messages
 from wow_django.bus.consumer import release_database_connections
-from wow_django.domain import registry
 from wow_django.persistence.records import EventStream, Snapshot
 
 logger = logging.getLogger("wow_django.application.projections")
@@ -37,14 +39,12 @@ class Tracker:
     """Signals the stages of one stream's dispatch to whoever waits."""
 
     snapshot_done: threading.Event = field(default_factory=threading.Event)
-    projected_done: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
 
 
 # A tracker whose stages are already done (nothing to dispatch); shared, never written to.
 COMPLETED = Tracker()
 COMPLETED.snapshot_done.set()
-COMPLETED.projected_done.set()
 
 
 @dataclass
@@ -108,7 +108,6 @@ class Dispatcher:
                 logger.exception("dispatch of %s failed", job.stream.id)
             finally:
                 job.tracker.snapshot_done.set()
-                job.tracker.projected_done.set()
                 _release_connections()
 
     def run_job(self, job: Job) -> None:
@@ -124,19 +123,3 @@ class Dispatcher:
                              stream.version)
             tracker.errors.append(f"snapshot: {exc}")
         tracker.snapshot_done.set()
-        handlers = registry.current().handlers_for(stream.aggregate_name)
-        if handlers:
-            messages = stream_messages(stream)
-            for kind in ("projection", "processor"):
-                for handler in handlers:
-                    if handler.kind != kind:
-                        continue
-                    for message in messages:
-                        if not handler.matches(message):
-                            continue
-                        try:
-                            handler.fn(message)
-                        except Exception as exc:
-                            logger.exception("%s failed on %s v%s", handler.label, message.name, message.version)
-                            tracker.errors.append(f"{handler.label}: {exc}")
-        tracker.projected_done.set()

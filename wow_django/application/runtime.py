@@ -48,6 +48,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
+from wow_django.application.followers import FollowerThreads, ProjectionWaiter
 from wow_django.application.gateway import CommandGateway
 from wow_django.application.ports import TaskQueue
 from wow_django.backends.django import DjangoBackend
@@ -155,6 +156,16 @@ class Runtime:
         """Followers' checkpoints, leases and operations state, beside the events (the event store's backend)."""
         return self._part("follower_store", lambda: self.backend("EVENT_STORE").follower_store())
 
+    @property
+    def follower_threads(self) -> FollowerThreads:
+        """This process's follower threads (``WOW['FOLLOWERS_RUN'] == "threads"``), started by the gateway."""
+        return self._part("follower_threads",
+                          lambda: FollowerThreads(lambda: self.stream_feed, lambda: self.follower_store))
+
+    def _start_followers(self) -> None:
+        if not self._closed:
+            self.follower_threads.ensure()
+
     # --- queries ---------------------------------------------------------------------------------
 
     def snapshot_queries(self, aggregate_name: str) -> QueryService:
@@ -193,6 +204,8 @@ class Runtime:
             snapshot_version_offset=wow_settings.SNAPSHOT_VERSION_OFFSET,
             snapshot_time_offset_s=wow_settings.SNAPSHOT_TIME_OFFSET_S,
             snapshot_mode=wow_settings.SNAPSHOT_MODE,
+            projections=ProjectionWaiter(lambda: self.stream_feed, lambda: self.follower_store),
+            before_send=self._start_followers if wow_settings.FOLLOWERS_RUN == "threads" else None,
         )
 
     @property
@@ -217,12 +230,15 @@ class Runtime:
     def close(self) -> None:
         """Close every part built; idempotent.
 
-        The gateway first, while every part is still reachable: its dispatch
-        lanes finish what they hold (snapshots, projections and processors
-        may still use the stores, the bus and the task queue). Then the
+        This process's follower threads first, then the gateway, while every
+        part is still reachable: each follower finishes its batch and gives
+        its lease up, the dispatch lanes finish the snapshots they hold. Then the
         runtime refuses new parts and closes the rest (the bus before the
         stores: its transport may still publish).
         """
+        threads = self._parts.get("follower_threads")
+        if threads is not None:
+            threads.close()  # each finishes its batch while the stores are still open
         gateway = self._parts.get("gateway")
         if gateway is not None:
             gateway.close()
@@ -230,7 +246,7 @@ class Runtime:
             self._closed = True
             parts, self._parts = self._parts, {}
         order = ["bus", "event_store"]
-        for key in order + [k for k in parts if k not in order and k != "gateway"]:
+        for key in order + [k for k in parts if k not in order and k not in ("gateway", "follower_threads")]:
             _close(parts.get(key))
 
 

@@ -48,6 +48,8 @@ class EventHandler:
     event_names: frozenset[str] | None  # None: every event
     fn: Callable[[Any], object]
     kind: str  # "projection" or "processor"
+    #: The follower that runs it (DESIGN G): its checkpoint, lease and status go by this name.
+    name: str = ""
 
     def matches(self, message: Any) -> bool:
         """Whether ``message`` (a DomainEventMessage) is one this handler takes."""
@@ -163,8 +165,21 @@ class Registry:
     # --- projections and event processors -----------------------------------------------------
 
     def add_handler(self, handler: EventHandler) -> None:
+        """Add a projection or processor; its follower name must be its own (``DeclarationError``)."""
         with self._lock:
+            for other in self._handlers:
+                if other.name == handler.name and other.fn is not handler.fn:
+                    raise DeclarationError(
+                        f"{handler.label} and {other.label} would both run as follower {handler.name!r}: "
+                        "give one another name (name=...)")
+            if any(other.name == handler.name for other in self._handlers):
+                return  # the same function declared again (a module imported twice)
             self._handlers.append(handler)
+
+    def handlers(self) -> list[EventHandler]:
+        """Every projection and processor, in declaration order."""
+        with self._lock:
+            return list(self._handlers)
 
     def handlers_for(self, aggregate_name: str) -> list[EventHandler]:
         """The aggregate's projections and processors, in declaration order."""

@@ -169,6 +169,11 @@ class StreamFeed(ABC):
     def count_between(self, after: int, upto: int) -> int:
         """How many visible streams have ``after`` < position ≤ ``upto``: what a rewind will replay."""
 
+    def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
+        """The position of the stream of aggregate ``aggregate_name``/``aggregate_id`` at ``version``, or None
+        when it is not stored (or not visible yet): what ``PROJECTED`` waits for the projections to pass."""
+        raise NotImplementedError(f"{type(self).__name__} cannot find a stream's position")
+
     def void_positions(self, after: int, upto: int) -> Iterable[int]:
         """Positions in (``after``, ``upto``] known never to hold a stream (allocated, insert failed)."""
         return ()

@@ -57,6 +57,10 @@ class HidingFeed(StreamFeed):
     def count_between(self, after: int, upto: int) -> int:
         return self.inner.count_between(after, upto) - len([p for p in self.hidden if after < p <= upto])
 
+    def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
+        position = self.inner.position_of(aggregate_name, aggregate_id, version)
+        return None if position in self.hidden else position
+
     def void_positions(self, after: int, upto: int) -> Iterable[int]:
         """The positions called void, and where the inner feed's gaps are final every position it lacks
         that is not hidden (a feed's positions need not be contiguous: one sequence for several contexts)."""
@@ -130,6 +134,21 @@ class StreamFeedContract(_FollowerHarness):
         for after, limit in ((-1, 10), (0, 0), ("1", 10), (0, 1.5), (True, 10)):
             with self.subTest(after=after, limit=limit), self.assertRaises(ValueError):
                 self.feed.read(after, limit)
+
+    def test_position_of_finds_a_stream_by_aggregate_and_version(self):
+        first, second = self.append(2)
+        later = make_stream(first.aggregate_id, 2)
+        self.events.append(later)
+        self.append(1, context=f"{self.context}-other")
+        by_stream = {item.stream.id: item.position for item in self.feed.read(0, 10)}
+        for stream in (first, second, later):
+            agg = stream.aggregate_id
+            self.assertEqual(self.feed.position_of(agg.aggregate_name, agg.id, stream.version), by_stream[stream.id])
+        agg = first.aggregate_id
+        self.assertIsNone(self.feed.position_of(agg.aggregate_name, agg.id, 3))  # not stored
+        self.assertIsNone(self.feed.position_of("customer", agg.id, 1))  # another aggregate type
+        other = self.make_feed(self.events, f"{self.context}-other")
+        self.assertIsNone(other.position_of(agg.aggregate_name, agg.id, 1))  # another context
 
     def test_an_empty_context(self):
         self.append(2, context=f"{self.context}-other")

@@ -106,6 +106,16 @@ class DjangoStreamFeed(StreamFeed):
         millis = to_micros(time) / 1000
         return self._one(sql, (millis,), f"reading the position of {self.context_name!r} at {time}") or 0
 
+    def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
+        sql = ("SELECT {position} FROM " + self._table + " WHERE {context_name} = %s AND {aggregate_name} = %s "
+               "AND {aggregate_id} = %s AND {version} = %s")
+        connection = database(self.using)
+        with store_errors(connection, f"reading the position of {aggregate_name} {aggregate_id!r} v{version}"):
+            with connection.cursor() as cursor:
+                cursor.execute(sql.format_map(self._names), (self.context_name, aggregate_name, aggregate_id, version))
+                row = cursor.fetchone()
+        return row[0] if row is not None else None
+
     def count_between(self, after: int, upto: int) -> int:
         sql = ("SELECT COUNT(*) FROM " + self._table
                + " WHERE {context_name} = %s AND {position} > %s AND {position} <= %s")

@@ -47,6 +47,9 @@ class InMemoryStreamFeed(StreamFeed):
     def count_between(self, after: int, upto: int) -> int:
         return max(0, min(upto, self.head()) - max(after, 0))
 
+    def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
+        return self.store.position_of(self.context_name, aggregate_name, aggregate_id, version)
+
 
 class InMemoryFollowerStore(FollowerStore):
     """Followers' state in this process's memory, guarded by one lock."""

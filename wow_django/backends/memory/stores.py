@@ -61,6 +61,8 @@ class InMemoryEventStore(EventStore):
         # context name → its streams in append order; a stream's position is its index + 1 (gapless: a
         # refused append takes none, and positions are taken under the lock, so in commit order).
         self._positioned: dict[str, list[PositionedStream]] = {}
+        # (context, aggregate name, aggregate id, version) → position
+        self._position_of: dict[tuple[str, str, str, int], int] = {}
         self.append_notifier = AppendNotifier()
 
     def _check(self, stream: EventStream) -> Exception | None:
@@ -103,6 +105,7 @@ class InMemoryEventStore(EventStore):
         self._stream_ids.add((agg.aggregate_name, stream.id))
         positioned = self._positioned.setdefault(agg.context_name, [])
         positioned.append(PositionedStream(len(positioned) + 1, stream))
+        self._position_of[(agg.context_name, agg.aggregate_name, agg.id, stream.version)] = len(positioned)
 
     def append(self, stream: EventStream) -> None:
         with self._lock:
@@ -130,6 +133,11 @@ class InMemoryEventStore(EventStore):
             streams = self._positioned.get(context_name, [])
             start = max(after, 0)
             return streams[start:start + limit]
+
+    def position_of(self, context_name: str, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
+        """The position of one stored stream, or None."""
+        with self._lock:
+            return self._position_of.get((context_name, aggregate_name, aggregate_id, version))
 
     def positioned_all(self, context_name: str) -> list[PositionedStream]:
         """Every stream of one context in position order."""
