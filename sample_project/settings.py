@@ -132,6 +132,10 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": os.environ.get("SAMPLE_SQLITE_PATH", BASE_DIR / "sample.sqlite3"),
+            # Several processes (and follower threads) write this file: a transaction that reads first
+            # and writes later (a projection) would otherwise fail at once with "database is locked"
+            # when another writer got in between, instead of waiting for it.
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
         }
     }
 

@@ -14,6 +14,9 @@ runtime's services) and are idempotent:
 - ``wow_django.bus.relay_pending``: publish PENDING events older than
   ``WOW['BUS_RELAY_AFTER_S']``; schedule it periodically (celery beat).
 - ``wow_django.bus.repush``: re-push an event (whole, or to one consumer).
+- ``wow_django.follow``: run followers (projections, event processors,
+  ``@follower``) until caught up, within a time budget; schedule it with
+  celery beat where ``WOW['FOLLOWERS_RUN'] == "celery"`` (:func:`beat_schedule`).
 
 Transient store errors (``RecoverableStoreError``) are retried with backoff.
 """
@@ -27,6 +30,7 @@ from celery import shared_task
 from celery.signals import worker_process_shutdown
 from django.core.cache import cache
 
+from wow_django.application.followers import run_until_caught_up
 from wow_django.application.gateway import CommandMessage, WaitStage
 from wow_django.application.ports import TaskQueue
 from wow_django.application.runtime import close_runtime, get_runtime
@@ -146,3 +150,33 @@ def relay_pending(limit: int = 500) -> dict:
 def repush_event(event_id: str, requested_by: str, consumer_id: str | None = None) -> dict:
     """The re-push result as JSON; a refused re-push raises ``RepushRefused``."""
     return get_runtime().bus.repush(event_id, requested_by=requested_by, consumer_id=consumer_id).to_json()
+
+
+# --- followers -----------------------------------------------------------------------------------
+
+
+@shared_task(name="wow_django.follow", ignore_result=True)
+def follow(names: list[str] | None = None, budget_s: float = 50.0) -> dict:
+    """Run the named followers (default: every declared one) until each is caught up, or ``budget_s`` has
+    passed; their positions. The leases keep two runs (an overlapping beat, two workers) from processing
+    one follower at once: the second waits for the lease until its budget ends."""
+    return run_until_caught_up(names, budget_s=budget_s)
+
+
+def beat_schedule(*, follow_every_s: float = 5.0, relay_every_s: float = 30.0) -> dict:
+    """The periodic tasks wow_django needs, for ``app.conf.beat_schedule``::
+
+        app.conf.beat_schedule = {**wow_django.tasks.beat_schedule(), ...}
+
+    The bus relay (PENDING events the broker did not take) always; the followers when
+    ``WOW['FOLLOWERS_RUN'] == "celery"`` (each run's budget is the interval, and a run expires unstarted
+    after it, so runs never pile up behind a busy worker).
+    """
+    schedule = {
+        "wow-bus-relay-pending": {"task": "wow_django.bus.relay_pending", "schedule": relay_every_s,
+                                  "options": {"expires": relay_every_s}},
+    }
+    if wow_settings.FOLLOWERS_RUN == "celery":
+        schedule["wow-follow"] = {"task": "wow_django.follow", "schedule": follow_every_s,
+                                  "kwargs": {"budget_s": follow_every_s}, "options": {"expires": follow_every_s}}
+    return schedule

@@ -3,9 +3,13 @@
 **At the edge** an event processor translates the domain event ``order_paid``
 into the integration event ``order.purchased``: a public payload (orderId,
 userId, amount, currency, channel) rather than the domain event, the order id
-as partition key and the aggregate version as sequence. Its eventId is derived
-from the domain event's id, so translating the same domain event again keeps
-one bus record.
+as partition key and the aggregate version as sequence. The processor is the
+**bus relay**: it runs on follower ``order-purchased-relay`` (DESIGN G), which
+reads the order streams from its durable checkpoint, so a process killed after
+the append and before the publish loses nothing — the follower hands the
+stream again when it runs next. Its eventId is derived from the domain
+event's id, so translating the same domain event again (at-least-once, a
+rewind) keeps one bus record.
 
 **Downstream**, in this project for the sample (each would be its own service
 with its own database in production; here their rows live in the project's
@@ -68,7 +72,7 @@ def configure_topic_consumers(bus=None) -> None:
 # --- order service: domain → integration ------------------------------------------------
 
 
-@event_processor(Order, events=[OrderPaid])
+@event_processor(Order, events=[OrderPaid], name="order-purchased-relay")
 def publish_purchase(message) -> None:
     """``order_paid`` → ``order.purchased``."""
     # The order as of this event, not as of now.

@@ -54,3 +54,29 @@ class Member(models.Model):
 
     def __str__(self) -> str:
         return self.user_id
+
+
+class OrderSummary(models.Model):
+    """The order service's own read model: one row per order, kept by the ``order-summaries`` projection.
+
+    ``version`` and ``sequence`` name the last event applied (its stream's version, its place in the
+    stream): an event handed again (followers deliver at least once) or replayed after a rewind
+    changes nothing, so the projection is idempotent.
+    """
+
+    order_id = models.CharField(primary_key=True, max_length=255)
+    tenant_id = models.CharField(max_length=255)
+    customer_id = models.CharField(max_length=255, db_index=True)
+    status = models.CharField(max_length=32)
+    total_amount = models.DecimalField(max_digits=14, decimal_places=2)
+    paid_amount = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    currency = models.CharField(max_length=3)
+    version = models.IntegerField()
+    sequence = models.IntegerField(default=1)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "order summaries"
+
+    def __str__(self) -> str:
+        return f"{self.order_id}: {self.status}"

@@ -176,6 +176,15 @@ class Registry:
                 return  # the same function declared again (a module imported twice)
             self._handlers.append(handler)
 
+    def discard_handler(self, name: str) -> bool:
+        """Forget the projection or processor running as follower ``name`` (tests that cannot run it); True
+        when there was one."""
+        with self._lock:
+            kept = [h for h in self._handlers if h.name != name]
+            found = len(kept) != len(self._handlers)
+            self._handlers = kept
+            return found
+
     def handlers(self) -> list[EventHandler]:
         """Every projection and processor, in declaration order."""
         with self._lock:

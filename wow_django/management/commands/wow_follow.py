@@ -8,13 +8,13 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from wow_django.application.followers import FollowerRunner, followers
+from wow_django.application.followers import FollowerRunner, declared_followers
 from wow_django.application.runtime import get_runtime
 
 
 class Command(BaseCommand):
     help = (
-        "Run followers (declared with @wow_django.application.followers.follower), one thread each, from their "
+        "Run followers (projections, event processors and @follower handlers), one thread each, from their "
         "checkpoints. Two instances of one follower never both process: the second waits for the lease. "
         "SIGTERM or SIGINT finishes the current batches, releases the leases and stops."
     )
@@ -26,18 +26,21 @@ class Command(BaseCommand):
                                  "on a poison event).")
 
     def handle(self, *args, names=(), until_caught_up=False, **options):
-        declared = followers()
-        known = declared.names()
+        try:
+            declared = declared_followers()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        known = list(declared)
         if not known:
-            raise CommandError("no follower is declared: declare one with @follower in an installed app's "
-                               "followers module")
-        unknown = [name for name in names if declared.get(name) is None]
+            raise CommandError("no follower is declared: declare a @projection, an @event_processor or a "
+                               "@follower in an installed app's aggregates, projections or followers module")
+        unknown = [name for name in names if name not in declared]
         if unknown:
             raise CommandError(f"NAME: unknown follower(s) {', '.join(map(repr, unknown))} "
                                f"(declared: {', '.join(known)})")
         runtime = get_runtime()
         try:
-            runners = [FollowerRunner(declared.get(name), runtime.stream_feed, runtime.follower_store)
+            runners = [FollowerRunner(declared[name], runtime.stream_feed, runtime.follower_store)
                        for name in (dict.fromkeys(names) or known)]
         except (ImproperlyConfigured, NotImplementedError) as exc:
             raise CommandError(str(exc)) from exc

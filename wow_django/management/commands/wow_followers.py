@@ -17,14 +17,18 @@ from datetime import UTC, datetime
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_datetime
 
-from wow_django.application.followers import followers
+from wow_django.application.followers import declared_followers
 from wow_django.application.runtime import get_runtime
 from wow_django.exceptions import UnknownFollower
 from wow_django.persistence.followers import FollowerState, FollowerStore, StreamFeed
 
 
-def status(state: FollowerState | None, name: str, feed: StreamFeed, now: datetime) -> dict:
-    """One follower's status: position, lag in streams and seconds, gaps, poison, pause, lease."""
+def status(state: FollowerState | None, name: str, feed: StreamFeed, now: datetime,
+           declared: dict | None = None) -> dict:
+    """One follower's status: position, lag in streams and seconds, gaps, poison, pause, lease.
+
+    ``declared``: :func:`declared_followers` if already at hand."""
+    declared = declared_followers() if declared is None else declared
     position = state.position if state else 0
     head = feed.head()
     lag_events = feed.count_between(position, head) if head > position else 0
@@ -39,7 +43,8 @@ def status(state: FollowerState | None, name: str, feed: StreamFeed, now: dateti
     gap = state.last_gap if state else None
     return {
         "name": name,
-        "declared": followers().get(name) is not None,
+        "declared": name in declared,
+        "kind": declared[name].kind if name in declared else None,
         "position": position,
         "head": head,
         "lag_events": lag_events,
@@ -154,8 +159,9 @@ class Command(BaseCommand):
 
     def _status(self, store: FollowerStore, feed: StreamFeed, now: datetime, fmt: str) -> None:
         states = {state.name: state for state in store.all()}
-        names = sorted(set(states) | set(followers().names()))
-        rows = [status(states.get(name), name, feed, now) for name in names]
+        declared = declared_followers()
+        names = sorted(set(states) | set(declared))
+        rows = [status(states.get(name), name, feed, now, declared) for name in names]
         if fmt == "json":
             self.stdout.write(json.dumps(rows, indent=2))
             return

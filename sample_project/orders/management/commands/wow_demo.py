@@ -51,6 +51,8 @@ from sample_project.orders.demo_processes import (
     separately,
 )
 from sample_project.orders.integration import configure_topic_consumers
+from sample_project.orders.models import OrderSummary
+from wow_django.application.followers import wait_caught_up
 from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import close_runtime, get_runtime
 from wow_django.conf import wow_settings
@@ -149,13 +151,19 @@ class Command(BaseCommand):
             outcomes[fate] += 1
         if existing:
             write(f"  {existing} of these {orders} orders were already there (same request ids): nothing added")
-        gateway.dispatcher.close()  # let snapshots and projections finish
+        gateway.dispatcher.close()  # let the snapshots finish
+        # Projections and processors run on followers (threads of this process by default, or wow_follow).
+        if not wait_caught_up(timeout=30):
+            write("  the followers did not catch up within 30s: see manage.py wow_followers")
 
         counts: Counter[str] = Counter()
         for key in gateway.event_store.iter_all("order"):
             aggregate = gateway.repository.load(Order, key.id)
             counts[aggregate.state.status] += 1
         write("  orders by status: " + ", ".join(f"{status} {n}" for status, n in sorted(counts.items())))
+        summaries = Counter(OrderSummary.objects.values_list("status", flat=True))
+        write("  the order-summaries projection (read model OrderSummary): "
+              + ", ".join(f"{status} {n}" for status, n in sorted(summaries.items())))
 
         self.demo_bus(purchases)
 
