@@ -351,7 +351,7 @@ class CommandGateway:
         if delay_ms > 0:
             time.sleep(min(delay_ms, 2_000) / 1000.0)
 
-    def _stored(self, message: CommandMessage, wait: WaitStage) -> CommandResult | None:
+    def _stored(self, message: CommandMessage, wait: WaitStage, timeout: float | None = None) -> CommandResult | None:
         """The result of this request if its events are already stored (by an earlier request or attempt)."""
         key = AggregateId(message.aggregate_name, message.aggregate_id, self.context_name, message.tenant_id)
         original = self.event_store.get_by_request_id(key, message.request_id)
@@ -362,10 +362,11 @@ class CommandGateway:
         names = [e.name for e in original.body]
         if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
             # The first request's projections may not have run yet (its process died after the append).
-            progress = self.projections.wait(original, self.wait_timeout_s)
+            limit = self.wait_timeout_s if timeout is None else timeout
+            progress = self.projections.wait(original, limit)
             if not progress.done:
                 return self._result(message, original.version, WaitStage.SNAPSHOT, names, duplicate=duplicate,
-                                    **_timeout_error(progress, self.wait_timeout_s))
+                                    **_timeout_error(progress, limit))
         return self._result(message, original.version, wait, names, duplicate=duplicate)
 
     # --- the command's life -------------------------------------------------------
@@ -396,20 +397,20 @@ class CommandGateway:
                 # version index and retried below.
                 with lock:
                     if message.request_id_given or carried:
-                        stored = self._stored(message, wait)
+                        stored = self._stored(message, wait, timeout)
                         if stored is not None:
                             return stored
                     stream, tracker = self._attempt(cls, command, message, ctx)
                 break
             except (DuplicateRequestId, DuplicateAggregateId):
-                stored = self._stored(message, wait)
+                stored = self._stored(message, wait, timeout)
                 if stored is not None:
                     return stored  # its reservations belong to the stored events: keep them
                 give_up(ctx)
                 raise
             except RecoverableStoreError as exc:
                 try:
-                    stored = self._stored(message, wait)
+                    stored = self._stored(message, wait, timeout)
                 except RecoverableStoreError:
                     carried.extend(ctx.take_compensations())  # outcome unknown: keep what was reserved
                 else:

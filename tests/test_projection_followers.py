@@ -1,0 +1,331 @@
+"""Projections and event processors on followers (DESIGN G): naming, where they run, PROJECTED, poison,
+replay, the process's follower threads, the Celery task and the beat schedule."""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+
+import pytest
+from django.test import override_settings
+
+from sample_project.orders.aggregates import CancelOrder, OrderLine, PayOrder, PlaceOrder
+from wow_django.application.followers import (
+    declared_followers,
+    follower,
+    projection_followers,
+    run_until_caught_up,
+    wait_caught_up,
+)
+from wow_django.application.gateway import WaitStage
+from wow_django.application.runtime import get_runtime
+from wow_django.bus import get_bus
+from wow_django.domain import event_processor, projection
+from wow_django.exceptions import DeclarationError
+from wow_django.persistence.bus import EventQuery
+
+from .support import fresh_wow, wait_for
+
+ITEMS = [OrderLine(sku="SKU-1", quantity=2, unit_price=Decimal("5.00"))]
+
+
+def place(**kwargs):
+    return get_runtime().gateway.send(PlaceOrder(customer_id="c-1", items=ITEMS), **kwargs)
+
+
+@pytest.fixture
+def memory():
+    settings = fresh_wow("in_memory")
+    with override_settings(WOW=settings):
+        yield settings
+
+
+@pytest.fixture
+def elsewhere():
+    """Followers do not run in this process (they would in wow_follow processes or from Celery beat)."""
+    settings = fresh_wow("in_memory", FOLLOWERS_RUN="command")
+    with override_settings(WOW=settings):
+        yield settings
+
+
+# --- declaring -------------------------------------------------------------------------------------
+
+
+def test_each_handler_is_a_follower_named_after_it_or_as_given():
+    @projection("order")
+    def count_orders(message):
+        pass
+
+    @event_processor("order", events=["order_paid"], name="paid-relay")
+    def relay(message):
+        pass
+
+    declared = declared_followers()
+    assert declared["projection-order-count_orders"].kind == "projection"
+    assert declared["projection-order-count_orders"].aggregates == frozenset({"order"})
+    assert (declared["paid-relay"].kind, declared["paid-relay"].events) == ("processor", frozenset({"order_paid"}))
+    assert declared["order-purchased-relay"].kind == "processor"  # the sample's bus relay
+    assert projection_followers("order", ["order_paid"]) == ["projection-order-count_orders"]
+    assert "paid-relay" not in projection_followers("order", ["order_paid"])  # processors are not waited for
+
+
+def test_long_or_odd_function_names_make_valid_follower_names():
+    handler = lambda message: None  # noqa: E731
+    projection("order")(handler)
+    name = next(n for n in declared_followers() if "lambda" in n)
+    assert name == "projection-order-_lambda_"
+    long_named = type(projection)(projection.__code__, {}, "x" * 80)
+    projection("order")(long_named)
+    long = [n for n in declared_followers() if n.startswith("projection-order-xxx")]
+    assert len(long) == 1 and len(long[0]) <= 63
+
+
+def test_two_handlers_cannot_share_a_follower_name():
+    @projection("order", name="same")
+    def one(message):
+        pass
+
+    with pytest.raises(DeclarationError, match="would both run as follower 'same'"):
+        @projection("order", name="same")
+        def two(message):
+            pass
+
+    projection("order", name="same")(one)  # the same function declared again (a module imported twice): fine
+    with pytest.raises(DeclarationError, match="must start with a letter"):
+        projection("order", name="bad name!")
+
+
+def test_a_follower_and_a_projection_cannot_share_a_name():
+    @projection("order", name="shared")
+    def one(message):
+        pass
+
+    @follower("shared")
+    def two(item):
+        pass
+
+    with pytest.raises(Exception, match="declared with @follower and names a projection"):
+        declared_followers()
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+
+def test_projections_run_on_this_processs_threads_by_default(memory):
+    seen = []
+
+    @projection("order")
+    def record(message):
+        seen.append((message.name, message.version, threading.current_thread().name))
+
+    result = place(wait=WaitStage.PROJECTED)
+    assert result.stage is WaitStage.PROJECTED and result.succeeded
+    assert seen == [("order_placed", 1, "wow-follower-projection-order-record")]
+    names = get_runtime().follower_threads.names()
+    assert "projection-order-record" in names and "order-purchased-relay" in names
+
+
+def test_a_stream_appended_while_no_follower_runs_is_projected_when_one_runs(elsewhere):
+    """What a process killed right after its append used to lose: the stream waits for the follower."""
+    seen = []
+
+    @projection("order")
+    def record(message):
+        seen.append(message.version)
+
+    placed = place()  # PROCESSED: nothing runs the projection in this process
+    assert seen == []
+    assert get_runtime().follower_threads.names() == []
+    positions = run_until_caught_up(["projection-order-record"], budget_s=10)
+    assert seen == [1]
+    assert positions["projection-order-record"] == get_runtime().stream_feed.position_of("order", placed.aggregate_id, 1)
+
+
+def test_projected_waits_for_followers_of_another_instance_and_says_what_it_waited_for(elsewhere):
+    seen = []
+
+    @projection("order")
+    def record(message):
+        seen.append(message.version)
+
+    timed_out = place(wait=WaitStage.PROJECTED, timeout=0.2)
+    assert (timed_out.error_code, timed_out.stage) == ("WAIT_TIMEOUT", WaitStage.SNAPSHOT)
+    assert "projection follower(s) " in timed_out.error_msg and "projection-order-record" in timed_out.error_msg
+    assert "order-summaries" not in timed_out.error_msg  # the ORM projection is not in this (database-less) test
+
+    # Another instance (here: a thread standing in for a wow_follow process) runs the followers.
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: [run_until_caught_up(budget_s=0.5) for _ in iter(stop.is_set, True)])
+    runner.start()
+    try:
+        result = place(wait=WaitStage.PROJECTED, timeout=10)
+        assert result.stage is WaitStage.PROJECTED and result.succeeded
+        assert 1 in seen
+    finally:
+        stop.set()
+        runner.join(10)
+
+
+def test_a_failing_projection_stops_on_the_stream_and_projected_says_why_at_once(memory):
+    broken: set[str] = set()
+
+    @projection("order", events=["order_cancelled"])
+    def fragile(message):
+        if message.aggregate_id.id in broken:
+            raise RuntimeError("read model is down")
+
+    placed = place(wait=WaitStage.PROJECTED)
+    broken.add(placed.aggregate_id)
+    assert placed.succeeded
+    cancelled = get_runtime().gateway.send(CancelOrder(reason="x"), aggregate_id=placed.aggregate_id,
+                                           wait=WaitStage.PROJECTED, timeout=10)
+    assert cancelled.error_code == "DISPATCH_FAILED" and cancelled.stage is WaitStage.PROJECTED
+    assert "projection 'projection-order-fragile' is stopped on position" in cancelled.error_msg
+    assert "read model is down" in cancelled.error_msg
+    state = get_runtime().follower_store.get("projection-order-fragile")
+    assert state.poison is not None and state.poison.aggregate == f"order/{placed.aggregate_id}"
+    # A later cancel of another order is held behind the poison event: reported, not waited for.
+    other = place(wait=WaitStage.PROJECTED, timeout=10)
+    assert other.succeeded  # order_placed: the stopped projection does not take it, nothing to wait for
+    held = get_runtime().gateway.send(CancelOrder(reason="y"), aggregate_id=other.aggregate_id,
+                                      wait=WaitStage.PROJECTED, timeout=10)
+    assert held.error_code == "DISPATCH_FAILED" and "read model is down" in held.error_msg
+    # An operator skips it (audited); the follower goes on.
+    get_runtime().follower_store.skip_poison("projection-order-fragile", by="ops", reason="known outage",
+                                             now=state.poison.at)
+    assert wait_caught_up(["projection-order-fragile"], timeout=10)
+    assert get_runtime().gateway.send(CancelOrder(reason="y"), aggregate_id=other.aggregate_id,
+                                      request_id=held.request_id, wait=WaitStage.PROJECTED, timeout=10).succeeded
+    assert [entry["by"] for entry in get_runtime().follower_store.skipped("projection-order-fragile")] == ["ops"]
+
+
+def test_a_duplicate_request_waits_for_the_first_requests_projection(elsewhere):
+    seen = []
+
+    @projection("order")
+    def record(message):
+        seen.append(message.version)
+
+    first = place(request_id="dup-1")  # its process "died" before any follower ran
+    again = place(request_id="dup-1", wait=WaitStage.PROJECTED, timeout=0.2)
+    assert again.duplicate and (again.error_code, again.stage) == ("WAIT_TIMEOUT", WaitStage.SNAPSHOT)
+    run_until_caught_up(budget_s=10)
+    again = place(request_id="dup-1", wait=WaitStage.PROJECTED, timeout=5)
+    assert again.duplicate and again.stage is WaitStage.PROJECTED and again.aggregate_id == first.aggregate_id
+    assert seen == [1]
+
+
+def test_the_relay_keeps_one_bus_record_per_domain_event_through_a_replay(elsewhere):
+    """The sample's bus relay (order_paid → order.purchased) handed every stream twice: one record each."""
+    bus = get_bus()
+    bus.set_topic_consumer("order.purchased", "member-service", enabled=True)
+    paid = []
+    for n in range(3):
+        placed = place(request_id=f"relay-{n}")
+        get_runtime().gateway.send(PayOrder(amount=Decimal("10.00"), payment_id=f"p-{n}"),
+                                   aggregate_id=placed.aggregate_id)
+        paid.append(placed.aggregate_id)
+    query = EventQuery(topic="order.purchased")
+    assert bus.store.find_events(query, skip=0, limit=10) == (0, [])  # nothing relayed yet
+    run_until_caught_up(["order-purchased-relay"], budget_s=10)
+    first = bus.store.find_events(query, skip=0, limit=10)[1]
+    assert sorted(e["partitionKey"] for e in first) == sorted(paid)
+    store = get_runtime().follower_store
+    store.rewind("order-purchased-relay", 0, now=store.get("order-purchased-relay").updated_at)
+    run_until_caught_up(["order-purchased-relay"], budget_s=10)
+    total, again = bus.store.find_events(query, skip=0, limit=10)
+    assert total == 3
+    assert sorted(e["eventId"] for e in again) == sorted(e["eventId"] for e in first)
+
+
+# --- the process's threads ------------------------------------------------------------------------
+
+
+def test_follower_threads_follow_the_declarations_and_stop_with_the_runtime(memory):
+    place()
+    threads = get_runtime().follower_threads
+    before = set(threads.names())
+
+    @projection("order")
+    def late(message):
+        pass
+
+    place()  # each command reconciles the threads with what is declared
+    assert set(threads.names()) == before | {"projection-order-late"}
+    running = {t.name for t in threading.enumerate()}
+    assert "wow-follower-projection-order-late" in running
+    get_runtime().close()
+    assert threads.names() == []
+    wait_for(lambda: not any(t.name.startswith("wow-follower-") and t.is_alive() for t in threading.enumerate()),
+             timeout=10, what="the follower threads stopped")
+
+
+def test_no_threads_where_followers_run_elsewhere(elsewhere):
+    @projection("order")
+    def record(message):
+        pass
+
+    place()
+    assert get_runtime().follower_threads.names() == []
+    assert not any(t.name == "wow-follower-projection-order-record" for t in threading.enumerate())
+
+
+def test_followers_run_is_validated():
+    from wow_django.conf import validate_user_settings
+
+    assert [key for key, _ in validate_user_settings({"FOLLOWERS_RUN": "sometimes"})] == ["FOLLOWERS_RUN"]
+    assert validate_user_settings({"FOLLOWERS_RUN": "celery"}) == []
+
+
+# --- Celery -----------------------------------------------------------------------------------------
+
+
+def test_beat_schedule_has_the_follow_task_only_where_celery_runs_the_followers(memory):
+    from wow_django.tasks import beat_schedule
+
+    assert set(beat_schedule()) == {"wow-bus-relay-pending"}
+    with override_settings(WOW={**memory, "FOLLOWERS_RUN": "celery"}):
+        schedule = beat_schedule(follow_every_s=3)
+        assert schedule["wow-follow"]["task"] == "wow_django.follow"
+        assert schedule["wow-follow"]["kwargs"] == {"budget_s": 3}
+        assert schedule["wow-follow"]["options"] == {"expires": 3}
+
+
+def test_the_follow_task_runs_the_followers_until_caught_up():
+    from wow_django.tasks import follow
+
+    with override_settings(WOW=fresh_wow("in_memory", FOLLOWERS_RUN="celery")):
+        seen = []
+
+        @projection("order")
+        def record(message):
+            seen.append(message.version)
+
+        place()
+        positions = follow.apply(kwargs={"names": ["projection-order-record"], "budget_s": 10}).get()
+        assert seen == [1] and positions["projection-order-record"] >= 1
+        with pytest.raises(ValueError, match="unknown follower"):
+            follow.apply(kwargs={"names": ["nope"]}).get()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_samples_read_model_projection_on_the_django_backend():
+    from sample_project.orders.models import OrderSummary
+
+    with override_settings(WOW=fresh_wow("django")):
+        assert "order-summaries" in projection_followers("order", ["order_paid"])
+        placed = place(wait=WaitStage.PROJECTED)
+        assert placed.succeeded
+        row = OrderSummary.objects.get(order_id=placed.aggregate_id)
+        assert (row.status, row.total_amount, row.version) == ("PLACED", Decimal("10.00"), 1)
+        paid = get_runtime().gateway.send(PayOrder(amount=Decimal("10.00"), payment_id="p"),
+                                          aggregate_id=placed.aggregate_id, wait=WaitStage.PROJECTED)
+        assert paid.succeeded
+        row.refresh_from_db()
+        assert (row.status, row.paid_amount, row.version) == ("PAID", Decimal("10.00"), 2)
+        # Replayed from the start (a rewind): nothing changes, nothing is added.
+        store = get_runtime().follower_store
+        store.rewind("order-summaries", 0, now=store.get("order-summaries").updated_at)
+        assert wait_caught_up(["order-summaries"], timeout=10)
+        assert list(OrderSummary.objects.values_list("order_id", "status", "version")) == [
+            (placed.aggregate_id, "PAID", 2)]
