@@ -161,3 +161,25 @@ def test_recoverable_store_errors_are_retried_by_the_worker(worker, monkeypatch)
         assert tasks.save_snapshot.delay("customer", customer).get(timeout=20) == 1
         assert len(calls) == 3
         assert get_runtime().snapshot_store.load(AggregateId("customer", customer)).version == 1
+
+
+def test_the_follow_task_runs_followers_on_the_worker(worker):
+    """FOLLOWERS_RUN="celery": nothing runs the projection where the command is handled; beat's task does."""
+    from wow_django.domain import projection
+    from wow_django.tasks import follow
+
+    with override_settings(WOW=fresh_wow("in_memory", FOLLOWERS_RUN="celery")):
+        seen: list[int] = []
+
+        @projection("order")
+        def record(message):
+            seen.append(message.version)
+
+        gateway = get_runtime().gateway
+        placed = gateway.send(PlaceOrder(customer_id="c-1", items=[OrderLine(sku="A", quantity=1,
+                                                                              unit_price=Decimal("5"))]))
+        assert seen == [] and get_runtime().follower_threads.names() == []
+        follow.delay(names=["projection-order-record"], budget_s=10)
+        wait_for(lambda: seen == [1], what="the worker ran the projection")
+        state = wait_for(lambda: get_runtime().follower_store.get("projection-order-record"))
+        assert state.position == get_runtime().stream_feed.position_of("order", placed.aggregate_id, 1)
