@@ -211,6 +211,10 @@ WOW = {
 }
 if os.environ.get("WOW_MONGO_URI"):
     WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]
+# Where projections, processors and the relay run: "threads" of every process (the default), or only where
+# `manage.py wow_follow` / the Celery beat task run them ("command" / "celery"), as in production.
+if os.environ.get("WOW_FOLLOWERS_RUN"):
+    WOW["FOLLOWERS_RUN"] = os.environ["WOW_FOLLOWERS_RUN"]
 
 # --- Celery ----------------------------------------------------------------------
 # Redis is the broker (and keeps the results); eager or not: see above.

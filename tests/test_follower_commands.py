@@ -22,6 +22,7 @@ from sample_project.orders.aggregates import OrderLine, PlaceOrder
 from wow_django.application import WaitStage
 from wow_django.application.followers import FollowerRegistry, follower, use_followers
 from wow_django.application.runtime import get_runtime
+from wow_django.domain import registry
 from wow_django.testing import isolated_registry
 
 from .support import fresh_wow, wait_for
@@ -31,8 +32,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def declared():
-    """An in-memory runtime and a follower "ledger" recording positions; fails on positions in ``fail_at``."""
-    with override_settings(WOW=fresh_wow("in_memory")), isolated_registry():
+    """An in-memory runtime and a follower "ledger" recording positions; fails on positions in ``fail_at``.
+
+    Followers run only where the commands run them (``FOLLOWERS_RUN="command"``), not as threads of this
+    process, so the lag before ``wow_follow`` is what the tests see."""
+    with override_settings(WOW=fresh_wow("in_memory", FOLLOWERS_RUN="command")), isolated_registry():
         handled: list[int] = []
         fail_at: set[int] = set()
 
@@ -78,8 +82,11 @@ def test_wow_follow_until_caught_up_then_status(declared):
 def test_wow_follow_refuses_unknown_names(declared):
     with pytest.raises(CommandError, match=r"NAME: unknown follower\(s\) 'nope' \(declared: .*ledger"):
         run("wow_follow", "nope")
+    domain = registry.current()  # a copy (isolated_registry): the sample's projections and processors
+    for handler in domain.handlers():
+        domain.discard_handler(handler.name)
     with use_followers(FollowerRegistry()), pytest.raises(CommandError, match="no follower is declared"):
-        run("wow_follow")
+        run("wow_follow", "--until-caught-up")  # were one declared, it would still stop
 
 
 def test_pause_and_resume(declared):
@@ -169,7 +176,7 @@ def test_wow_follow_in_a_process_on_a_sqlite_file():
     try:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "sample_project.settings",
                "SAMPLE_SQLITE_PATH": os.path.join(directory, "sample.sqlite3"), "CELERY_EAGER": "1",
-               "WOW_BUS_TRANSPORT_URL": "memory://", "PYTHONPATH": ROOT}
+               "WOW_BUS_TRANSPORT_URL": "memory://", "WOW_FOLLOWERS_RUN": "command", "PYTHONPATH": ROOT}
         env.pop("SAMPLE_POSTGRES_DB", None)
         env.pop("WOW_MONGO_URI", None)
 

@@ -1,5 +1,5 @@
-"""The follower contracts and the runner on every backend: in-memory, the django backend on SQLite and on
-PostgreSQL."""
+"""The follower contracts and the runner on every backend: in-memory, MongoDB (the embedded engine, and a real
+server when ``WOW_TEST_MONGO_URI`` is set), the django backend on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ from wow_django.backends.django.followers import DjangoFollowerStore, DjangoStre
 from wow_django.backends.django.models import PrepareKeyRow
 from wow_django.backends.memory.followers import InMemoryFollowerStore, InMemoryStreamFeed
 from wow_django.backends.memory.stores import InMemoryEventStore
+from wow_django.backends.mongo.event_store import MongoEventStore
+from wow_django.backends.mongo.followers import MongoFollowerStore, MongoStreamFeed
 from wow_django.persistence.records import AggregateId
 from wow_django.testing import FakeClock, make_stream
 from wow_django.testing.followers import FollowerRunnerContract, FollowerStoreContract, StreamFeedContract
+from wow_django.testing.mongo import EmbeddedMongoDatabase, RealMongoDatabase, requires_real_mongo
 
 from .support import fresh_wow, wait_for
 
@@ -48,6 +51,48 @@ class TestInMemoryFollowerStore(InMemory, FollowerStoreContract, unittest.TestCa
 
 
 class TestInMemoryFollowerRunner(InMemory, FollowerRunnerContract, unittest.TestCase):
+    pass
+
+
+class OnMongo:
+    """The MongoDB backend: each test its own database (dropped afterwards)."""
+
+    def make_event_store(self):
+        connection, name, guard = self.mongo()
+        return MongoEventStore(connection, name, schema=guard)
+
+    def make_feed(self, store, context_name):
+        return MongoStreamFeed(store, context_name)
+
+    def make_follower_store(self):
+        connection, name, guard = self.mongo()
+        return MongoFollowerStore(connection, name, schema=guard)
+
+
+class TestMongoStreamFeed(OnMongo, EmbeddedMongoDatabase, StreamFeedContract, unittest.TestCase):
+    pass
+
+
+class TestMongoFollowerStore(OnMongo, EmbeddedMongoDatabase, FollowerStoreContract, unittest.TestCase):
+    pass
+
+
+class TestMongoFollowerRunner(OnMongo, EmbeddedMongoDatabase, FollowerRunnerContract, unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoStreamFeed(OnMongo, RealMongoDatabase, StreamFeedContract, unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoFollowerStore(OnMongo, RealMongoDatabase, FollowerStoreContract, unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoFollowerRunner(OnMongo, RealMongoDatabase, FollowerRunnerContract, unittest.TestCase):
     pass
 
 

@@ -17,7 +17,7 @@ from sample_project.orders.aggregates import (
     RegisterCustomer,
     ShipOrder,
 )
-from wow_django.application.followers import wait_caught_up
+from wow_django.application.following import wait_caught_up
 from wow_django.application.gateway import CommandGateway, WaitStage, derived_aggregate_id
 from wow_django.application.runtime import get_runtime
 from wow_django.domain import DeleteAggregate, RecoverAggregate, projection

@@ -10,13 +10,8 @@ import pytest
 from django.test import override_settings
 
 from sample_project.orders.aggregates import CancelOrder, OrderLine, PayOrder, PlaceOrder
-from wow_django.application.followers import (
-    declared_followers,
-    follower,
-    projection_followers,
-    run_until_caught_up,
-    wait_caught_up,
-)
+from wow_django.application.followers import declared_followers, follower, projection_followers
+from wow_django.application.following import run_until_caught_up, wait_caught_up
 from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus

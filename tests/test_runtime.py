@@ -206,10 +206,11 @@ def test_a_celery_pool_process_drains_its_dispatch_when_it_shuts_down(wow):
     assert seen == [1] and runtime.closed
 
 
-@pytest.mark.django_db(transaction=True, databases=["wow_pg"])
-def test_a_dispatch_lane_does_not_keep_a_connection_the_database_dropped(wow_memory):
-    """Between two commands the server ends the lane's session (a restart, a failover): the next
-    projection works on a new connection instead of failing on the dropped one."""
+@pytest.mark.django_db(transaction=True, databases=["default", "wow_pg"])
+def test_a_follower_thread_does_not_keep_a_connection_the_database_dropped(wow_memory):
+    """Between two commands the server ends the session of the thread running a projection (a restart, a
+    failover): the next projection works on a new connection instead of failing on the dropped one.
+    (The sample's own projection writes to ``default``, hence that database too.)"""
     import psycopg
     from django.db import connections
 

@@ -32,6 +32,7 @@ EVENT_INDEXES = {
     "aggregateId_1_requestId_1": {"aggregateId": 1, "requestId": 1},
     "tenantId_hashed": {"tenantId": "hashed"},
     "ownerId_hashed": {"ownerId": "hashed"},
+    "contextName_1_position_1": {"contextName": 1, "position": 1},
 }
 SNAPSHOT_INDEXES = {
     "_id_": {"_id": 1},

@@ -30,7 +30,7 @@ from celery import shared_task
 from celery.signals import worker_process_shutdown
 from django.core.cache import cache
 
-from wow_django.application.followers import run_until_caught_up
+from wow_django.application.following import run_until_caught_up
 from wow_django.application.gateway import CommandMessage, WaitStage
 from wow_django.application.ports import TaskQueue
 from wow_django.application.runtime import close_runtime, get_runtime

@@ -159,7 +159,11 @@ class StreamFeed(ABC):
 
     @abstractmethod
     def head(self) -> int:
-        """The highest position allocated in this context (0 when none): what the lag is measured against."""
+        """The highest position in this context (0 when none): what the lag is measured against.
+
+        A backend that allocates positions before the insert commits (MongoDB) reports the highest
+        *visible* one, so a refused append's position never counts as lag.
+        """
 
     @abstractmethod
     def position_at(self, time: datetime) -> int:

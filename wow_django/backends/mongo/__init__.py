@@ -14,6 +14,7 @@ from wow_django.backends.mongo.bus_schema import BUS_SPECS
 from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.backends.mongo.client import MongoConnection, check_database_name, connect, parse_uri, redact
 from wow_django.backends.mongo.event_store import MongoEventStore
+from wow_django.backends.mongo.followers import MongoFollowerStore, MongoStreamFeed
 from wow_django.backends.mongo.prepare_key import MongoPrepareKey
 from wow_django.backends.mongo.queries import MongoEventStreamQueryService, MongoSnapshotQueryService
 from wow_django.backends.mongo.schema import (
@@ -22,9 +23,12 @@ from wow_django.backends.mongo.schema import (
     SchemaReport,
     claim_database,
     event_stream_spec,
+    follower_specs,
+    positions_spec,
     prepare_spec,
     reconcile_collection,
     snapshot_spec,
+    void_positions_spec,
 )
 from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
 from wow_django.conf import DEFAULT_MONGO_URI, wow_settings
@@ -93,6 +97,13 @@ class MongoBackend(Backend):
     def event_queries(self, store, aggregate_name: str):
         return MongoEventStreamQueryService(store, aggregate_name)
 
+    def stream_feed(self, store, context_name: str | None = None):
+        return MongoStreamFeed(store, context_name or wow_settings.CONTEXT_NAME)
+
+    def follower_store(self):
+        return MongoFollowerStore(self.connection, database_name("EVENT_STREAM"), schema=self.schema_guard,
+                                  max_time_ms=self.max_time_ms)
+
 
 def planned_specs() -> list[tuple[str, CollectionSpec]]:
     """``(database purpose, spec)`` for every collection the settings and declarations ask for."""
@@ -106,6 +117,9 @@ def planned_specs() -> list[tuple[str, CollectionSpec]]:
             plan.append(("EVENT_STREAM", event_stream_spec(name, wow_settings.REQUEST_ID_INDEX)))
         if mongo["SNAPSHOT"]:
             plan.append(("SNAPSHOT", snapshot_spec(name)))
+    if mongo["EVENT_STREAM"]:
+        # Global positions and followers' state live beside the context's event streams.
+        plan.extend(("EVENT_STREAM", spec) for spec in (positions_spec(), void_positions_spec(), *follower_specs()))
     if mongo["PREPARE"]:
         for name in declared.prepare_key_names():
             plan.append(("PREPARE", prepare_spec(name)))

@@ -1,15 +1,25 @@
-"""Event store on MongoDB: one ``insert_one`` per append (DESIGN part A)."""
+"""Event store on MongoDB: one ``insert_one`` per append (DESIGN part A).
+
+Every stream also gets a **global position** in its bounded context, for the
+followers (DESIGN G): a counter document per context in ``wow_position`` is
+incremented before the insert (one ``findOneAndUpdate`` per append, or per
+context and batch in :meth:`MongoEventStore.append_many`). Positions are thus
+allocated before their streams commit, so a follower may see position 7 before
+position 6 (``gaps_are_final`` is false, see ``wow_django.persistence.followers``).
+When an insert is refused (a duplicate key) its position is recorded in
+``wow_void_position`` so followers do not wait for it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pymongo import ASCENDING
+from pymongo import ASCENDING, ReturnDocument
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.client import MongoConnection
 from wow_django.backends.mongo.errors import duplicate_key_kind, is_duplicate_key, recoverable_errors
-from wow_django.backends.mongo.schema import SchemaGuard, event_stream_spec
+from wow_django.backends.mongo.schema import SchemaGuard, event_stream_spec, positions_spec, void_positions_spec
 from wow_django.exceptions import (
     DuplicateAggregateId,
     DuplicateEventStreamId,
@@ -21,6 +31,7 @@ from wow_django.exceptions import (
 )
 from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
 from wow_django.persistence.documents import document_to_stream, stream_to_document
+from wow_django.persistence.followers import AppendNotifier
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
 
 
@@ -47,6 +58,8 @@ class MongoEventStore(EventStore):
         self.request_id_index = request_id_index
         self.max_time_ms = max_time_ms
         self._collections: dict[str, object] = {}
+        #: Notified after each append of this process (the followers of this process wait on it).
+        self.append_notifier = AppendNotifier()
 
     def collection(self, aggregate_name: str):
         collection = self._collections.get(aggregate_name)
@@ -56,22 +69,56 @@ class MongoEventStore(EventStore):
             collection = self._collections[aggregate_name] = self.database[spec.name]
         return collection
 
+    # --- positions --------------------------------------------------------------
+
+    def _support(self, spec):
+        collection = self._collections.get(spec.name)
+        if collection is None:
+            self.schema.ensure(self.database, spec)
+            collection = self._collections[spec.name] = self.database[spec.name]
+        return collection
+
+    def allocate_positions(self, context_name: str, count: int) -> int:
+        """Reserve ``count`` consecutive positions of ``context_name``; the first. One round trip."""
+        counters = self._support(positions_spec())
+        with recoverable_errors(f"allocating positions in {context_name!r}"), self.connection.guard(counters):
+            counter = counters.find_one_and_update(
+                {"_id": context_name}, {"$inc": {"position": count}}, upsert=True,
+                return_document=ReturnDocument.AFTER)
+        return counter["position"] - count + 1
+
+    def _void(self, context_name: str, positions: list[int]) -> None:
+        """Record positions whose inserts were refused; best effort (a follower's gap timeout covers a miss)."""
+        if not positions:
+            return
+        voids = self._support(void_positions_spec())
+        try:
+            with recoverable_errors("recording void positions"), self.connection.guard(voids):
+                voids.insert_many([{"_id": f"{context_name}:{p}", "contextName": context_name, "position": p}
+                                   for p in positions], ordered=False)
+        except (RecoverableStoreError, pymongo_errors.PyMongoError):
+            pass
+
     # --- writes ---------------------------------------------------------------
 
     def append(self, stream: EventStream) -> None:
         collection = self.collection(stream.aggregate_name)
         document = stream_to_document(stream)
+        context_name = stream.aggregate_id.context_name
+        document["position"] = self.allocate_positions(context_name, 1)
         try:
             with recoverable_errors(f"appending {stream.aggregate_name} {stream.aggregate_id.id!r}"):
                 with self.connection.guard(collection):
                     result = collection.insert_one(document)
         except pymongo_errors.DuplicateKeyError as exc:
+            self._void(context_name, [document["position"]])
             raise self._conflict(collection, stream, exc.details) from exc
         if not result.acknowledged:
             raise UnacknowledgedWriteError(
                 f"append of {stream.aggregate_name} {stream.aggregate_id.id!r} v{stream.version} was not "
                 "acknowledged; use a write concern of w ≥ 1 for the event store"
             )
+        self.append_notifier.notify()
 
     def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
         """One unordered ``insert_many`` per aggregate type; per-stream results."""
@@ -82,11 +129,11 @@ class MongoEventStore(EventStore):
         for name, indexes in by_name.items():
             try:
                 collection = self.collection(name)
+                documents = self._positioned([streams[i] for i in indexes])
             except Exception as exc:
                 for index in indexes:
                     results[index] = exc
                 continue
-            documents = [stream_to_document(streams[i]) for i in indexes]
             try:
                 with recoverable_errors(f"appending {len(documents)} {name} streams"):
                     with self.connection.guard(collection):
@@ -96,12 +143,17 @@ class MongoEventStore(EventStore):
                     for index in indexes:
                         results[index] = error
             except pymongo_errors.BulkWriteError as exc:
+                refused: dict[str, list[int]] = {}
                 for write_error in exc.details.get("writeErrors", []):
                     stream_index = indexes[write_error["index"]]
                     if is_duplicate_key(write_error):
                         results[stream_index] = self._conflict(collection, streams[stream_index], write_error)
+                        document = documents[write_error["index"]]
+                        refused.setdefault(document["contextName"], []).append(document["position"])
                     else:
                         results[stream_index] = EventStoreError(write_error.get("errmsg", "write error"))
+                for context_name, positions in refused.items():
+                    self._void(context_name, positions)
                 concern = exc.details.get("writeConcernErrors") or []
                 if concern:
                     error = RecoverableStoreError(f"write concern failed for batched append: {concern[0]}")
@@ -110,7 +162,21 @@ class MongoEventStore(EventStore):
             except RecoverableStoreError as exc:
                 for index in indexes:
                     results[index] = exc
+        if any(result is None for result in results):
+            self.append_notifier.notify()
         return results
+
+    def _positioned(self, streams: Sequence[EventStream]) -> list[dict]:
+        """The streams' documents with positions: one allocation per context of the batch."""
+        documents = [stream_to_document(stream) for stream in streams]
+        by_context: dict[str, list[dict]] = {}
+        for document in documents:
+            by_context.setdefault(document["contextName"], []).append(document)
+        for context_name, group in by_context.items():
+            first = self.allocate_positions(context_name, len(group))
+            for offset, document in enumerate(group):
+                document["position"] = first + offset
+        return documents
 
     def _conflict(self, collection, stream: EventStream, error: dict | None) -> EventStoreError:
         """The error for a duplicate key, confirmed by a read when the engine did not name the index."""

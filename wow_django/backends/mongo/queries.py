@@ -155,3 +155,11 @@ class MongoEventStreamQueryService(MongoQueryService):
 
     def __init__(self, store, aggregate_name: str):
         super().__init__(store, aggregate_name, EVENT_STREAM)
+
+    def find_documents(self, condition: Condition, **kwargs) -> list[dict]:
+        documents = super().find_documents(condition, **kwargs)
+        for document in documents:
+            # The followers' global position is storage bookkeeping, not part of Wow's stream document
+            # (the django backend keeps it in a column of its own and never shows it either).
+            document.pop("position", None)
+        return documents

@@ -76,6 +76,8 @@ OWNER_ID_HASHED = IndexSpec("ownerId_hashed", (("ownerId", "hashed"),))
 ID_HASHED = IndexSpec("_id_hashed", (("_id", "hashed"),))
 DELETED_HASHED = IndexSpec("deleted_hashed", (("deleted", "hashed"),))
 TTL_AT = IndexSpec("ttlAt_1", (("ttlAt", 1),), expire_after_seconds=0)
+# Followers read a context's streams by global position (wow_django.backends.mongo.followers).
+CONTEXT_POSITION = IndexSpec("contextName_1_position_1", (("contextName", 1), ("position", 1)))
 
 
 def event_stream_spec(aggregate_name: str, request_id_index: str = "aggregate") -> CollectionSpec:
@@ -89,8 +91,36 @@ def event_stream_spec(aggregate_name: str, request_id_index: str = "aggregate") 
         raise ValueError(f"request_id_index must be 'aggregate' or 'global', got {request_id_index!r}")
     return CollectionSpec(
         event_stream_collection(aggregate_name),
-        (AGGREGATE_ID_HASHED, AGGREGATE_ID_VERSION, request, TENANT_ID_HASHED, OWNER_ID_HASHED),
+        (AGGREGATE_ID_HASHED, AGGREGATE_ID_VERSION, request, TENANT_ID_HASHED, OWNER_ID_HASHED, CONTEXT_POSITION),
         forbidden=((other.name, why + "; drop it or change the setting"),),
+    )
+
+
+POSITIONS_COLLECTION = "wow_position"
+VOID_POSITIONS_COLLECTION = "wow_void_position"
+FOLLOWERS_COLLECTION = "wow_follower"
+FOLLOWER_GAPS_COLLECTION = "wow_follower_gap"
+FOLLOWER_SKIPS_COLLECTION = "wow_follower_skip"
+
+
+def positions_spec() -> CollectionSpec:
+    """One counter document per bounded context: the last position allocated."""
+    return CollectionSpec(POSITIONS_COLLECTION, ())
+
+
+def void_positions_spec() -> CollectionSpec:
+    """Positions allocated to appends the event store refused."""
+    return CollectionSpec(VOID_POSITIONS_COLLECTION, (
+        IndexSpec("contextName_1_position_1", (("contextName", 1), ("position", 1))),))
+
+
+def follower_specs() -> tuple[CollectionSpec, ...]:
+    """Followers' state, the gaps they skipped and the audit of skipped poison events."""
+    by_follower = IndexSpec("follower_1_at_1", (("follower", 1), ("at", 1)))
+    return (
+        CollectionSpec(FOLLOWERS_COLLECTION, ()),
+        CollectionSpec(FOLLOWER_GAPS_COLLECTION, (by_follower,)),
+        CollectionSpec(FOLLOWER_SKIPS_COLLECTION, (by_follower,)),
     )
 
 

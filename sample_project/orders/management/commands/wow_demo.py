@@ -52,7 +52,7 @@ from sample_project.orders.demo_processes import (
 )
 from sample_project.orders.integration import configure_topic_consumers
 from sample_project.orders.models import OrderSummary
-from wow_django.application.followers import wait_caught_up
+from wow_django.application.following import wait_caught_up
 from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import close_runtime, get_runtime
 from wow_django.conf import wow_settings

@@ -1,0 +1,315 @@
+"""Followers on MongoDB: the event streams read by global position, and followers' state in ``wow_follower``.
+
+Positions come from a per-context counter incremented *before* each insert
+(see :mod:`wow_django.backends.mongo.event_store`), so a position can become
+visible after a higher one: ``gaps_are_final`` is false and the follower holds
+a missing position until it appears, is reported void, or the gap timeout
+passes. Each ``{aggregate}_event_stream`` collection of the context's database
+is read with the ``contextName_1_position_1`` index and the collections'
+answers are merged by position.
+
+Every write of the follower store is one conditional statement judged by the
+server, so it is atomic across processes: ``acquire`` is an upsert whose
+filter only matches a free, expired or own lease (a held lease makes the
+upsert collide on ``_id``: refused); ``advance`` and ``set_poison`` only match
+the caller's unexpired lease (no match: ``LeaseLost``). Times are epoch
+microseconds from the caller's clock, never the server's.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import UTC, datetime
+
+from pymongo import ASCENDING, DESCENDING
+from pymongo import errors as pymongo_errors
+
+from wow_django.backends.mongo.errors import recoverable_errors
+from wow_django.backends.mongo.event_store import MongoEventStore
+from wow_django.backends.mongo.schema import (
+    FOLLOWER_GAPS_COLLECTION,
+    FOLLOWER_SKIPS_COLLECTION,
+    FOLLOWERS_COLLECTION,
+    VOID_POSITIONS_COLLECTION,
+    SchemaGuard,
+    event_stream_collection,
+    follower_specs,
+)
+from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.persistence.documents import document_to_stream
+from wow_django.persistence.followers import (
+    FollowerState,
+    FollowerStore,
+    Gap,
+    PoisonEvent,
+    PositionedStream,
+    StreamFeed,
+    check_position,
+    check_read_args,
+    poison_time,
+)
+
+_SUFFIX = event_stream_collection("")
+
+
+def to_micros(time: datetime) -> int:
+    return round(time.timestamp() * 1_000_000)
+
+
+def from_micros(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros / 1_000_000, UTC)
+
+
+class MongoStreamFeed(StreamFeed):
+    """The streams of one context in the event store's database, by position (see the module docstring)."""
+
+    gaps_are_final = False
+
+    def __init__(self, store: MongoEventStore, context_name: str):
+        self.store = store
+        self.database = store.database
+        self.connection = store.connection
+        self.context_name = context_name
+        self.notifier = store.append_notifier
+        self.max_time_ms = store.max_time_ms
+
+    def _collections(self) -> list:
+        """Every event stream collection of the database (one ``listCollections``)."""
+        with recoverable_errors(f"listing the event stream collections of {self.database.name}"):
+            names = self.database.list_collection_names()
+        return [self.database[name] for name in sorted(names) if name.endswith(_SUFFIX) and name != _SUFFIX]
+
+    def read(self, after: int, limit: int) -> list[PositionedStream]:
+        check_read_args(after, limit)
+        query = {"contextName": self.context_name, "position": {"$gt": after}}
+        answers = []
+        for collection in self._collections():
+            with recoverable_errors(f"reading {collection.name} after {after}"), self.connection.guard(collection):
+                cursor = collection.find(query, max_time_ms=self.max_time_ms)
+                documents = list(cursor.sort([("position", ASCENDING)]).limit(limit))
+            answers.append([(document["position"], index, document) for index, document in enumerate(documents)])
+        merged = heapq.merge(*answers, key=lambda item: item[0])
+        found = []
+        for position, _, document in merged:
+            found.append(PositionedStream(position, document_to_stream(document)))
+            if len(found) == limit:
+                break
+        return found
+
+    def head(self) -> int:
+        # The highest *visible* position, not the counter: a position allocated to an insert that failed
+        # (or is still in flight) must not count as lag that no follower can ever catch up with.
+        return self._highest({})
+
+    def _highest(self, query: dict) -> int:
+        best = 0
+        for collection in self._collections():
+            with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
+                cursor = collection.find({"contextName": self.context_name, **query}, {"position": 1},
+                                         max_time_ms=self.max_time_ms)
+                documents = list(cursor.sort([("position", DESCENDING)]).limit(1))
+            if documents and isinstance(documents[0].get("position"), int):
+                best = max(best, documents[0]["position"])
+        return best
+
+    def position_at(self, time: datetime) -> int:
+        return self._highest({"createTime": {"$lt": to_micros(time) / 1000}})
+
+    def count_between(self, after: int, upto: int) -> int:
+        query = {"contextName": self.context_name, "position": {"$gt": after, "$lte": upto}}
+        total = 0
+        for collection in self._collections():
+            with recoverable_errors(f"counting {collection.name}"), self.connection.guard(collection):
+                total += collection.count_documents(query, maxTimeMS=self.max_time_ms)
+        return total
+
+    def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
+        collection = self.database[event_stream_collection(aggregate_name)]
+        with recoverable_errors(f"reading the position of {aggregate_name} {aggregate_id!r} v{version}"):
+            with self.connection.guard(collection):
+                document = collection.find_one(
+                    {"aggregateId": aggregate_id, "version": version, "contextName": self.context_name},
+                    {"position": 1}, max_time_ms=self.max_time_ms)
+        return document.get("position") if document else None
+
+    def void_positions(self, after: int, upto: int) -> list[int]:
+        voids = self.database[VOID_POSITIONS_COLLECTION]
+        with recoverable_errors("reading void positions"), self.connection.guard(voids):
+            documents = list(voids.find({"contextName": self.context_name, "position": {"$gt": after, "$lte": upto}},
+                                        {"position": 1}, max_time_ms=self.max_time_ms))
+        return sorted(document["position"] for document in documents)
+
+
+def _gap_json(gap: Gap) -> dict:
+    return {"first": gap.first, "last": gap.last, "seenAt": to_micros(gap.seen_at),
+            "skippedAt": to_micros(gap.skipped_at)}
+
+
+def _gap(value: dict | None) -> Gap | None:
+    if not value:
+        return None
+    return Gap(first=value["first"], last=value["last"], seen_at=from_micros(value["seenAt"]),
+               skipped_at=from_micros(value["skippedAt"]))
+
+
+def _poison_json(poison: PoisonEvent) -> dict:
+    return {"position": poison.position, "streamId": poison.stream_id, "aggregate": poison.aggregate,
+            "error": poison.error, "at": to_micros(poison.at)}
+
+
+def _poison(value: dict | None) -> PoisonEvent | None:
+    if not value:
+        return None
+    return PoisonEvent(position=value["position"], stream_id=value["streamId"], aggregate=value["aggregate"],
+                       error=value["error"], at=from_micros(value["at"]))
+
+
+def _state(document: dict) -> FollowerState:
+    until = document.get("leaseUntil")
+    return FollowerState(
+        name=document["_id"], position=document.get("position", 0),
+        updated_at=from_micros(document.get("updatedAt", 0)), paused=bool(document.get("paused")),
+        lease_owner=document.get("leaseOwner"), lease_until=from_micros(until) if until is not None else None,
+        poison=_poison(document.get("poison")), gaps_skipped=document.get("gapsSkipped", 0),
+        last_gap=_gap(document.get("lastGap")), extra=document.get("extra") or {},
+    )
+
+
+class MongoFollowerStore(FollowerStore):
+    """Followers' state in ``wow_follower`` (with ``wow_follower_gap`` and ``wow_follower_skip``) of a database."""
+
+    def __init__(self, connection, database_name: str, *, schema: SchemaGuard, max_time_ms: int = 10_000):
+        self.connection = connection
+        self.database = connection.database(database_name)
+        self.max_time_ms = max_time_ms
+        for spec in follower_specs():
+            schema.ensure(self.database, spec)
+        self.followers = self.database[FOLLOWERS_COLLECTION]
+        self.gap_records = self.database[FOLLOWER_GAPS_COLLECTION]
+        self.skip_records = self.database[FOLLOWER_SKIPS_COLLECTION]
+
+    def get(self, name: str) -> FollowerState | None:
+        with recoverable_errors(f"reading follower {name!r}"), self.connection.guard(self.followers):
+            document = self.followers.find_one({"_id": name}, max_time_ms=self.max_time_ms)
+        return _state(document) if document else None
+
+    def all(self) -> list[FollowerState]:
+        with recoverable_errors("reading the followers"), self.connection.guard(self.followers):
+            documents = list(self.followers.find({}, max_time_ms=self.max_time_ms).sort([("_id", ASCENDING)]))
+        return [_state(document) for document in documents]
+
+    def acquire(self, name: str, owner: str, lease_s: float, *, now: datetime) -> bool:
+        micros = to_micros(now)
+        until = micros + round(lease_s * 1_000_000)
+        free = {"_id": name, "$or": [{"leaseOwner": None}, {"leaseOwner": owner}, {"leaseUntil": None},
+                                     {"leaseUntil": {"$lte": micros}}]}
+        update = {"$set": {"leaseOwner": owner, "leaseUntil": until},
+                  "$setOnInsert": {"position": 0, "updatedAt": micros, "paused": False, "gapsSkipped": 0,
+                                   "poison": None, "lastGap": None, "extra": {}}}
+        try:
+            with recoverable_errors(f"acquiring the lease of follower {name!r}"):
+                with self.connection.guard(self.followers):
+                    self.followers.update_one(free, update, upsert=True)
+        except pymongo_errors.DuplicateKeyError:
+            return False  # the document exists and the filter did not match: the lease is held
+        return True
+
+    def release(self, name: str, owner: str) -> None:
+        with recoverable_errors(f"releasing the lease of follower {name!r}"), self.connection.guard(self.followers):
+            self.followers.update_one({"_id": name, "leaseOwner": owner},
+                                      {"$set": {"leaseOwner": None, "leaseUntil": None}})
+
+    def _holder(self, name: str) -> str | None:
+        document = self.followers.find_one({"_id": name}, {"leaseOwner": 1})
+        return document.get("leaseOwner") if document else None
+
+    @staticmethod
+    def _leased(name: str, owner: str, now: datetime) -> dict:
+        return {"_id": name, "leaseOwner": owner, "leaseUntil": {"$gt": to_micros(now)}}
+
+    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = ()) -> None:
+        check_position(position)
+        leased = self._leased(name, owner, now)
+        extra: dict = {}
+        if gaps:
+            extra = {"$inc": {"gapsSkipped": sum(g.last - g.first + 1 for g in gaps)},
+                     "$set": {"lastGap": _gap_json(gaps[-1])}}
+        forward = {"$inc": extra.get("$inc", {}), "$set": {**extra.get("$set", {}), "position": position,
+                                                            "updatedAt": to_micros(now)}}
+        if not forward["$inc"]:
+            del forward["$inc"]
+        with recoverable_errors(f"advancing follower {name!r} to {position}"), self.connection.guard(self.followers):
+            moved = self.followers.update_one({**leased, "position": {"$lt": position}}, forward).matched_count
+            if not moved:
+                # Not forward (or the lease is gone): record the gaps alone, under the same lease condition.
+                if extra:
+                    held = self.followers.update_one(leased, extra).matched_count
+                else:
+                    held = self.followers.count_documents(leased, limit=1)
+                if not held:
+                    raise LeaseLost(name, owner, self._holder(name))
+            if gaps:
+                self.gap_records.insert_many([{"follower": name, **_gap_json(g), "at": to_micros(now)}
+                                              for g in gaps])
+
+    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
+        now = poison_time(poison, now)
+        with recoverable_errors(f"setting the poison event of follower {name!r}"):
+            with self.connection.guard(self.followers):
+                result = self.followers.update_one(self._leased(name, owner, now),
+                                                   {"$set": {"poison": _poison_json(poison) if poison else None}})
+                if not result.matched_count:
+                    raise LeaseLost(name, owner, self._holder(name))
+
+    def set_paused(self, name: str, paused: bool) -> None:
+        with recoverable_errors(f"pausing follower {name!r}"), self.connection.guard(self.followers):
+            if not self.followers.update_one({"_id": name}, {"$set": {"paused": bool(paused)}}).matched_count:
+                raise UnknownFollower(name)
+
+    def rewind(self, name: str, position: int, *, now: datetime) -> None:
+        check_position(position)
+        with recoverable_errors(f"rewinding follower {name!r} to {position}"), self.connection.guard(self.followers):
+            result = self.followers.update_one(
+                {"_id": name}, {"$set": {"position": position, "poison": None, "updatedAt": to_micros(now)}})
+            if not result.matched_count:
+                raise UnknownFollower(name)
+
+    def skip_poison(self, name: str, *, by: str, reason: str, now: datetime) -> PoisonEvent:
+        micros = to_micros(now)
+        with recoverable_errors(f"skipping the poison event of follower {name!r}"):
+            with self.connection.guard(self.followers):
+                while True:
+                    document = self.followers.find_one({"_id": name})
+                    if document is None:
+                        raise UnknownFollower(name)
+                    poison = _poison(document.get("poison"))
+                    if poison is None:
+                        raise ValueError(f"follower {name!r} is not stopped on a poison event")
+                    # Conditional on the same poison event still being there: of two operators, one skips it.
+                    result = self.followers.update_one(
+                        {"_id": name, "poison": document["poison"]},
+                        {"$max": {"position": poison.position}, "$set": {"poison": None, "updatedAt": micros}})
+                    if result.modified_count:
+                        break
+                self.skip_records.insert_one({
+                    "follower": name, "position": poison.position, "streamId": poison.stream_id,
+                    "aggregate": poison.aggregate, "error": poison.error, "by": by, "reason": reason, "at": micros})
+        return poison
+
+    def skipped(self, name: str) -> list[dict]:
+        with recoverable_errors(f"reading the skipped poison events of follower {name!r}"):
+            with self.connection.guard(self.skip_records):
+                documents = list(self.skip_records.find({"follower": name}, max_time_ms=self.max_time_ms)
+                                 .sort([("at", ASCENDING), ("_id", ASCENDING)]))
+        return [{"position": d["position"], "streamId": d["streamId"], "aggregate": d["aggregate"],
+                 "error": d["error"], "by": d["by"], "reason": d["reason"], "at": from_micros(d["at"])}
+                for d in documents]
+
+    def gaps(self, name: str) -> list[Gap]:
+        """Every gap follower ``name`` skipped, oldest first."""
+        with recoverable_errors(f"reading the gaps of follower {name!r}"), self.connection.guard(self.gap_records):
+            documents = list(self.gap_records.find({"follower": name}).sort([("at", ASCENDING), ("_id", ASCENDING)]))
+        return [_gap(d) for d in documents]
+
+
+__all__ = ["MongoFollowerStore", "MongoStreamFeed"]
