@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     "REQUEST_ID_INDEX": "aggregate",
     # Server-side time limit for every query (maxTimeMS).
     "MONGO_MAX_TIME_MS": 10_000,
+    # Followers on MongoDB learn of other processes' appends from one change stream per process (a replica
+    # set or sharded cluster; a standalone server or the embedded engine: they poll with backoff).
+    "MONGO_CHANGE_STREAMS": True,
     # --- batching of concurrent appends -----------------------------------
     "EVENT_STORE_BATCH": {
         "ENABLED": False,
@@ -243,6 +246,7 @@ VALIDATORS = {
     "AUTO_INIT_SCHEMA": _bool,
     "REQUEST_ID_INDEX": _choice(REQUEST_ID_INDEX_MODES),
     "MONGO_MAX_TIME_MS": _pos_int,
+    "MONGO_CHANGE_STREAMS": _bool,
     "EVENT_STORE_BATCH.ENABLED": _bool,
     "EVENT_STORE_BATCH.MAX_SIZE": _pos_int,
     "EVENT_STORE_BATCH.MAX_DELAY_MS": _non_negative_num,

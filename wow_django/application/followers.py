@@ -403,6 +403,7 @@ class FollowerRunner:
         wait = MIN_WAIT_S
         cycle = Cycle()
         try:
+            self.feed.start_watching()
             while not stop.is_set():
                 notifier = self.feed.notifier
                 seen = notifier.count if notifier is not None else None

@@ -178,6 +178,15 @@ class StreamFeed(ABC):
         when it is not stored (or not visible yet): what ``PROJECTED`` waits for the projections to pass."""
         raise NotImplementedError(f"{type(self).__name__} cannot find a stream's position")
 
+    def start_watching(self) -> None:
+        """Called by every follower that starts running. A feed that can learn of other processes' appends
+        (MongoDB's change streams) starts listening, once per feed, and notifies :attr:`notifier`; the
+        default does nothing (followers back off between reads)."""
+
+    def change_status(self) -> str | None:
+        """How this feed learns of other processes' appends, for operators; None: it does not."""
+        return None
+
     def void_positions(self, after: int, upto: int) -> Iterable[int]:
         """Positions in (``after``, ``upto``] known never to hold a stream (allocated, insert failed)."""
         return ()

@@ -98,7 +98,8 @@ class MongoBackend(Backend):
         return MongoEventStreamQueryService(store, aggregate_name)
 
     def stream_feed(self, store, context_name: str | None = None):
-        return MongoStreamFeed(store, context_name or wow_settings.CONTEXT_NAME)
+        return MongoStreamFeed(store, context_name or wow_settings.CONTEXT_NAME,
+                               watch_changes=wow_settings.MONGO_CHANGE_STREAMS)
 
     def follower_store(self):
         return MongoFollowerStore(self.connection, database_name("EVENT_STREAM"), schema=self.schema_guard,

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pymongo import ASCENDING, DESCENDING
 from pymongo import errors as pymongo_errors
 
+from wow_django.backends.mongo.changes import ChangeWatcher
 from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.schema import (
@@ -65,13 +66,33 @@ class MongoStreamFeed(StreamFeed):
 
     gaps_are_final = False
 
-    def __init__(self, store: MongoEventStore, context_name: str):
+    def __init__(self, store: MongoEventStore, context_name: str, *, watch_changes: bool = False):
         self.store = store
         self.database = store.database
         self.connection = store.connection
         self.context_name = context_name
         self.notifier = store.append_notifier
         self.max_time_ms = store.max_time_ms
+        #: One change stream for the followers of this process (started on the first read), or None.
+        self.watcher: ChangeWatcher | None = None
+        if watch_changes and not store.connection.embedded:
+            self.watcher = ChangeWatcher(self.database, self.notifier)
+
+    def start_watching(self) -> None:
+        if self.watcher is not None:
+            self.watcher.start()  # idempotent: one change stream for every follower of this process
+
+    def change_status(self) -> str:
+        """How this process learns of other processes' appends (for ``wow_followers``)."""
+        if self.watcher is not None:
+            return self.watcher.status.describe()
+        if self.connection.embedded:
+            return "the embedded engine has no change streams: followers poll with backoff"
+        return "change streams off (WOW['MONGO_CHANGE_STREAMS']): followers poll with backoff"
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
 
     def _collections(self) -> list:
         """Every event stream collection of the database (one ``listCollections``)."""

@@ -77,3 +77,6 @@ class Command(BaseCommand):
             state = runtime.follower_store.get(runner.name)
             where = f"position {state.position}" if state else "no state"
             self.stdout.write(self.style.SUCCESS(f"Stopped {runner.name} at {where}."))
+        watching = runtime.stream_feed.change_status()
+        if watching:
+            self.stdout.write(f"Other processes' appends: {watching}.")
