@@ -23,6 +23,7 @@ from wow_django.backends.memory.followers import InMemoryFollowerStore, InMemory
 from wow_django.backends.memory.stores import InMemoryEventStore
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.followers import MongoFollowerStore, MongoStreamFeed
+from wow_django.exceptions import DuplicateAggregateId
 from wow_django.persistence.records import AggregateId
 from wow_django.testing import FakeClock, make_stream
 from wow_django.testing.followers import FollowerRunnerContract, FollowerStoreContract, StreamFeedContract
@@ -271,3 +272,44 @@ class TestRuntimeFollowersOnSQLite(OnSQLite, TransactionTestCase):
             [item] = runtime.stream_feed.read(0, 10)
             self.assertEqual(item.stream.aggregate_id.id, placed.aggregate_id)
             self.assertEqual(runtime.stream_feed.head(), item.position)
+
+
+class TestMongoPositionCost(EmbeddedMongoDatabase, unittest.TestCase):
+    """A position costs one extra round trip per append, and one per context for a batched append."""
+
+    def test_round_trips_for_positions(self):
+        connection, name, guard = self.mongo()
+        store = MongoEventStore(connection, name, schema=guard)
+        calls: list[tuple] = []
+        allocate = store.allocate_positions
+
+        def counting(context_name, count):
+            calls.append((context_name, count))
+            return allocate(context_name, count)
+
+        store.allocate_positions = counting
+        for _ in range(3):
+            store.append(make_stream(AggregateId("order", uuid.uuid4().hex, "ctx-a", "t"), 1))
+        assert calls == [("ctx-a", 1)] * 3
+        calls.clear()
+        batch = [make_stream(AggregateId("order", uuid.uuid4().hex, ctx, "t"), 1)
+                 for ctx in ("ctx-a", "ctx-b", "ctx-a", "ctx-a", "ctx-b")]
+        assert store.append_many(batch) == [None] * 5
+        assert sorted(calls) == [("ctx-a", 3), ("ctx-b", 2)]
+        feed = MongoStreamFeed(store, "ctx-a")
+        assert [item.position for item in feed.read(0, 10)] == [1, 2, 3, 4, 5, 6]
+
+    def test_a_refused_append_leaves_a_void_position_not_a_gap(self):
+        connection, name, guard = self.mongo()
+        store = MongoEventStore(connection, name, schema=guard)
+        first = make_stream(AggregateId("order", uuid.uuid4().hex, "ctx-a", "t"), 1)
+        store.append(first)
+        with self.assertRaises(DuplicateAggregateId):
+            store.append(make_stream(first.aggregate_id, 1))
+        results = store.append_many([make_stream(first.aggregate_id, 1),
+                                     make_stream(AggregateId("order", uuid.uuid4().hex, "ctx-a", "t"), 1)])
+        assert results[0] is not None and results[1] is None
+        feed = MongoStreamFeed(store, "ctx-a")
+        assert [item.position for item in feed.read(0, 10)] == [1, 4]
+        assert list(feed.void_positions(0, 4)) == [2, 3]
+        assert feed.head() == 4
