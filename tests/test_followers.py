@@ -313,3 +313,40 @@ class TestMongoPositionCost(EmbeddedMongoDatabase, unittest.TestCase):
         assert [item.position for item in feed.read(0, 10)] == [1, 4]
         assert list(feed.void_positions(0, 4)) == [2, 3]
         assert feed.head() == 4
+
+
+def test_a_closing_process_hands_over_its_followers_caught_up():
+    """``FollowerThreads.close`` (process exit, a recycled worker) lets each leader catch up first, then
+    releases the leases: a script that sends a command and exits still has it projected."""
+    from wow_django.application.followers import FollowerThreads, follower
+    from wow_django.domain import registry
+    from wow_django.persistence.followers import AppendNotifier
+    from wow_django.testing import isolated_registry
+
+    class OnlyNotified(AppendNotifier):
+        def wait(self, seen, timeout):  # no timed polling: only a notification ends a wait
+            return super().wait(seen, 3600)
+
+    store = InMemoryEventStore()
+    feed = InMemoryStreamFeed(store, "ctx")
+    feed.notifier = OnlyNotified()  # the store's appends do not reach it: the runner sleeps through them
+    followers = InMemoryFollowerStore()
+    handled: list[int] = []
+    with isolated_registry():
+        domain = registry.current()
+        for handler in domain.handlers():
+            domain.discard_handler(handler.name)
+
+        @follower("closing-ledger")
+        def ledger(item):
+            handled.append(item.position)
+
+        threads = FollowerThreads(lambda: feed, lambda: followers)
+        threads.ensure()
+        wait_for(lambda: followers.get("closing-ledger") is not None, timeout=5, what="the first cycle")
+        for _ in range(3):
+            store.append(make_stream(AggregateId("order", uuid.uuid4().hex, "ctx", "t"), 1))
+        threads.close(timeout=10)
+    assert handled == [1, 2, 3]
+    state = followers.get("closing-ledger")
+    assert state.position == 3 and state.lease_owner is None

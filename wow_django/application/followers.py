@@ -263,6 +263,7 @@ class FollowerRunner:
         self._lease_until: datetime | None = None
         self._seen: dict[int, datetime] = {}  # missing position → when first seen missing
         self._wake = threading.Event()
+        self._finishing = False
 
     @property
     def name(self) -> str:
@@ -377,6 +378,12 @@ class FollowerRunner:
 
     # --- running ---------------------------------------------------------------------------------------
 
+    def finish(self) -> None:
+        """Run on until caught up (as ``until_caught_up``), then return: a process leaving hands over a
+        follower with nothing of its own appends left behind."""
+        self._finishing = True
+        self.wake()
+
     def wake(self) -> None:
         """Cut the current wait short (a stop request, a test)."""
         self._wake.set()
@@ -413,11 +420,16 @@ class FollowerRunner:
                 except Exception:
                     logger.exception("follower %r: a cycle failed; retrying after %.2fs", self.name, wait)
                     cycle = Cycle()
+                    if self._finishing:
+                        break
                 else:
+                    if self._finishing and not cycle.leader:
+                        break  # another instance holds the lease: nothing of ours to finish
                     if cycle.leader and cycle.full and not cycle.held:
                         wait = MIN_WAIT_S
                         continue  # behind: read on at once
-                    if until_caught_up and cycle.leader and (cycle.stopped or cycle.failed or not cycle.held):
+                    if (until_caught_up or self._finishing) and cycle.leader and (
+                            cycle.stopped or cycle.failed or not cycle.held):
                         break
                     if cycle.handled:
                         wait = MIN_WAIT_S
@@ -495,10 +507,17 @@ class FollowerThreads:
         _stop_all(stopping, timeout=5.0)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop every runner: each finishes its batch and gives its lease up."""
+        """Stop every runner, after up to ``timeout`` s of catching up: a leader hands over nothing of what
+        this process appended (a script that sends a command and exits still has it projected), then
+        each gives its lease up. A runner not done by then finishes its batch and stops."""
         with self._lock:
             self._closed = True
             stopping, self._running = list(self._running.values()), {}
+        deadline = time.monotonic() + timeout
+        for _follower, runner, _stop, _thread in stopping:
+            runner.finish()
+        for _follower, _runner, _stop, thread in stopping:
+            thread.join(max(0.0, deadline - time.monotonic()))
         _stop_all(stopping, timeout)
 
 
