@@ -363,3 +363,21 @@ def test_the_admin_index_renders_for_a_superuser(db, client, django_user_model):
     client.force_login(admin)
     response = client.get("/admin/")
     assert response.status_code == 200
+
+
+def test_the_demo_with_followers_in_their_own_processes(sample_env):
+    """``WOW_FOLLOWERS_RUN=command``: the demo runs the followers while it fills (its commands wait for their
+    projections, the bus demo for the relay) and leaves every one caught up; ``--serve`` would start a
+    ``wow_follow`` process for them."""
+    env = {**sample_env, "WOW_FOLLOWERS_RUN": "command"}
+    filled = manage(env, "wow_demo", "--orders", "4")
+    assert filled.returncode == 0, filled.stderr
+    assert "did not catch up" not in filled.stdout and "did not settle" not in filled.stdout
+    assert "PROJECTED did not finish" not in filled.stdout + filled.stderr
+    status = manage(env, "wow_followers", "--format", "json")
+    rows = {row["name"]: row for row in json.loads(status.stdout)}
+    assert {"order-summaries", "order-purchased-relay"} <= set(rows)
+    assert all(row["lag_events"] == 0 and row["lease_holder"] is None for row in rows.values()), rows
+    parts = manage(env, "shell", "-c", "from sample_project.orders.demo_processes import follower_parts, separately\n"
+                                       "print([p.argv[-1] for p in follower_parts()]); print(separately())")
+    assert "['wow_follow']" in parts.stdout and "python manage.py wow_follow" in parts.stdout

@@ -6,6 +6,8 @@ What the demo needs depends on what the settings found on this machine
 - Celery **not eager** (a broker is reachable): a worker for the default
   queue (commands sent with ``SENT``, Celery-mode snapshots) and one serial
   worker for the bus's rollup queue. Eager: none, every task runs inline.
+- Followers not run as threads (``WOW_FOLLOWERS_RUN=command``): one
+  ``manage.py wow_follow`` for every declared follower.
 - A bus transport that **crosses processes** (``amqp://``, ``redis://``): one
   ``manage.py wow_consume <consumer-id>`` per declared consumer. On
   ``memory://`` the consumers must share the web server's process: they run
@@ -78,6 +80,13 @@ def consumer_parts() -> list[Part]:
             for consumer_id in consumers().consumer_ids()]
 
 
+def follower_parts() -> list[Part]:
+    """A ``wow_follow`` process when the followers do not run as threads of the web and worker processes."""
+    if wow_settings.FOLLOWERS_RUN == "threads":
+        return []
+    return [Part("followers", (sys.executable, str(MANAGE_PY), "wow_follow"))]
+
+
 def separately() -> list[str]:
     """Every process of a deployment of the sample, as one runs it by hand (production-style)."""
     default_queue = getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", DEFAULT_QUEUE)
@@ -86,6 +95,7 @@ def separately() -> list[str]:
         f"celery -A sample_project worker -Q {default_queue}",
         f"celery -A sample_project worker -Q {wow_settings.BUS_ROLLUP_QUEUE} -c 1",
         "celery -A sample_project beat   (the bus relay, every 30 s)",
+        "python manage.py wow_follow   (projections, processors, the relay: with WOW_FOLLOWERS_RUN=command)",
         *(f"python manage.py wow_consume {consumer_id}" for consumer_id in consumers().consumer_ids()),
     ]
 
@@ -99,6 +109,7 @@ def handed_down_environment() -> dict[str, str]:
     return {
         "CELERY_EAGER": "1" if celery_is_eager() else "0",
         "WOW_BUS_TRANSPORT_URL": wow_settings.BUS_TRANSPORT_URL,
+        "WOW_FOLLOWERS_RUN": wow_settings.FOLLOWERS_RUN,
         "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "sample_project.settings"),
     }
 

@@ -47,11 +47,13 @@ from sample_project.orders.demo_processes import (
     consume_in_threads,
     consumer_parts,
     end_with_parent,
+    follower_parts,
     handed_down_environment,
     separately,
 )
 from sample_project.orders.integration import configure_topic_consumers
 from sample_project.orders.models import OrderSummary
+from wow_django.application.followers import FollowerThreads
 from wow_django.application.following import wait_caught_up
 from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import close_runtime, get_runtime
@@ -88,7 +90,18 @@ class Command(BaseCommand):
             end_with_parent()
             self.run_server(addrport, use_reloader=True)
             return
-        self.fill(orders, seed)
+        followers = None
+        if wow_settings.FOLLOWERS_RUN != "threads":
+            # Commands wait for their projections (PROJECTED) and the bus demo for the relay: while filling,
+            # this process runs the followers as a wow_follow process would (the leases keep one at work).
+            runtime = get_runtime()
+            followers = FollowerThreads(lambda: runtime.stream_feed, lambda: runtime.follower_store)
+            followers.ensure()
+        try:
+            self.fill(orders, seed)
+        finally:
+            if followers is not None:
+                followers.close()
         if serve:
             self.serve(addrport, workers=not no_workers, use_reloader=not noreload)
 
@@ -189,7 +202,7 @@ class Command(BaseCommand):
         write(f"  bus: {wow_settings.BUS_TRANSPORT_URL} (exchange {wow_settings.BUS_EXCHANGE})")
         # The autoreloader's child and the processes started here decide as this process did.
         os.environ.update(handed_down_environment())
-        parts = [*celery_parts(), *consumer_parts()] if workers else []
+        parts = [*celery_parts(), *consumer_parts(), *follower_parts()] if workers else []
         processes = DemoProcesses(parts, stdout=self.stdout)
         close_runtime()  # this process only waits from now on (with the autoreloader) or serves afresh
         connections.close_all()
