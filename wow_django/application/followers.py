@@ -356,7 +356,13 @@ class FollowerRunner:
     def _handle(self, items: list[PositionedStream], *, savepoints: bool):
         """Hand ``items`` to the handler; (how many were handled, (item, error) of a failure, checkpoint)."""
         handled = 0
+        upto = items[0].position - 1
         for item in items:
+            # A long batch renews the lease as it goes (it would expire under a slow handler, and the batch,
+            # never checkpointed, would be handed again and again); lost: stop, the checkpoint refuses.
+            if not self._lease(self.clock()):
+                return handled, None, upto
+            upto = item.position
             if not self.follower.matches(item):
                 continue
             try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from wow_django.application.followers import Follower, FollowerRunner
@@ -417,6 +418,22 @@ class FollowerRunnerContract(_FollowerHarness):
         self.assertEqual(self.handled(), self.positions())
         self.assertEqual(self.followers.get(self.name).position, self.positions()[-1])
         self.assertEqual(runner.run_once().handled, 0)
+
+    def test_a_batch_longer_than_the_lease_renews_it_and_checkpoints_once(self):
+        self.append(6)
+        runner = self.runner(lease_s=30.0, min_batch=8)
+        handle = runner.follower.handler
+
+        def slow(item):  # each stream takes 12 s: the batch takes 72 s of a 30 s lease
+            handle(item)
+            self.clock.advance(12)
+
+        runner.follower = replace(runner.follower, handler=slow)
+        cycle = runner.run_once()
+        self.assertEqual((cycle.handled, self.handled()), (6, self.positions()))
+        state = self.followers.get(self.name)
+        self.assertEqual((state.position, state.lease_owner), (self.positions()[-1], runner.owner))
+        self.assertEqual(runner.run_once().handled, 0)  # nothing handed twice
 
     def test_batches_grow_while_behind_and_shrink_when_live(self):
         self.append(30)
