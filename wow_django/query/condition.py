@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 import json
 import math
 import re
@@ -128,6 +129,9 @@ FIELD_PATH_RULE = (
     "field paths are names of letters, digits and '_' joined by '.', the first not starting with a digit "
     "(no '$', no empty segments)"
 )
+# MongoDB nests documents at most 100 levels deep, so a longer path can never match; past it the
+# backends (and mongomock, the ORM's key transforms) would recurse once per segment.
+MAX_FIELD_SEGMENTS = 100
 MAX_LIST_SIZE = 1000
 MAX_SORT_FIELDS = 32  # MongoDB sorts on at most 32 keys.
 DEFAULT_LIMIT = 10
@@ -298,9 +302,60 @@ def _suggest(name: str, candidates) -> str:
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
+DESCRIBE_LENGTH = 60
+
+
 def _describe(value: Any) -> str:
-    text = json.dumps(value, default=repr) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A short preview of a client's value for an error message, however large or deeply nested."""
+    if isinstance(value, str):
+        text = repr(value[: DESCRIBE_LENGTH + 1])
+    else:
+        text = _preview(value, DESCRIBE_LENGTH + 1)
+    return text if len(text) <= DESCRIBE_LENGTH else text[: DESCRIBE_LENGTH - 3] + "..."
+
+
+class _Text(str):
+    """Text already written as JSON (a bracket, a separator, a key)."""
+
+
+def _preview(value: Any, budget: int) -> str:
+    """The start (at least ``budget`` characters when there are that many) of ``value`` as JSON.
+
+    Iterative, and stops once ``budget`` characters are written: a list nested a thousand deep
+    or a megabyte of keys costs no more than the preview shows (``json.dumps`` would recurse).
+    """
+    out: list[str] = []
+    size = 0
+    pending: list[Any] = [value]  # a stack: the next piece to write is last
+    while pending and size < budget:
+        item = pending.pop()
+        if isinstance(item, _Text):
+            text = str(item)
+        elif isinstance(item, dict | list | tuple):
+            is_dict = isinstance(item, dict)
+            entries = list(itertools.islice(item.items() if is_dict else item, budget))
+            pieces: list[Any] = []
+            for i, entry in enumerate(entries):
+                if i:
+                    pieces.append(_Text(", "))
+                if is_dict:
+                    pieces += [_Text(json.dumps(str(entry[0])[:budget]) + ": "), entry[1]]
+                else:
+                    pieces.append(entry)
+            pieces.append(_Text("}" if is_dict else "]"))
+            pending.extend(reversed(pieces))
+            text = "{" if is_dict else "["
+        elif isinstance(item, str):
+            text = json.dumps(item[:budget])
+        elif isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > 256:
+            text = "(a large integer)"
+        elif item is None or isinstance(item, bool | int | float):
+            text = json.dumps(item)
+        else:
+            text = repr(item)[:budget]
+        out.append(text)
+        size += len(text)
+    return "".join(out)
 
 
 def _check_keys(data: dict, allowed: tuple[str, ...], path: str) -> None:
@@ -327,9 +382,20 @@ def validate_field_path(path_value: Any, path: str) -> str:
     """``path_value`` if it is a valid field path, else a QueryValidationError at ``path``."""
     if not isinstance(path_value, str) or not path_value:
         raise _fail(path, f"a field path is required (got {_describe(path_value)})")
-    if not FIELD_PATH.fullmatch(path_value):
-        raise _fail(path, f"{path_value!r} is not a valid field path: {FIELD_PATH_RULE}")
+    _check_field_path(path_value, path)
     return path_value
+
+
+def _check_field_path(path_value: str, path: str) -> None:
+    segments = path_value.count(".") + 1
+    if segments > MAX_FIELD_SEGMENTS:
+        raise _fail(
+            path,
+            f"{_describe(path_value)} is too deep: a field path has at most {MAX_FIELD_SEGMENTS} segments "
+            f"(got {segments})",
+        )
+    if not FIELD_PATH.fullmatch(path_value):
+        raise _fail(path, f"{_describe(path_value)} is not a valid field path: {FIELD_PATH_RULE}")
 
 
 class _ConditionParser:
@@ -613,8 +679,8 @@ class _ConditionParser:
                             key_path,
                             f"{key} is not an allowed RAW operator; allowed: {', '.join(sorted(RAW_ALLOWED_OPERATORS))}",
                         )
-                elif not FIELD_PATH.fullmatch(key):
-                    raise _fail(key_path, f"{key!r} is not a valid field path: {FIELD_PATH_RULE}")
+                else:
+                    _check_field_path(key, key_path)
                 self._raw_check(item, key_path, depth=depth + 1)
         elif isinstance(value, list | tuple):
             if len(value) > MAX_LIST_SIZE:

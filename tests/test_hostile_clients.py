@@ -1,0 +1,157 @@
+"""Hostile clients over HTTP (issue 12, items 14-18 and 21): every refusal is a 400-class JSON error
+naming the field and the rule, nothing is stored, never a 500.
+
+The HTTP tests run on the in-memory backend, on mongomock:// and on the django backend (SQLite):
+the limits live in the shared condition parser, so every backend answers the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from wow_django.application.runtime import get_runtime
+from wow_django.backends.mongo.client import disconnect
+from wow_django.persistence.records import AggregateId
+
+from .support import fresh_wow
+
+pytestmark = pytest.mark.usefixtures("queued_commands")
+
+ORDER = {"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 2, "unit_price": "3.50"}]}
+
+
+ON_SQLITE = pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+
+
+@pytest.fixture(params=["in_memory", "mongo", pytest.param("django", marks=ON_SQLITE)])
+def backend(request):
+    """Settings on each backend; the django one on the wow_sqlite database."""
+    if request.param == "django":
+        settings = fresh_wow("django", DATABASE_ALIAS="wow_sqlite")
+    else:
+        settings = fresh_wow(request.param)
+    with override_settings(WOW=settings):
+        yield settings
+    disconnect(settings["MONGO_URI"])
+
+
+@pytest.fixture
+def api(backend):
+    return APIClient()
+
+
+def post(api, path, body, tenant="t1", **extra):
+    return api.post(f"/api/{path}", body, format="json", HTTP_WOW_TENANT_ID=tenant, **extra)
+
+
+def raw_post(api, path, raw: str | bytes, tenant="t1", content_type="application/json", **extra):
+    return api.post(f"/api/{path}", data=raw, content_type=content_type, HTTP_WOW_TENANT_ID=tenant, **extra)
+
+
+def assert_error(response, status: int, code: str, names=None) -> dict:
+    assert response.status_code == status, response.content[:2000]
+    body = response.json()
+    assert set(body) == {"errorCode", "errorMsg", "bindingErrors"}
+    assert body["errorCode"] == code, body
+    if names is not None:
+        assert [e["name"] for e in body["bindingErrors"]] == list(names), body
+    return body
+
+
+def place(api, tenant="t1") -> str:
+    response = post(api, "order/place_order", ORDER, tenant=tenant, HTTP_WOW_WAIT_STAGE="SNAPSHOT")
+    assert response.status_code == 200, response.content
+    return response.json()["aggregateId"]
+
+
+def stored_versions(order_id: str) -> list[int]:
+    return [s.version for s in get_runtime().event_store.load(AggregateId("order", order_id))]
+
+
+# --- 15: deep field paths and deeply nested values are 400s, not RecursionErrors ----------------------------
+
+DEEP_FIELD = ".".join(["state"] + ["a"] * 949)
+
+
+@pytest.mark.parametrize(("body", "name"), [
+    ({"sort": [{"field": DEEP_FIELD}]}, "sort[0].field"),
+    ({"condition": {"field": DEEP_FIELD, "operator": "EQ", "value": 1}}, "condition.field"),
+    ({"condition": {"operator": "AND", "children": [{"field": DEEP_FIELD, "operator": "NULL"}]}},
+     "condition.children[0].field"),
+    ({"projection": {"include": [DEEP_FIELD]}}, "projection.include[0]"),
+    ({"projection": {"exclude": ["state.x", DEEP_FIELD]}}, "projection.exclude[1]"),
+])
+def test_a_field_path_of_950_segments_is_a_400_naming_the_field_and_the_rule(api, body, name):
+    order_id = place(api)  # a document for the backend to walk
+    for path in ("order/snapshot/list", "order/event/list"):
+        error = assert_error(post(api, path, body), 400, "INVALID_QUERY", [name])
+        assert "at most 100 segments" in error["bindingErrors"][0]["msg"], error
+        assert "(got 950)" in error["bindingErrors"][0]["msg"]
+    assert stored_versions(order_id) == [1]
+
+
+def test_a_raw_filter_key_of_950_segments_is_a_400(api, backend):
+    with override_settings(WOW={**backend, "QUERY_ALLOW_RAW": True}):
+        body = {"condition": {"operator": "RAW", "value": {DEEP_FIELD: 1}}}
+        error = assert_error(post(api, "order/snapshot/list", body), 400, "INVALID_QUERY")
+        assert "at most 100 segments" in error["errorMsg"]
+
+
+def test_a_path_of_100_segments_is_still_a_field_path(api):
+    place(api)
+    field = ".".join(["state"] + ["a"] * 99)
+    assert post(api, "order/snapshot/count", {"field": field, "operator": "NULL"}).json() == 1
+    response = post(api, "order/snapshot/list", {"sort": [{"field": field}], "projection": {"include": [field]}})
+    assert response.status_code == 200, response.content
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _parser_limit(api) -> int:
+    """The deepest list the JSON parser takes here (it depends on the stack depth of the request)."""
+    low, high = 10, 5000
+    while low < high:
+        middle = (low + high + 1) // 2
+        response = raw_post(api, "order/snapshot/list", '{"unknownKey": X}'.replace("X", _nested(middle)))
+        if response.json()["errorCode"] == "PARSE_ERROR":
+            high = middle - 1
+        else:
+            low = middle
+    return low
+
+
+@pytest.mark.parametrize("template", [
+    '%s',
+    '{"sort": %s}',
+    '{"limit": %s}',
+    '{"condition": %s}',
+    '{"projection": %s}',
+    '{"projection": {"include": %s}}',
+    '{"pagination": {"size": %s}}',
+    '{"condition": {"field": "state.a", "operator": "GT", "value": %s}}',
+    '{"condition": {"field": "state.a", "operator": "CONTAINS", "value": %s}}',
+    '{"condition": {"field": %s, "operator": "EQ", "value": 1}}',
+])
+def test_a_list_nested_just_below_the_parsers_limit_gets_a_400(api, template):
+    limit = _parser_limit(api)
+    assert limit > 100
+    for depth in range(limit - 12, limit + 1):
+        for path in ("order/snapshot/list", "order/snapshot/paged"):
+            response = raw_post(api, path, template.replace("%s", _nested(depth)))
+            assert response.status_code == 400, (depth, response.content[:300])
+            assert len(response.content) < 2000
+    response = raw_post(api, "order/snapshot/count", template.replace("%s", _nested(limit)))
+    assert response.status_code == 400, response.content[:300]
+
+
+def test_a_command_body_nested_just_below_the_parsers_limit_gets_a_400(api):
+    limit = _parser_limit(api)
+    for depth in range(limit - 12, limit + 1):
+        for raw in (_nested(depth), '{"customer_id": X, "items": []}'.replace("X", _nested(depth)),
+                    '{"customer_id": "c", "items": X}'.replace("X", _nested(depth))):
+            response = raw_post(api, "order/place_order", raw)
+            assert response.status_code == 400, (depth, response.content[:300])
