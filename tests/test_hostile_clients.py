@@ -155,3 +155,88 @@ def test_a_command_body_nested_just_below_the_parsers_limit_gets_a_400(api):
                     '{"customer_id": "c", "items": X}'.replace("X", _nested(depth))):
             response = raw_post(api, "order/place_order", raw)
             assert response.status_code == 400, (depth, response.content[:300])
+
+
+# --- 14: text values and field paths are capped ---------------------------------------------------------------
+
+LONG_TEXT = "x" * 4097  # one past the cap
+LONG_FIELD = "state." + "f" * 1019  # 1025 characters, one past the cap
+
+
+@pytest.mark.parametrize(("condition", "name"), [
+    ({"field": "state.customer_id", "operator": "CONTAINS", "value": LONG_TEXT}, "condition.value"),
+    ({"field": "state.customer_id", "operator": "STARTS_WITH", "value": LONG_TEXT}, "condition.value"),
+    ({"field": "state.customer_id", "operator": "ENDS_WITH", "value": LONG_TEXT,
+      "options": {"ignoreCase": True}}, "condition.value"),
+    ({"operator": "MATCH", "value": LONG_TEXT}, "condition.value"),
+    ({"field": "state.customer_id", "operator": "EQ", "value": LONG_TEXT, "options": {"ignoreCase": True}},
+     "condition.value"),
+    ({"operator": "AND", "children": [
+        {"operator": "ALL"},
+        {"field": "state.customer_id", "operator": "NE", "value": LONG_TEXT, "options": {"ignoreCase": True}}]},
+     "condition.children[1].value"),
+])
+def test_text_operator_values_are_capped(api, condition, name):
+    for path in ("order/snapshot/list", "order/event/count"):
+        body = condition if path.endswith("count") else {"condition": condition}
+        error = assert_error(post(api, path, body), 400, "INVALID_QUERY", [name])
+        assert "at most 4096 characters (got 4097)" in error["bindingErrors"][0]["msg"], error
+        assert len(error["errorMsg"]) < 400
+
+
+def test_text_at_the_cap_is_searched(api):
+    place(api)
+    condition = {"field": "state.customer_id", "operator": "CONTAINS", "value": "x" * 4096}
+    assert post(api, "order/snapshot/count", condition).json() == 0
+    condition = {"field": "state.customer_id", "operator": "EQ", "value": "C-1" + "x" * 4093,
+                 "options": {"ignoreCase": True}}
+    assert post(api, "order/snapshot/count", condition).json() == 0
+
+
+def test_a_raw_regex_is_capped(api, backend):
+    with override_settings(WOW={**backend, "QUERY_ALLOW_RAW": True}):
+        body = {"condition": {"operator": "RAW", "value": {"state.customer_id": {"$regex": LONG_TEXT}}}}
+        error = assert_error(post(api, "order/snapshot/list", body), 400, "INVALID_QUERY",
+                             ["condition.value.state.customer_id.$regex"])
+        assert "at most 4096 characters" in error["errorMsg"]
+
+
+@pytest.mark.parametrize(("body", "name"), [
+    ({"sort": [{"field": LONG_FIELD}]}, "sort[0].field"),
+    ({"condition": {"field": LONG_FIELD, "operator": "EQ", "value": 1}}, "condition.field"),
+    ({"condition": {"field": LONG_FIELD, "operator": "CONTAINS", "value": "x"}}, "condition.field"),
+    ({"projection": {"include": [LONG_FIELD]}}, "projection.include[0]"),
+])
+def test_field_paths_are_capped_in_length(api, body, name):
+    error = assert_error(post(api, "order/snapshot/paged", body), 400, "INVALID_QUERY", [name])
+    assert "at most 1024 characters (got 1025)" in error["bindingErrors"][0]["msg"], error
+    assert len(error["errorMsg"]) < 400
+
+
+def test_a_field_path_at_the_cap_is_a_field_path(api):
+    field = "state." + "f" * 1018
+    assert post(api, "order/snapshot/count", {"field": field, "operator": "NULL"}).status_code == 200
+
+
+def test_a_megabyte_of_text_is_refused_without_echoing_it(api):
+    huge = "(a|b)*" * 400_000
+    for condition in ({"field": "state.customer_id", "operator": "CONTAINS", "value": huge},
+                      {"field": huge, "operator": "EQ", "value": 1},
+                      {"field": "state.x", "operator": "TODAY", "options": {"zoneId": huge}},
+                      {"field": "state.x", "operator": "TODAY", "options": {"datePattern": huge}},
+                      {"field": "state.x", "operator": huge}):
+        response = post(api, "order/snapshot/count", condition)
+        assert response.status_code == 400, response.content[:300]
+        assert len(response.content) < 1000, response.content[:300]
+
+
+def test_long_keys_are_not_echoed_whole(api, backend):
+    key = "k" * 100_000
+    for body in ({key: 1}, {"condition": {"field": "state.a", "operator": "EQ", "value": {key: {"$gt": 1}}}},
+                 {"condition": {"field": "state.a", "operator": "TODAY", "options": {key: 1}}}):
+        response = post(api, "order/snapshot/list", body)
+        assert response.status_code == 400 and len(response.content) < 4000, response.content[:300]
+    with override_settings(WOW={**backend, "QUERY_ALLOW_RAW": True}):
+        body = {"condition": {"operator": "RAW", "value": {key: 1}}}
+        response = post(api, "order/snapshot/list", body)
+        assert response.status_code == 400 and len(response.content) < 4000, response.content[:300]
