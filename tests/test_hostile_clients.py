@@ -240,3 +240,81 @@ def test_long_keys_are_not_echoed_whole(api, backend):
         body = {"condition": {"operator": "RAW", "value": {key: 1}}}
         response = post(api, "order/snapshot/list", body)
         assert response.status_code == 400 and len(response.content) < 4000, response.content[:300]
+
+
+# --- 16: JSON numbers of command bodies are decimals, judged by the model ------------------------------------
+
+
+def stored_bodies(order_id: str) -> list[dict]:
+    return [event.body for stream in get_runtime().event_store.load(AggregateId("order", order_id))
+            for event in stream.body]
+
+
+def test_a_payment_of_0_99999999999999999999_does_not_pay_a_1_00_order(api):
+    raw = '{"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 1, "unit_price": 1.00}]}'
+    placed = raw_post(api, "order/place_order", raw, HTTP_WOW_WAIT_STAGE="SNAPSHOT")
+    assert placed.status_code == 200, placed.content
+    order_id = placed.json()["aggregateId"]
+    paid = raw_post(api, f"order/{order_id}/pay_order", '{"amount": 0.99999999999999999999, "payment_id": "p-1"}')
+    error = assert_error(paid, 400, "COMMAND_VALIDATION", ["amount"])
+    assert "decimal" in error["bindingErrors"][0]["msg"].lower(), error
+    assert stored_versions(order_id) == [1]
+    paid = raw_post(api, f"order/{order_id}/pay_order", '{"amount": 1.00, "payment_id": "p-1"}',
+                    HTTP_WOW_WAIT_STAGE="SNAPSHOT")
+    assert paid.status_code == 200, paid.content
+    assert stored_versions(order_id) == [1, 2]
+
+
+def test_decimals_sent_as_numbers_are_stored_as_sent(api):
+    raw = '{"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 2, "unit_price": 1.00}]}'
+    order_id = raw_post(api, "order/place_order", raw, HTTP_WOW_WAIT_STAGE="SNAPSHOT").json()["aggregateId"]
+    [placed] = stored_bodies(order_id)
+    assert placed["items"][0]["unit_price"] == "1.00"
+    assert placed["total_amount"] == "2.00"
+    state = api.get(f"/api/order/{order_id}/state", HTTP_WOW_TENANT_ID="t1").json()
+    assert state["items"][0]["unit_price"] == "1.00"
+
+
+@pytest.mark.parametrize(("raw", "name"), [
+    ('{"customer_id": "c", "items": [{"sku": "A-1", "quantity": 1, "unit_price": 0.001}]}', "items.0.unit_price"),
+    ('{"customer_id": "c", "items": [{"sku": "A-1", "quantity": 1, "unit_price": 1e12}]}', "items.0.unit_price"),
+    ('{"customer_id": "c", "items": [{"sku": "A-1", "quantity": 1.5, "unit_price": 1}]}', "items.0.quantity"),
+    ('{"customer_id": 1.5, "items": [{"sku": "A-1", "quantity": 1, "unit_price": 1}]}', "customer_id"),
+])
+def test_the_models_rules_judge_decimal_numbers(api, raw, name):
+    assert_error(raw_post(api, "order/place_order", raw), 400, "COMMAND_VALIDATION", [name])
+
+
+def test_overflowing_numbers_are_still_refused_in_command_bodies(api):
+    raw = '{"customer_id": "c", "items": [{"sku": "A-1", "quantity": 1, "unit_price": 1e999}]}'
+    assert_error(raw_post(api, "order/place_order", raw), 400, "PARSE_ERROR")
+
+
+def test_numbers_the_model_leaves_untyped_stay_json_numbers():
+    from decimal import Decimal
+    from typing import Any
+
+    from pydantic import BaseModel
+
+    from wow_django.domain import Command
+    from wow_django.http.parsers import CommandJSONParser
+
+    class Line(BaseModel):
+        price: Decimal
+        extra: dict
+
+    class Tag(Command, name="tag_untyped"):
+        note: Any = None
+        lines: list[Line] = []
+        weight: float = 0.0
+
+    import io
+    body = CommandJSONParser().parse(io.BytesIO(
+        b'{"note": {"x": [2.5]}, "lines": [{"price": 1.10, "extra": {"y": 1e2}}], "weight": 0.1}'))
+    command = Tag.from_json(body)
+    assert command.note == {"x": [2.5]} and type(command.note["x"][0]) is float
+    assert command.lines[0].price == Decimal("1.10") and str(command.lines[0].price) == "1.10"
+    assert type(command.lines[0].extra["y"]) is float
+    assert command.weight == 0.1
+    assert command.model_dump(mode="json") == {"note": {"x": [2.5]}, "weight": 0.1,
+                                               "lines": [{"price": "1.10", "extra": {"y": 100.0}}]}
