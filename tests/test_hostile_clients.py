@@ -318,3 +318,63 @@ def test_numbers_the_model_leaves_untyped_stay_json_numbers():
     assert command.weight == 0.1
     assert command.model_dump(mode="json") == {"note": {"x": [2.5]}, "weight": 0.1,
                                                "lines": [{"price": "1.10", "extra": {"y": 100.0}}]}
+
+
+# --- 17: unsafe requests without a JSON content type are refused, whatever the body -----------------------
+
+
+def basic_client(*codenames, name="operator") -> APIClient:
+    import base64
+
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw")
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="wow_bus", codename=codename))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Basic " + base64.b64encode(f"{name}:pw".encode()).decode())
+    return client
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                                          "text/plain", None])
+def test_an_empty_form_post_with_basic_credentials_does_not_repush(bus_http_env, content_type):
+    from wow_django.bus import get_bus
+
+    bus = get_bus()
+    bus.send("order.purchased", {}, event_id="evt-csrf")
+    bus.record_feedback("evt-csrf", "member-service", False, "down", dead_lettered=True)
+    bus.record_feedback("evt-csrf", "message-service", False, "down", dead_lettered=True)
+    client = basic_client("view_busevent", "repush_event")
+    extra = {} if content_type is None else {"content_type": content_type}
+    response = client.generic("POST", "/bus/events/evt-csrf/repush/", "", **extra)
+    error = assert_error(response, 415, "UNSUPPORTED_MEDIA_TYPE", [])
+    assert "application/json" in error["errorMsg"] and "POST" in error["errorMsg"], error
+    assert client.get("/bus/events/evt-csrf/").json()["event"]["retryCount"] == 0
+    # The same request as JSON is what a real client sends: it re-pushes.
+    assert client.post("/bus/events/evt-csrf/repush/", {}, format="json").status_code == 200
+    assert client.get("/bus/events/evt-csrf/").json()["event"]["retryCount"] == 1
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_an_empty_non_json_command_post_is_refused_before_it_runs(api, content_type):
+    order_id = place(api)
+    extra = {} if content_type is None else {"content_type": content_type}
+    for path in ("order/place_order", f"order/{order_id}/pay_order", f"order/{order_id}/cancel_order"):
+        response = api.generic("POST", f"/api/{path}", "", HTTP_WOW_TENANT_ID="t1", **extra)
+        assert_error(response, 415, "UNSUPPORTED_MEDIA_TYPE", [])
+    response = api.generic("PUT", f"/api/order/{order_id}/recover", "a=b", HTTP_WOW_TENANT_ID="t1",
+                           content_type="application/x-www-form-urlencoded")
+    assert_error(response, 415, "UNSUPPORTED_MEDIA_TYPE", [])
+    assert stored_versions(order_id) == [1]
+
+
+def test_bodiless_delete_and_json_queries_still_work(api):
+    order_id = place(api)
+    assert api.delete(f"/api/order/{order_id}", HTTP_WOW_TENANT_ID="t1").status_code == 200
+    assert stored_versions(order_id) == [1, 2]
+    response = api.generic("POST", "/api/order/snapshot/count", "", content_type="application/json; charset=utf-8",
+                           HTTP_WOW_TENANT_ID="t1")
+    assert response.status_code == 200, response.content

@@ -26,7 +26,8 @@ status  when                                                errorCode
         a refused re-push, any other CommandError           REPUSH_NOT_ALLOWED, ...
 400     an invalid bus envelope, feedback or event query    BUS_VALIDATION
 413     body over DATA_UPLOAD_MAX_MEMORY_SIZE               REQUEST_TOO_LARGE
-415     body not application/json                           UNSUPPORTED_MEDIA_TYPE
+415     an unsafe request without Content-Type:            UNSUPPORTED_MEDIA_TYPE
+        application/json, whatever the body
 429     throttled (Retry-After)                             THROTTLED
 503     RecoverableStoreError, broker unreachable,          STORE_UNAVAILABLE, BROKER_UNAVAILABLE,
         bus transport down (Retry-After: 1)                 BUS_TRANSPORT_UNAVAILABLE
