@@ -378,3 +378,54 @@ def test_bodiless_delete_and_json_queries_still_work(api):
     response = api.generic("POST", "/api/order/snapshot/count", "", content_type="application/json; charset=utf-8",
                            HTTP_WOW_TENANT_ID="t1")
     assert response.status_code == 200, response.content
+
+
+# --- 18: binding errors and echoed text are capped ----------------------------------------------------------
+
+
+def many_unknown_keys(count: int, base: dict) -> str:
+    import json
+
+    keys = ", ".join(f'"k{i}": 0' for i in range(count))
+    return json.dumps(base)[:-1] + ", " + keys + "}"
+
+
+def test_a_body_of_150000_unknown_keys_gets_a_small_400(api):
+    order_id = place(api)
+    raw = many_unknown_keys(150_000, {"amount": "7.00", "payment_id": "p-1"})
+    assert len(raw) > 1_500_000
+    response = raw_post(api, f"order/{order_id}/pay_order", raw)
+    error = assert_error(response, 400, "COMMAND_VALIDATION")
+    assert len(response.content) < 10_000, len(response.content)
+    assert len(error["bindingErrors"]) == 20
+    assert error["bindingErrors"][0] == {"name": "k0", "msg": "unknown field: not part of this command"}
+    assert "149980 more binding errors left out" in error["errorMsg"], error["errorMsg"][-300:]
+    assert stored_versions(order_id) == [1]
+
+
+def test_long_names_and_messages_are_shortened(api):
+    order_id = place(api)
+    key = "k" * 50_000
+    response = raw_post(api, f"order/{order_id}/pay_order",
+                        '{"amount": "7.00", "payment_id": "p-1", "%s": 1, "x": 2}' % key)  # noqa: UP031
+    error = assert_error(response, 400, "COMMAND_VALIDATION")
+    assert len(response.content) < 3000, len(response.content)
+    assert [e["name"][:10] for e in error["bindingErrors"]] == ["kkkkkkkkkk", "x"]
+    assert error["bindingErrors"][0]["name"].endswith("...")
+    assert stored_versions(order_id) == [1]
+
+
+@pytest.mark.django_db
+def test_a_bus_envelope_with_150000_unknown_keys_gets_a_small_400(bus_http_env):
+    from wow_django.bus import get_bus
+
+    from .support import client_with, stored_counts
+
+    client = client_with("view_busevent", "send_event", name="sender")
+    raw = many_unknown_keys(150_000, {"topic": "order.purchased", "payload": {}})
+    response = client.post("/bus/events/", raw, content_type="application/json")
+    error = assert_error(response, 400, "BUS_VALIDATION")
+    assert len(response.content) < 10_000, len(response.content)
+    assert len(error["bindingErrors"]) == 20
+    assert "149980 more binding errors left out" in error["errorMsg"]
+    assert stored_counts(get_bus().store) == (0, 0)

@@ -69,6 +69,9 @@ from wow_django.exceptions import (
     UnknownAggregate,
     UnknownCommand,
     WowError,
+    left_out,
+    reported_binding_errors,
+    shorten,
 )
 from wow_django.query.errors import QueryValidationError
 
@@ -91,8 +94,18 @@ class ResourceNotFound(WowError):
     error_code = "NOT_FOUND"
 
 
+MAX_MESSAGE_LENGTH = 4000
+
+
 def error_body(code: str, message: str, binding_errors=()) -> dict:
-    return {"errorCode": code, "errorMsg": message, "bindingErrors": list(binding_errors)}
+    """The error JSON; at most MAX_BINDING_ERRORS binding errors, names and texts shortened, the rest counted."""
+    shown, omitted = reported_binding_errors(binding_errors)
+    note = left_out(omitted)
+    if omitted and note not in message:
+        message = f"{message} {note}"
+    if len(message) > MAX_MESSAGE_LENGTH:
+        message = shorten(message, MAX_MESSAGE_LENGTH - len(note) - 1) + (f" {note}" if omitted else "")
+    return {"errorCode": code, "errorMsg": message, "bindingErrors": shown}
 
 
 # Checked in order: subclasses before their bases.
