@@ -429,3 +429,98 @@ def test_a_bus_envelope_with_150000_unknown_keys_gets_a_small_400(bus_http_env):
     assert len(error["bindingErrors"]) == 20
     assert "149980 more binding errors left out" in error["errorMsg"]
     assert stored_counts(get_bus().store) == (0, 0)
+
+
+# --- 21: secrets stay out of check messages, error messages and 503 bodies -----------------------------------
+
+SECRET = "tok-Zq8rXb2LkP0wVn5sYt7uMc4e"
+
+
+def check_texts(wow: dict) -> str:
+    from django.core import checks
+
+    with override_settings(WOW=wow):
+        messages = checks.run_checks(tags=["wow_django"])
+    return "\n".join(f"{m.id} {m.msg} {m.hint}" for m in messages)
+
+
+@pytest.mark.parametrize("tokens", [
+    {"member-service": SECRET, "message-service": 5},
+    {"member-service": SECRET, "message-service": ""},
+    {"member-service": SECRET, 7: "tok-other-aaaaaaaaaaaaaaaaaaaaaaa"},
+    [("member-service", SECRET)],
+])
+def test_a_bad_callback_token_entry_does_not_print_the_tokens(tokens):
+    text = check_texts({"BUS_CALLBACK_TOKENS": tokens})
+    assert "BUS_CALLBACK_TOKENS" in text and "wow_django.E001" in text, text
+    assert SECRET not in text and "tok-other" not in text, text
+
+
+def test_a_weak_token_is_reported_by_its_consumer_not_its_value():
+    text = check_texts({"BUS_CALLBACK_TOKENS": {"member-service": "short-secret-1"}})
+    assert "wow_django.W102" in text and "'member-service'" in text and "short-secret-1" not in text
+
+
+@pytest.mark.parametrize("uri", [
+    "admin:p4ssw0rd-Xy@db.internal:27017/orders",
+    "admin:p4ssw0rd-Xy@db.internal/orders?authSource=admin",
+    "redis://admin:p4ssw0rd-Xy@db.internal/orders",
+    "mongodb://admin:p4ss/w0rd-Xy@db.internal/orders",
+])
+def test_a_mongo_uri_is_never_echoed_with_its_password(uri):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from wow_django.backends.mongo.client import parse_uri, redact
+
+    assert "p4ss" not in redact(uri) and "admin:***@" in redact(uri)
+    if "mongodb://" not in uri:
+        with pytest.raises(ImproperlyConfigured) as raised:
+            parse_uri(uri)
+        assert "p4ss" not in str(raised.value)
+        if "://" not in uri:
+            assert "admin:***@db.internal" in str(raised.value)
+    text = check_texts({"STORAGE": "mongo", "MONGO_URI": uri})
+    assert "p4ss" not in text, text
+
+
+def test_a_transport_url_with_a_password_is_not_echoed_by_checks():
+    text = check_texts({"BUS_TRANSPORT_URL": "amqp://guest:p4ssw0rd-Xy@rabbit.internal:5672//x", "STORAGE": 5})
+    assert "p4ss" not in text, text
+
+
+TOPOLOGY = ("mongo-0.internal:27017: timed out, Timeout: 1.0s, Topology Description: <TopologyDescription "
+            "id: 65f, topology_type: ReplicaSetNoPrimary, servers: [<ServerDescription ('mongo-0.internal', 27017) "
+            "server_type: Unknown, rtt: None, error=NetworkTimeout('mongo-0.internal:27017: timed out')>]>")
+
+
+def test_a_503_does_not_show_the_topology_to_anonymous_clients(api, monkeypatch):
+    from pymongo.errors import ServerSelectionTimeoutError
+
+    from wow_django.backends.mongo.errors import recoverable_errors
+
+    def unavailable(*args, **kwargs):
+        with recoverable_errors("appending"):
+            raise ServerSelectionTimeoutError(TOPOLOGY)
+
+    runtime = get_runtime()
+    monkeypatch.setattr(runtime.event_store, "append", unavailable)
+    monkeypatch.setattr(type(runtime.snapshot_queries("order")), "list", unavailable)
+    for response in (post(api, "order/place_order", ORDER), post(api, "order/snapshot/list", {})):
+        error = assert_error(response, 503, "STORE_UNAVAILABLE", [])
+        assert response["Retry-After"] == "1"
+        assert "retry" in error["errorMsg"]
+        assert "internal" not in response.content.decode() and "Topology" not in response.content.decode()
+
+
+def test_a_503_does_not_show_the_broker_url(api, monkeypatch):
+    from kombu.exceptions import OperationalError
+
+    from wow_django.application.runtime import get_runtime as runtime
+
+    def unreachable(*args, **kwargs):
+        raise OperationalError("[Errno 111] Connection refused: amqp://guest:p4ssw0rd-Xy@rabbit.internal//")
+
+    monkeypatch.setattr(runtime().event_store, "append", unreachable)
+    response = post(api, "order/place_order", ORDER)
+    assert_error(response, 503, "BROKER_UNAVAILABLE", [])
+    assert "p4ss" not in response.content.decode() and "rabbit.internal" not in response.content.decode()

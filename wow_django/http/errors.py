@@ -43,6 +43,8 @@ views too.
 
 from __future__ import annotations
 
+import logging
+
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from kombu.exceptions import OperationalError as BrokerError
@@ -76,6 +78,16 @@ from wow_django.exceptions import (
 from wow_django.query.errors import QueryValidationError
 
 RETRY_AFTER_S = "1"
+
+logger = logging.getLogger("wow_django.http")
+
+# A 503's cause names internal hosts (pymongo's topology description, a broker URL with its
+# password): it is logged, and the client gets only what to do.
+UNAVAILABLE_MESSAGES = {
+    "STORE_UNAVAILABLE": "The store is unavailable for a moment; retry later.",
+    "BUS_TRANSPORT_UNAVAILABLE": "The bus transport is unavailable for a moment; retry later.",
+    "BROKER_UNAVAILABLE": "The task broker is unreachable; retry later.",
+}
 
 
 class InvalidRequest(WowError):
@@ -161,13 +173,14 @@ def error_response(exc: BaseException) -> Response | None:
     if isinstance(exc, WowError):
         for cls, code in _WOW_STATUS:
             if isinstance(exc, cls):
+                if exc.error_code in UNAVAILABLE_MESSAGES:
+                    return _unavailable(exc.error_code, exc)
                 body = error_body(exc.error_code, str(exc), getattr(exc, "binding_errors", ()))
                 headers = {"Retry-After": RETRY_AFTER_S} if code == status.HTTP_503_SERVICE_UNAVAILABLE else None
                 return Response(body, status=code, headers=headers)
         return None
     if isinstance(exc, BrokerError):
-        body = error_body("BROKER_UNAVAILABLE", f"The task broker is unreachable ({exc}); retry later.")
-        return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": RETRY_AFTER_S})
+        return _unavailable("BROKER_UNAVAILABLE", exc)
     if isinstance(exc, Http404):
         return Response(error_body("NOT_FOUND", str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DjangoPermissionDenied):
@@ -184,6 +197,12 @@ def error_response(exc: BaseException) -> Response | None:
         return Response(error_body(code, _drf_message(exc.detail), binding), status=exc.status_code,
                         headers=headers or None)
     return None
+
+
+def _unavailable(code: str, exc: BaseException) -> Response:
+    logger.warning("answering 503 %s: %s: %s", code, type(exc).__name__, exc)
+    return Response(error_body(code, UNAVAILABLE_MESSAGES[code]), status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                    headers={"Retry-After": RETRY_AFTER_S})
 
 
 def exception_handler(exc: BaseException, context: dict | None = None) -> Response | None:
