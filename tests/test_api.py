@@ -72,6 +72,8 @@ def headers(tenant=None, stage=None, request_id=None) -> dict:
 
 
 def post(api, path, body=None, **kw):
+    if body is None:  # no body, still declared JSON: a body-less POST without a JSON content type is a 415
+        return api.post(f"/api/{path}", content_type="application/json", **headers(**kw))
     return api.post(f"/api/{path}", body, format="json", **headers(**kw))
 
 
@@ -209,7 +211,9 @@ def test_command_bodies_are_validated(api):
     assert_error(response, 400, "COMMAND_VALIDATION",
                  ["customer_id", "items.0.sku", "items.0.quantity", "colour"])
     assert_error(post(api, "order/place_order", [1, 2]), 400, "COMMAND_VALIDATION")
-    assert_error(api.post("/api/order/place_order"), 400, "COMMAND_VALIDATION", ["customer_id", "items"])
+    assert_error(api.post("/api/order/place_order", content_type="application/json"), 400, "COMMAND_VALIDATION",
+                 ["customer_id", "items"])
+    assert_error(api.post("/api/order/place_order"), 415, "UNSUPPORTED_MEDIA_TYPE")
     order_id = place(api)
     assert_error(pay(api, order_id, amount="lots"), 400, "COMMAND_VALIDATION", ["amount"])
     assert versions(order_id) == [1]

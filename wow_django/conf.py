@@ -294,6 +294,39 @@ def _suggest(name: str, candidates) -> str:
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user info replaced by ``***``, with or without a scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    slash = rest.find("/")
+    at = rest.rfind("@", 0, slash if slash != -1 else len(rest))
+    if at == -1:
+        at = rest.rfind("@")  # a password with an unescaped '/': hide up to the last '@'
+    if at == -1:
+        return url
+    user, colon, _password = rest[:at].partition(":")
+    return f"{scheme}{sep}{user}{':***' if colon else ''}@{rest[at + 1:]}"
+
+
+# Settings that hold secrets: a message shows them only through these.
+SECRET_SETTINGS = {
+    "BUS_CALLBACK_TOKENS": lambda value: (
+        "{" + ", ".join(f"{key!r}: {'***' if isinstance(token, str) and token else type(token).__name__}"
+                        for key, token in value.items()) + "}"
+        if isinstance(value, dict) else f"a {type(value).__name__}"
+    ),
+    "MONGO_URI": lambda value: repr(redact_url(value)) if isinstance(value, str) else repr(value),
+    "BUS_TRANSPORT_URL": lambda value: repr(redact_url(value)) if isinstance(value, str) else repr(value),
+}
+
+
+def shown_value(key: str, value: Any) -> str:
+    """``value`` of setting ``key`` for a message: secrets redacted."""
+    show = SECRET_SETTINGS.get(key)
+    return show(value) if show is not None else repr(value)
+
+
 def validate_user_settings(user: Any) -> list[tuple[str, str]]:
     """Return ``(key, problem)`` pairs for a user's ``WOW`` dict; empty when valid."""
     if user is None:
@@ -320,7 +353,7 @@ def validate_user_settings(user: Any) -> list[tuple[str, str]]:
             continue
         problem = VALIDATORS[key](value)
         if problem:
-            problems.append((key, f"{problem} (got {value!r})"))
+            problems.append((key, f"{problem} (got {shown_value(key, value)})"))
     if not any(key in ("FOLLOWER_MIN_BATCH", "FOLLOWER_MAX_BATCH") for key, _ in problems):
         low = user.get("FOLLOWER_MIN_BATCH", DEFAULTS["FOLLOWER_MIN_BATCH"])
         high = user.get("FOLLOWER_MAX_BATCH", DEFAULTS["FOLLOWER_MAX_BATCH"])

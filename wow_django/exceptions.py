@@ -13,6 +13,37 @@ class WowError(Exception):
     error_code = "WOW_ERROR"
 
 
+# A client can make thousands of errors (one per unknown key) or send a megabyte name: what is
+# reported back is capped, and says how much was left out.
+MAX_BINDING_ERRORS = 20
+MAX_ECHO_LENGTH = 200
+
+
+def shorten(text: str, limit: int = MAX_ECHO_LENGTH) -> str:
+    """``text`` cut to ``limit`` characters, ending in "..." when it was longer."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def left_out(count: int) -> str:
+    """The note that says ``count`` binding errors are not reported."""
+    return f"({count} more binding errors left out)"
+
+
+def reported_binding_errors(errors) -> tuple[list[dict], int]:
+    """The first MAX_BINDING_ERRORS of ``errors`` with names and messages shortened, and how many were left out."""
+    errors = list(errors)
+    shown = [{"name": shorten(str(e.get("name", ""))), "msg": shorten(str(e.get("msg", "")))}
+             for e in errors[:MAX_BINDING_ERRORS]]
+    return shown, len(errors) - len(shown)
+
+
+def binding_summary(errors) -> str:
+    """``name: msg; ...`` for the reported errors, with the note of those left out."""
+    shown, omitted = reported_binding_errors(errors)
+    summary = "; ".join(f"{e['name']}: {e['msg']}" if e["name"] else e["msg"] for e in shown)
+    return f"{summary} {left_out(omitted)}" if omitted else summary
+
+
 # --- configuration and schema -------------------------------------------
 
 
@@ -141,14 +172,13 @@ class CommandValidationError(CommandError):
     @classmethod
     def from_pydantic(cls, command_name: str, exc) -> CommandValidationError:
         errors = []
-        for error in exc.errors():
+        for error in exc.errors(include_url=False, include_input=False, include_context=False):
             name = ".".join(str(part) for part in error.get("loc", ())) or "(body)"
             message = error.get("msg", "invalid")
             if error.get("type") == "extra_forbidden":
                 message = "unknown field: not part of this command"
             errors.append({"name": name, "msg": message})
-        summary = "; ".join(f"{e['name']}: {e['msg']}" for e in errors)
-        return cls(f"Invalid {command_name!r} command: {summary}", errors)
+        return cls(f"Invalid {command_name!r} command: {binding_summary(errors)}", errors)
 
 
 class UnknownAggregate(CommandError):
@@ -200,8 +230,7 @@ class EnvelopeValidationError(BusError):
 
     @classmethod
     def from_errors(cls, what: str, errors: list[dict]) -> EnvelopeValidationError:
-        summary = "; ".join(f"{e['name']}: {e['msg']}" for e in errors)
-        return cls(f"Invalid {what}: {summary}", errors)
+        return cls(f"Invalid {what}: {binding_summary(errors)}", errors)
 
 
 class EventNotFound(BusError):

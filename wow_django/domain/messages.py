@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -35,6 +36,38 @@ from wow_django.exceptions import CommandValidationError, DeclarationError
 
 def _default_name(cls: type) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+
+class JSONDecimal(Decimal):
+    """A JSON number with a fraction or an exponent, as a command body's parser reads it.
+
+    A ``Decimal`` field of the command takes it exactly as written; anywhere the
+    model leaves untyped (``Any``, ``dict``, ``list``) it becomes a ``float``
+    again once the command is validated, as the JSON number it was.
+    """
+
+
+def _untyped_numbers_as_floats(value: Any) -> Any:
+    """``value`` with every :class:`JSONDecimal` the model left untyped turned into a float (in place)."""
+    if isinstance(value, JSONDecimal):
+        return float(value)
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            item = getattr(value, name, None)
+            converted = _untyped_numbers_as_floats(item)
+            if converted is not item:
+                object.__setattr__(value, name, converted)  # frozen models too: it is the validated value
+        return value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = _untyped_numbers_as_floats(item)
+        return value
+    if isinstance(value, list):
+        value[:] = [_untyped_numbers_as_floats(item) for item in value]
+        return value
+    if isinstance(value, tuple):
+        return tuple(_untyped_numbers_as_floats(item) for item in value)
+    return value
 
 
 class Command(BaseModel):
@@ -64,9 +97,10 @@ class Command(BaseModel):
                 [{"name": "", "msg": f"expected an object, got {type(data).__name__}"}],
             )
         try:
-            return cls.model_validate(data)
+            command = cls.model_validate(data)
         except ValidationError as exc:
             raise CommandValidationError.from_pydantic(cls.command_name, exc) from None
+        return _untyped_numbers_as_floats(command)
 
 
 class Event(BaseModel):

@@ -6,7 +6,9 @@ Both the aggregate API (:mod:`wow_django.http.views`) and the bus API
 
 from __future__ import annotations
 
+from django.http.request import MediaType
 from django.utils.module_loading import import_string
+from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.renderers import JSONRenderer
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
@@ -14,6 +16,8 @@ from rest_framework.views import APIView
 from wow_django.conf import wow_settings
 from wow_django.http.errors import exception_handler
 from wow_django.http.parsers import WowJSONParser
+
+JSON_MEDIA_TYPE = "application/json"
 
 
 def import_classes(values) -> list[type]:
@@ -39,8 +43,45 @@ class WowView(APIView):
     def get_exception_handler(self):
         return exception_handler
 
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        self.check_content_type(request)
+
+    def check_content_type(self, request) -> None:
+        """Refuse an unsafe request that does not say ``Content-Type: application/json``, whatever its body.
+
+        DRF parses nothing for an empty body, so without this an empty cross-site form
+        post (or a body-less ``fetch`` in no-cors mode), which a browser sends with the
+        user's cookies or Basic credentials, would act. A DELETE or PUT without a body
+        may omit the header: no browser sends those cross-site without a CORS preflight.
+        """
+        if request.method in ("GET", "HEAD", "OPTIONS", "TRACE"):
+            return
+        given = request.META.get("CONTENT_TYPE", "")
+        if not given and request.method in ("DELETE", "PUT") and not _has_body(request):
+            return
+        media_type = MediaType(given)
+        if (media_type.main_type, media_type.sub_type) == ("application", "json"):
+            return
+        raise UnsupportedMediaType(
+            given or "(none)",
+            detail=f"{request.method} requests must send Content-Type: {JSON_MEDIA_TYPE}, even with an empty "
+            f"body (got {_short(given) if given else 'no Content-Type'}); send {{}} as JSON for no arguments.",
+        )
+
     def get_authentication_classes(self) -> list[type]:
         return default_authentication_classes()
 
     def get_authenticators(self):
         return [cls() for cls in self.get_authentication_classes()]
+
+
+def _has_body(request) -> bool:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0) > 0
+    except ValueError:
+        return True
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:77] + "...")

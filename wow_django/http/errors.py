@@ -26,7 +26,8 @@ status  when                                                errorCode
         a refused re-push, any other CommandError           REPUSH_NOT_ALLOWED, ...
 400     an invalid bus envelope, feedback or event query    BUS_VALIDATION
 413     body over DATA_UPLOAD_MAX_MEMORY_SIZE               REQUEST_TOO_LARGE
-415     body not application/json                           UNSUPPORTED_MEDIA_TYPE
+415     an unsafe request without Content-Type:            UNSUPPORTED_MEDIA_TYPE
+        application/json, whatever the body
 429     throttled (Retry-After)                             THROTTLED
 503     RecoverableStoreError, broker unreachable,          STORE_UNAVAILABLE, BROKER_UNAVAILABLE,
         bus transport down (Retry-After: 1)                 BUS_TRANSPORT_UNAVAILABLE
@@ -41,6 +42,8 @@ views too.
 """
 
 from __future__ import annotations
+
+import logging
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
@@ -68,10 +71,23 @@ from wow_django.exceptions import (
     UnknownAggregate,
     UnknownCommand,
     WowError,
+    left_out,
+    reported_binding_errors,
+    shorten,
 )
 from wow_django.query.errors import QueryValidationError
 
 RETRY_AFTER_S = "1"
+
+logger = logging.getLogger("wow_django.http")
+
+# A 503's cause names internal hosts (pymongo's topology description, a broker URL with its
+# password): it is logged, and the client gets only what to do.
+UNAVAILABLE_MESSAGES = {
+    "STORE_UNAVAILABLE": "The store is unavailable for a moment; retry later.",
+    "BUS_TRANSPORT_UNAVAILABLE": "The bus transport is unavailable for a moment; retry later.",
+    "BROKER_UNAVAILABLE": "The task broker is unreachable; retry later.",
+}
 
 
 class InvalidRequest(WowError):
@@ -90,8 +106,18 @@ class ResourceNotFound(WowError):
     error_code = "NOT_FOUND"
 
 
+MAX_MESSAGE_LENGTH = 4000
+
+
 def error_body(code: str, message: str, binding_errors=()) -> dict:
-    return {"errorCode": code, "errorMsg": message, "bindingErrors": list(binding_errors)}
+    """The error JSON; at most MAX_BINDING_ERRORS binding errors, names and texts shortened, the rest counted."""
+    shown, omitted = reported_binding_errors(binding_errors)
+    note = left_out(omitted)
+    if omitted and note not in message:
+        message = f"{message} {note}"
+    if len(message) > MAX_MESSAGE_LENGTH:
+        message = shorten(message, MAX_MESSAGE_LENGTH - len(note) - 1) + (f" {note}" if omitted else "")
+    return {"errorCode": code, "errorMsg": message, "bindingErrors": shown}
 
 
 # Checked in order: subclasses before their bases.
@@ -147,13 +173,14 @@ def error_response(exc: BaseException) -> Response | None:
     if isinstance(exc, WowError):
         for cls, code in _WOW_STATUS:
             if isinstance(exc, cls):
+                if exc.error_code in UNAVAILABLE_MESSAGES:
+                    return _unavailable(exc.error_code, exc)
                 body = error_body(exc.error_code, str(exc), getattr(exc, "binding_errors", ()))
                 headers = {"Retry-After": RETRY_AFTER_S} if code == status.HTTP_503_SERVICE_UNAVAILABLE else None
                 return Response(body, status=code, headers=headers)
         return None
     if isinstance(exc, BrokerError):
-        body = error_body("BROKER_UNAVAILABLE", f"The task broker is unreachable ({exc}); retry later.")
-        return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": RETRY_AFTER_S})
+        return _unavailable("BROKER_UNAVAILABLE", exc)
     if isinstance(exc, Http404):
         return Response(error_body("NOT_FOUND", str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DjangoPermissionDenied):
@@ -170,6 +197,12 @@ def error_response(exc: BaseException) -> Response | None:
         return Response(error_body(code, _drf_message(exc.detail), binding), status=exc.status_code,
                         headers=headers or None)
     return None
+
+
+def _unavailable(code: str, exc: BaseException) -> Response:
+    logger.warning("answering 503 %s: %s: %s", code, type(exc).__name__, exc)
+    return Response(error_body(code, UNAVAILABLE_MESSAGES[code]), status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                    headers={"Retry-After": RETRY_AFTER_S})
 
 
 def exception_handler(exc: BaseException, context: dict | None = None) -> Response | None:

@@ -10,18 +10,26 @@ Compared with DRF's ``JSONParser`` it also refuses, with a 400:
 
 and answers 413 for a body larger than ``DATA_UPLOAD_MAX_MEMORY_SIZE``,
 which DRF does not apply to JSON.
+
+:class:`CommandJSONParser`, the parser of command bodies, reads numbers with a
+fraction or an exponent as :class:`~wow_django.domain.messages.JSONDecimal`
+instead of ``float``, so ``0.99999999999999999999`` reaches the command's
+model as written (and is refused by ``decimal_places=2``) rather than as ``1.0``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 
 from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
+
+from wow_django.domain.messages import JSONDecimal
 
 
 class RequestTooLarge(APIException):
@@ -35,6 +43,11 @@ def _finite(text: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"number {text[:40]!r} is out of range (numbers must be finite)")
     return number
+
+
+def _finite_decimal(text: str) -> Decimal:
+    _finite(text)  # the same numbers as everywhere else: none that overflows a float
+    return JSONDecimal(text)
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -68,6 +81,7 @@ def _check_text(value) -> None:
 class WowJSONParser(BaseParser):
     media_type = "application/json"
     renderer_class = JSONRenderer
+    parse_float = staticmethod(_finite)
 
     def parse(self, stream, media_type=None, parser_context=None):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -80,7 +94,7 @@ class WowJSONParser(BaseParser):
         except (UnicodeDecodeError, LookupError):
             raise ParseError(f"The request body is not valid {encoding} text.")
         try:
-            data = json.loads(text, parse_float=_finite, parse_int=_int64, parse_constant=_no_constants)
+            data = json.loads(text, parse_float=self.parse_float, parse_int=_int64, parse_constant=_no_constants)
         except RecursionError:
             raise ParseError("Malformed JSON: nested too deeply.")
         except ValueError as exc:
@@ -90,3 +104,9 @@ class WowJSONParser(BaseParser):
         except UnicodeEncodeError:
             raise ParseError("Malformed JSON: strings must not contain lone surrogates (\\ud800-\\udfff).")
         return data
+
+
+class CommandJSONParser(WowJSONParser):
+    """The JSON parser of command bodies: numbers with a fraction or an exponent are decimals, exactly as sent."""
+
+    parse_float = staticmethod(_finite_decimal)

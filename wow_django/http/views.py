@@ -33,6 +33,7 @@ from wow_django.exceptions import AggregateIsDeleted, UnknownAggregate, UnknownC
 from wow_django.http.base import WowView, default_authentication_classes, import_classes
 from wow_django.http.errors import InvalidRequest, ResourceNotFound
 from wow_django.http.headers import REQUEST_ID_HEADER, WAIT_STAGE_HEADER
+from wow_django.http.parsers import CommandJSONParser
 from wow_django.http.schema import WowAutoSchema
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
@@ -112,6 +113,8 @@ class CommandSenderView(WowAPIView):
 
     action = "command"
     command: type[Command] | None = None
+    # Decimals as sent: the command's model judges them (decimal_places, max_digits), not a float.
+    parser_classes = [CommandJSONParser]
 
     def get_request_id(self) -> str | None:
         return self.request.headers.get(REQUEST_ID_HEADER) or None

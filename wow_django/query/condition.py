@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 import json
 import math
 import re
@@ -128,6 +129,15 @@ FIELD_PATH_RULE = (
     "field paths are names of letters, digits and '_' joined by '.', the first not starting with a digit "
     "(no '$', no empty segments)"
 )
+# MongoDB nests documents at most 100 levels deep, so a longer path can never match; past it the
+# backends (and mongomock, the ORM's key transforms) would recurse once per segment.
+MAX_FIELD_SEGMENTS = 100
+MAX_FIELD_PATH_LENGTH = 1024
+# Text that becomes a regular expression (CONTAINS, STARTS_WITH, ENDS_WITH, EQ/NE with ignoreCase,
+# a RAW $regex) or a full-text search (MATCH). Escaped, 4096 characters stay well under MongoDB's
+# 32764-byte pattern limit; each distinct pattern costs a compilation (and a cache entry) per backend.
+MAX_TEXT_LENGTH = 4096
+MAX_OPTION_LENGTH = 64  # zoneId, datePattern
 MAX_LIST_SIZE = 1000
 MAX_SORT_FIELDS = 32  # MongoDB sorts on at most 32 keys.
 DEFAULT_LIMIT = 10
@@ -294,24 +304,82 @@ def _fail(path: str, rule: str) -> QueryValidationError:
 
 
 def _suggest(name: str, candidates) -> str:
+    if len(name) > MAX_OPTION_LENGTH:  # no name is that long; spare difflib a client's megabyte
+        return ""
     close = difflib.get_close_matches(name.upper() if name.upper() in candidates else name, list(candidates), n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
+DESCRIBE_LENGTH = 60
+
+
 def _describe(value: Any) -> str:
-    text = json.dumps(value, default=repr) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A short preview of a client's value for an error message, however large or deeply nested."""
+    if isinstance(value, str):
+        text = repr(value[: DESCRIBE_LENGTH + 1])
+    else:
+        text = _preview(value, DESCRIBE_LENGTH + 1)
+    return text if len(text) <= DESCRIBE_LENGTH else text[: DESCRIBE_LENGTH - 3] + "..."
+
+
+class _Text(str):
+    """Text already written as JSON (a bracket, a separator, a key)."""
+
+
+def _preview(value: Any, budget: int) -> str:
+    """The start (at least ``budget`` characters when there are that many) of ``value`` as JSON.
+
+    Iterative, and stops once ``budget`` characters are written: a list nested a thousand deep
+    or a megabyte of keys costs no more than the preview shows (``json.dumps`` would recurse).
+    """
+    out: list[str] = []
+    size = 0
+    pending: list[Any] = [value]  # a stack: the next piece to write is last
+    while pending and size < budget:
+        item = pending.pop()
+        if isinstance(item, _Text):
+            text = str(item)
+        elif isinstance(item, dict | list | tuple):
+            is_dict = isinstance(item, dict)
+            entries = list(itertools.islice(item.items() if is_dict else item, budget))
+            pieces: list[Any] = []
+            for i, entry in enumerate(entries):
+                if i:
+                    pieces.append(_Text(", "))
+                if is_dict:
+                    pieces += [_Text(json.dumps(str(entry[0])[:budget]) + ": "), entry[1]]
+                else:
+                    pieces.append(entry)
+            pieces.append(_Text("}" if is_dict else "]"))
+            pending.extend(reversed(pieces))
+            text = "{" if is_dict else "["
+        elif isinstance(item, str):
+            text = json.dumps(item[:budget])
+        elif isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > 256:
+            text = "(a large integer)"
+        elif item is None or isinstance(item, bool | int | float):
+            text = json.dumps(item)
+        else:
+            text = repr(item)[:budget]
+        out.append(text)
+        size += len(text)
+    return "".join(out)
 
 
 def _check_keys(data: dict, allowed: tuple[str, ...], path: str) -> None:
     for key in data:
         if key not in allowed:
             hint = _suggest(str(key), allowed)
-            raise _fail(_join(path, str(key)), f"unknown key; allowed keys are {', '.join(allowed)}.{hint}")
+            raise _fail(_key_path(path, str(key)), f"unknown key; allowed keys are {', '.join(allowed)}.{hint}")
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+def _key_path(path: str, key: str) -> str:
+    """``path.key`` for a client's object key, the key shortened when it is longer than a field path may be."""
+    return _join(path, key if len(key) <= MAX_FIELD_PATH_LENGTH else key[:MAX_FIELD_PATH_LENGTH] + "...")
 
 
 def _is_number(value: Any) -> bool:
@@ -327,9 +395,32 @@ def validate_field_path(path_value: Any, path: str) -> str:
     """``path_value`` if it is a valid field path, else a QueryValidationError at ``path``."""
     if not isinstance(path_value, str) or not path_value:
         raise _fail(path, f"a field path is required (got {_describe(path_value)})")
-    if not FIELD_PATH.fullmatch(path_value):
-        raise _fail(path, f"{path_value!r} is not a valid field path: {FIELD_PATH_RULE}")
+    _check_field_path(path_value, path)
     return path_value
+
+
+def _check_field_path(path_value: str, path: str) -> None:
+    segments = path_value.count(".") + 1
+    if segments > MAX_FIELD_SEGMENTS:
+        raise _fail(
+            path,
+            f"{_describe(path_value)} is too deep: a field path has at most {MAX_FIELD_SEGMENTS} segments "
+            f"(got {segments})",
+        )
+    if len(path_value) > MAX_FIELD_PATH_LENGTH:
+        raise _fail(
+            path,
+            f"{_describe(path_value)} is too long: a field path has at most {MAX_FIELD_PATH_LENGTH} characters "
+            f"(got {len(path_value)})",
+        )
+    if not FIELD_PATH.fullmatch(path_value):
+        raise _fail(path, f"{_describe(path_value)} is not a valid field path: {FIELD_PATH_RULE}")
+
+
+def _check_text_length(text: str, path: str, what: str, limit: int = MAX_TEXT_LENGTH) -> str:
+    if len(text) > limit:
+        raise _fail(path, f"{what} takes at most {limit} characters (got {len(text)})")
+    return text
 
 
 class _ConditionParser:
@@ -360,6 +451,8 @@ class _ConditionParser:
         options = self._options(operator, data.get("options"), _join(path, "options"))
         children = self._children(operator, data.get("children"), path, depth, in_element, text_allowed)
         value = self._value(operator, data.get("value"), _join(path, "value"), path, text_allowed)
+        if operator in (Op.EQ, Op.NE) and options.ignore_case and isinstance(value, str):
+            _check_text_length(value, _join(path, "value"), f"{operator} with ignoreCase")
         return Condition(operator=operator, field=field_path, value=value, children=children, options=options)
 
     # --- parts -------------------------------------------------------------------------
@@ -372,7 +465,7 @@ class _ConditionParser:
         try:
             return Operator(raw)
         except ValueError:
-            raise _fail(path, f"unknown operator {raw!r}.{_suggest(raw, [o.value for o in Operator])}") from None
+            raise _fail(path, f"unknown operator {_describe(raw)}.{_suggest(raw, [o.value for o in Operator])}") from None
 
     def _field(self, operator: Operator, raw: Any, path: str) -> str:
         if operator in FIELD_OPERATORS:
@@ -391,7 +484,7 @@ class _ConditionParser:
         for key in raw:
             if key not in OPTION_KEYS:
                 raise _fail(
-                    _join(path, str(key)),
+                    _key_path(path, str(key)),
                     f"unknown option; known options are {', '.join(OPTION_KEYS)}.{_suggest(str(key), OPTION_KEYS)}",
                 )
         raw = {key: value for key, value in raw.items() if value is not None}  # null means "not given"
@@ -412,6 +505,7 @@ class _ConditionParser:
             pattern = raw["datePattern"]
             if not isinstance(pattern, str):
                 raise _fail(_join(path, "datePattern"), f"datePattern must be a string (got {_describe(pattern)})")
+            _check_text_length(pattern, _join(path, "datePattern"), "datePattern", MAX_OPTION_LENGTH)
             try:
                 dates.parse_date_pattern(pattern)
             except ValueError as exc:
@@ -423,10 +517,11 @@ class _ConditionParser:
     def _zone_id(raw: Any, path: str) -> str:
         if not isinstance(raw, str) or not raw:
             raise _fail(path, f"zoneId must be an IANA time zone name such as 'Asia/Shanghai' (got {_describe(raw)})")
+        _check_text_length(raw, path, "zoneId", MAX_OPTION_LENGTH)
         try:
             ZoneInfo(raw)
         except (ZoneInfoNotFoundError, ValueError, OSError):
-            raise _fail(path, f"unknown time zone {raw!r}; use an IANA name such as 'Asia/Shanghai' or 'UTC'") from None
+            raise _fail(path, f"unknown time zone {_describe(raw)}; use an IANA name such as 'Asia/Shanghai' or 'UTC'") from None
         return raw
 
     def _children(
@@ -477,7 +572,7 @@ class _ConditionParser:
         if operator in COMPARISON_OPERATORS:
             return self._comparable(raw, path, operator)
         if operator in TEXT_OPERATORS:
-            return self._text(raw, path, operator, allow_empty=True)
+            return _check_text_length(self._text(raw, path, operator, allow_empty=True), path, operator)
         if operator is Op.MATCH:
             if not text_allowed:
                 raise _fail(
@@ -487,7 +582,7 @@ class _ConditionParser:
             self.text_searches += 1
             if self.text_searches > 1:
                 raise _fail(_join(node_path, "operator"), "only one MATCH (full-text search) is allowed per query")
-            text = self._text(raw, path, operator, allow_empty=False)
+            text = _check_text_length(self._text(raw, path, operator, allow_empty=False), path, operator)
             if not text.strip():
                 raise _fail(path, "MATCH needs at least one word to search for")
             return text
@@ -561,12 +656,12 @@ class _ConditionParser:
                 if key.startswith("$"):
                     raise _fail(
                         path,
-                        f"key {key!r}: keys starting with '$' are not allowed inside values (they would act as "
+                        f"key {_describe(key)}: keys starting with '$' are not allowed inside values (they would act as "
                         "MongoDB operators); use the condition's operator instead",
                     )
                 if "\x00" in key:
-                    raise _fail(path, f"key {key!r}: keys may not contain the NUL character")
-                self._json(item, _join(path, key), depth=depth + 1)
+                    raise _fail(path, f"key {_describe(key)}: keys may not contain the NUL character")
+                self._json(item, _key_path(path, key), depth=depth + 1)
         elif isinstance(value, list | tuple):
             if len(value) > MAX_LIST_SIZE:
                 raise _fail(path, f"lists hold at most {MAX_LIST_SIZE} values (got {len(value)})")
@@ -604,7 +699,7 @@ class _ConditionParser:
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise _fail(path, f"filter keys must be strings (got {_describe(key)})")
-                key_path = _join(path, key)
+                key_path = _key_path(path, key)
                 if key in RAW_CODE_OPERATORS:
                     raise _fail(key_path, f"{key} is refused: RAW filters may not run server-side code or schemas")
                 if key.startswith("$"):
@@ -613,8 +708,10 @@ class _ConditionParser:
                             key_path,
                             f"{key} is not an allowed RAW operator; allowed: {', '.join(sorted(RAW_ALLOWED_OPERATORS))}",
                         )
-                elif not FIELD_PATH.fullmatch(key):
-                    raise _fail(key_path, f"{key!r} is not a valid field path: {FIELD_PATH_RULE}")
+                else:
+                    _check_field_path(key, key_path)
+                if key == "$regex" and isinstance(item, str):
+                    _check_text_length(item, key_path, "$regex")
                 self._raw_check(item, key_path, depth=depth + 1)
         elif isinstance(value, list | tuple):
             if len(value) > MAX_LIST_SIZE:

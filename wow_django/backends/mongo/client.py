@@ -20,6 +20,8 @@ from urllib.parse import unquote
 
 from django.core.exceptions import ImproperlyConfigured
 
+from wow_django.conf import redact_url
+
 EMBEDDED_SCHEME = "mongomock"
 SERVER_SCHEMES = ("mongodb", "mongodb+srv")
 _FORBIDDEN_DB_CHARS = set('/\\. "$*<>:|?')
@@ -41,7 +43,7 @@ def parse_uri(uri: str) -> tuple[bool, str | None]:
     if not isinstance(uri, str) or "://" not in uri:
         raise ImproperlyConfigured(
             f"WOW['MONGO_URI'] must look like mongodb://host/db, mongodb+srv://host/db "
-            f"or mongomock://localhost/db, got {uri!r}"
+            f"or mongomock://localhost/db, got {redact(uri) if isinstance(uri, str) else uri!r}"
         )
     scheme, rest = uri.split("://", 1)
     if scheme not in SERVER_SCHEMES and scheme != EMBEDDED_SCHEME:
@@ -59,14 +61,8 @@ def parse_uri(uri: str) -> tuple[bool, str | None]:
 
 
 def redact(uri: str) -> str:
-    """The URI without its password, for messages and logs."""
-    scheme, sep, rest = uri.partition("://")
-    hosts, slash, tail = rest.partition("/")
-    if "@" in hosts:
-        userinfo, host = hosts.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        hosts = f"{user}:***@{host}"
-    return f"{scheme}{sep}{hosts}{slash}{tail}"
+    """The URI without its password, for messages and logs (with or without a scheme)."""
+    return redact_url(uri)
 
 
 class MongoConnection:
