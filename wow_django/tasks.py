@@ -91,7 +91,10 @@ def close_runtime_in_pool_process(**kwargs) -> None:
 # --- commands and snapshots ------------------------------------------------------------------
 
 
-@shared_task(name="wow_django.process_command", acks_late=True, **RETRY)
+# Acknowledged after the task ran; a pool process killed meanwhile (OOM, a deploy) has the message
+# redelivered, not acknowledged as failed: the command was answered SENT and must still run. Both tasks
+# are idempotent (request ids; the rollup recomputes).
+@shared_task(name="wow_django.process_command", acks_late=True, reject_on_worker_lost=True, **RETRY)
 def process_command(message: dict) -> dict:
     """Process a queued command; returns the command result as JSON."""
     queued = CommandMessage.from_dict(message)
@@ -134,7 +137,7 @@ def rebuild_snapshots(aggregate_name: str) -> int:
 # --- the bus -------------------------------------------------------------------------------------
 
 
-@shared_task(name="wow_django.bus.rollup", acks_late=True, ignore_result=True, **RETRY)
+@shared_task(name="wow_django.bus.rollup", acks_late=True, reject_on_worker_lost=True, ignore_result=True, **RETRY)
 def rollup_event(event_id: str) -> str | None:
     """The event's status after the rollup (None: no such event)."""
     return get_runtime().bus.rollup(event_id)
