@@ -333,6 +333,25 @@ def test_event_range(api):
     assert_error(get(api, f"order/{order_id}/event/1/{10**30}", tenant="t1"), 400, "INVALID_REQUEST", ["tail"])
 
 
+def test_an_event_range_is_bounded_by_the_query_limit(wow):
+    """A range read loads at most QUERY_MAX_LIMIT + 1 streams, however wide the range asked for."""
+    with override_settings(WOW={**wow, "QUERY_MAX_LIMIT": 2}):
+        api = APIClient()
+        order_id = place(api)
+        pay(api, order_id)
+        post(api, f"order/{order_id}/ship_order", {"tracking_number": "T-1"}, tenant="t1")
+        loaded = []
+        store = get_runtime().event_store
+        load = store.load
+        store.load = lambda key, head, tail: loaded.append((head, tail)) or load(key, head, tail)
+        response = get(api, f"order/{order_id}/event/1/{2**31 - 1}", tenant="t1")
+        assert_error(response, 400, "INVALID_REQUEST", ["tail"])
+        assert "more than 2 event streams" in response.json()["errorMsg"] and "1/2" in response.json()["errorMsg"]
+        assert [s["version"] for s in get(api, f"order/{order_id}/event/2/{2**31 - 1}", tenant="t1").json()] == [2, 3]
+        assert [s["version"] for s in get(api, f"order/{order_id}/event/1/2", tenant="t1").json()] == [1, 2]
+        assert loaded == [(1, 3), (2, 4), (1, 2)]
+
+
 # --- queries ---------------------------------------------------------------------------------------------------
 
 

@@ -246,10 +246,16 @@ class EventRangeView(WowAPIView):
             raise InvalidRequest("tail", f"tail ({tail}) must be at least head ({head})")
         store = get_runtime().event_store
         key = AggregateId(self.aggregate.aggregate_name, aggregate_id, wow_settings.CONTEXT_NAME)
-        streams = store.load(key, head, tail)
+        # Versions are contiguous: reading up to head + limit loads at most limit + 1 streams, whatever the tail.
+        limit = wow_settings.QUERY_MAX_LIMIT
+        streams = store.load(key, head, min(tail, head + limit))
         owner = streams[0] if streams else store.last(key)
         if owner is None or owner.aggregate_id.tenant_id != self.get_tenant_id():
             raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} does not exist.")
+        if len(streams) > limit:
+            raise InvalidRequest("tail", f"versions {head} to {tail} hold more than {limit} event streams "
+                                         f"(QUERY_MAX_LIMIT): ask for at most {limit} at a time, e.g. "
+                                         f"{head}/{head + limit - 1}")
         return streams
 
 
