@@ -29,6 +29,7 @@ from wow_django.persistence.bus import (
     EventStatus,
     check_revision,
     status_revision,
+    to_bson_time,
     utcnow,
 )
 
@@ -252,6 +253,19 @@ class MongoBusStore(BusStore):
             return total, docs
 
         return self.run(self.events, "listing events", read)
+
+    def events_after(self, query: EventQuery, *, after: tuple[datetime, str] | None, limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        found = event_filter(query)
+        conditions = [found, {"occurredAt": {"$ne": None}}]
+        if after is not None:
+            moment, event_id = to_bson_time(after[0]), after[1]
+            conditions.append({"$or": [{"occurredAt": {"$lt": moment}},
+                                       {"occurredAt": moment, "eventId": {"$gt": event_id}}]})
+        return self.run(self.events, "listing events", lambda c: list(
+            c.find({"$and": conditions}, NO_ID, max_time_ms=self.max_time_ms)
+            .sort([("occurredAt", DESCENDING), ("eventId", ASCENDING)]).limit(limit)))
 
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         return self.run(self.events, f"reading trace {trace_id}", lambda c: list(
