@@ -1,0 +1,230 @@
+"""The operators' console (admin/wow/) through Django's test client: permissions, pages, actions, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client, override_settings
+
+from wow_django.backends.mongo.client import disconnect
+from wow_django.bus import get_bus
+from wow_django.console.models import PERMISSIONS, ConsoleAudit
+from wow_django.testing.bus import delete_amqp_entities, unique_exchange
+
+from .support import CONSUMERS, fresh_wow
+
+pytestmark = pytest.mark.django_db
+
+EVERYTHING = tuple(PERMISSIONS)
+
+
+@pytest.fixture(params=["in_memory", "mongo"])
+def console_bus(request):
+    """The bus on a fresh store, with member-service and message-service on order.purchased, and a few events:
+    evt-failed (member failed, message consumed), evt-sent (just sent), its child evt-child."""
+    settings = fresh_wow("in_memory", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
+                         BUS_STORE=request.param)
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer in CONSUMERS:
+            bus.set_topic_consumer("order.purchased", consumer)
+        bus.set_topic_consumer("points.added", "message-service")
+        bus.send("order.purchased", {"orderId": "o-1", "secret": "card-4242"}, event_id="evt-failed",
+                 trace_id="trace-1", occurred_at="2024-01-01T10:00:00Z")
+        bus.record_feedback("evt-failed", "member-service", False, "points store down")
+        bus.record_feedback("evt-failed", "message-service", True)
+        bus.send("order.purchased", {"orderId": "o-2"}, event_id="evt-sent", trace_id="trace-2",
+                 occurred_at="2024-01-01T11:00:00Z")
+        bus.send("points.added", {"points": 5}, event_id="evt-child", trace_id="trace-2",
+                 parent_event_id="evt-sent", initiator={"service": "member-service"},
+                 occurred_at="2024-01-01T11:00:01Z")
+        yield bus
+        delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS)
+    disconnect(settings["MONGO_URI"])
+
+
+def user_with(*codenames, name="operator", staff=True) -> Client:
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw", is_staff=staff)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="wow_django", codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+# --- permissions ----------------------------------------------------------------------------------------------
+
+
+def test_every_permission_is_real_and_the_console_is_linked_from_the_admin_index(console_bus):
+    assert set(Permission.objects.filter(content_type__app_label="wow_django").values_list("codename", flat=True)) \
+        >= set(PERMISSIONS)
+    admin = user_with(*EVERYTHING)
+    index = admin.get("/admin/")
+    assert index.status_code == 200 and b"/admin/wow_django/console/" in index.content
+    assert admin.get("/admin/wow_django/console/")["Location"] == "/admin/wow/"
+    page = admin.get("/admin/wow/")
+    assert page.status_code == 200
+    assert b"admin/wow/events/" in page.content and b"admin/wow/audit/" in page.content
+
+
+def test_a_staff_user_without_permissions_is_refused_and_sees_no_link(console_bus):
+    staff = user_with(name="staff")
+    assert b"/admin/wow_django/console/" not in staff.get("/admin/").content
+    for url in ("/admin/wow/", "/admin/wow/audit/", "/admin/wow/events/", "/admin/wow/events/evt-failed/",
+                "/admin/wow/events/evt-failed/repush/"):
+        assert staff.get(url).status_code == 403, url
+    assert staff.post("/admin/wow/events/evt-failed/repush/").status_code == 403
+    assert get_bus().store.get_event("evt-failed")["retryCount"] == 0
+
+
+def test_anonymous_and_non_staff_users_are_sent_to_the_login(console_bus):
+    assert Client().get("/admin/wow/events/")["Location"].startswith("/admin/login/")
+    outsider = user_with(*EVERYTHING, name="outsider", staff=False)
+    assert outsider.get("/admin/wow/events/")["Location"].startswith("/admin/login/")
+
+
+def test_each_section_and_action_needs_its_own_permission(console_bus):
+    viewer = user_with("view_bus_events", name="viewer")
+    index = viewer.get("/admin/wow/")
+    assert b"admin/wow/events/" in index.content and b"admin/wow/audit/" not in index.content
+    assert viewer.get("/admin/wow/audit/").status_code == 403
+    detail = viewer.get("/admin/wow/events/evt-failed/")
+    assert detail.status_code == 200
+    assert b"card-4242" not in detail.content and b"Hidden: viewing payloads" in detail.content
+    assert b"repush/" not in detail.content  # no re-push offered without the permission
+    assert viewer.get("/admin/wow/events/evt-failed/repush/").status_code == 403
+    assert viewer.post("/admin/wow/events/evt-failed/repush/").status_code == 403
+    reader = user_with("view_bus_events", "view_payloads", name="reader")
+    assert b"card-4242" in reader.get("/admin/wow/events/evt-failed/").content
+
+
+# --- bus events -------------------------------------------------------------------------------------------------
+
+
+def test_the_event_list_filters_searches_and_shows_what_was_consumed(console_bus):
+    client = user_with("view_bus_events")
+    listed = client.get("/admin/wow/events/")
+    assert [e["eventId"] for e in listed.context["events"]] == ["evt-child", "evt-sent", "evt-failed"]
+    assert b"1/2 consumed" in listed.content and b"0/2 consumed" in listed.content
+
+    def ids(**params):
+        response = client.get("/admin/wow/events/", params)
+        assert response.status_code == 200
+        return [e["eventId"] for e in response.context["events"]]
+
+    assert ids(status="PARTIAL") == ["evt-failed"]
+    assert ids(topic="points.added") == ["evt-child"]
+    assert ids(service="member-service") == ["evt-child"]
+    assert ids(since="2024-01-01T10:30:00Z") == ["evt-child", "evt-sent"]
+    assert ids(until="2024-01-01T10:30") == ["evt-failed"]
+    assert ids(q="evt-sent") == ["evt-sent"]  # an eventId
+    assert ids(q="trace-2") == ["evt-child", "evt-sent"]  # a traceId
+    assert ids(q="trace-2", topic="order.purchased") == ["evt-sent"]
+    assert ids(q="nothing-like-it") == []
+
+
+def test_the_event_list_pages_by_cursor(console_bus, monkeypatch):
+    from wow_django.console import bus_views
+
+    monkeypatch.setattr(bus_views, "PAGE_SIZE", 2)
+    client = user_with("view_bus_events")
+    first = client.get("/admin/wow/events/", {"topic": ""})
+    assert [e["eventId"] for e in first.context["events"]] == ["evt-child", "evt-sent"]
+    second = client.get("/admin/wow/events/" + first.context["next_url"])
+    assert [e["eventId"] for e in second.context["events"]] == ["evt-failed"]
+    assert second.context["next_url"] is None and b"first page" in second.content
+
+
+@pytest.mark.parametrize("params, named", [
+    ({"status": "DONE"}, "status"),
+    ({"topic": "no spaces please"}, "topic"),
+    ({"since": "yesterday"}, "since"),
+    ({"until": "2024-13-45"}, "until"),
+    ({"cursor": "not-a-cursor"}, "cursor"),
+    ({"cursor": "W10"}, "cursor"),
+])
+def test_bad_filters_and_cursors_are_a_message_not_an_error(console_bus, params, named):
+    response = user_with("view_bus_events").get("/admin/wow/events/", params)
+    assert response.status_code == 200
+    assert any(m.startswith(f"{named}:") for m in messages_of(response)), messages_of(response)
+
+
+def test_the_event_detail_shows_envelope_feedback_history_parent_and_children(console_bus):
+    client = user_with("view_bus_events", "view_payloads")
+    failed = client.get("/admin/wow/events/evt-failed/")
+    assert failed.status_code == 200
+    consumers = {c["consumerId"]: c for c in failed.context["detail"]["consumers"]}
+    assert consumers["member-service"]["state"] == "FAILED"
+    assert [a["error"] for a in consumers["member-service"]["attempts"]] == [None, "points store down"]
+    assert b"points store down" in failed.content and b"&quot;traceId&quot;: &quot;trace-1&quot;" in failed.content
+    parent = client.get("/admin/wow/events/evt-sent/")
+    assert b"/admin/wow/events/evt-child/" in parent.content
+    child = client.get("/admin/wow/events/evt-child/")
+    assert child.context["detail"]["parent"]["eventId"] == "evt-sent"
+
+
+def test_unknown_events_are_404(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events")
+    assert client.get("/admin/wow/events/evt-nope/").status_code == 404
+    assert client.get("/admin/wow/events/evt-nope/repush/").status_code == 404
+    assert client.post("/admin/wow/events/evt-nope/repush/").status_code == 404
+    assert client.get("/admin/wow/events/evt-failed/repush/", {"consumer": "no such!"}).status_code == 404
+
+
+# --- re-push --------------------------------------------------------------------------------------------------
+
+
+def test_re_push_to_one_consumer_is_confirmed_then_posted_and_audited(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events", "view_console_audit")
+    detail = client.get("/admin/wow/events/evt-failed/")
+    assert b"repush/?consumer=member-service" in detail.content
+    assert b"repush/?consumer=message-service" not in detail.content  # it consumed the event
+    confirm = client.get("/admin/wow/events/evt-failed/repush/", {"consumer": "member-service"})
+    assert confirm.status_code == 200 and b"member-service only" in confirm.content
+    assert b"csrfmiddlewaretoken" in confirm.content and b"hidden: you lack the permission" in confirm.content
+    assert get_bus().store.get_event("evt-failed")["retryCount"] == 0  # a GET changes nothing
+
+    done = client.post("/admin/wow/events/evt-failed/repush/", {"consumer": "member-service"}, follow=True)
+    assert done.redirect_chain[-1][0] == "/admin/wow/events/evt-failed/"
+    assert any("Re-pushed evt-failed to member-service" in m for m in messages_of(done))
+    event = get_bus().store.get_event("evt-failed")
+    assert (event["status"], event["retryCount"]) == ("RETRYING", 1)
+    [entry] = ConsoleAudit.objects.all()
+    assert (entry.username, entry.action, entry.target) == ("operator", "repush",
+                                                            "event:evt-failed consumer:member-service")
+    assert entry.detail["outcome"] == "published"
+    audit = client.get("/admin/wow/audit/", {"action": "repush"})
+    assert b"event:evt-failed consumer:member-service" in audit.content
+
+
+def test_a_re_push_the_bus_does_not_allow_is_a_message_and_changes_nothing(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events")
+    detail = client.get("/admin/wow/events/evt-sent/")
+    assert b"Re-push not offered" in detail.content and b"id=\"repush-all\"" not in detail.content
+    for request in (client.get, client.post):
+        response = request("/admin/wow/events/evt-sent/repush/", follow=True)
+        assert response.status_code == 200
+        assert any("Not re-pushed" in m and "REPUSH" not in m for m in messages_of(response))
+    refused = client.post("/admin/wow/events/evt-failed/repush/", {"consumer": "message-service"}, follow=True)
+    assert any("already consumed" in m for m in messages_of(refused))
+    assert get_bus().store.get_event("evt-sent")["retryCount"] == 0
+    assert not ConsoleAudit.objects.exists()
+
+
+def test_a_re_push_refused_between_the_page_and_the_post_is_a_message(console_bus, monkeypatch):
+    client = user_with("view_bus_events", "repush_bus_events")
+    monkeypatch.setattr(type(console_bus), "repush_refusal", lambda self, event, consumer=None: None)
+    response = client.post("/admin/wow/events/evt-sent/repush/", follow=True)
+    assert response.status_code == 200 and any("Not re-pushed" in m for m in messages_of(response))
+    assert ConsoleAudit.objects.get().detail["outcome"] == "refused"
+
+
+def test_the_audit_page_takes_any_page_number(console_bus):
+    client = user_with("view_console_audit")
+    for number in ("x", "-1", "999999", ""):
+        assert client.get("/admin/wow/audit/", {"page": number}).status_code == 200
