@@ -228,3 +228,111 @@ def test_the_audit_page_takes_any_page_number(console_bus):
     client = user_with("view_console_audit")
     for number in ("x", "-1", "999999", ""):
         assert client.get("/admin/wow/audit/", {"page": number}).status_code == 200
+
+
+# --- topic consumers ------------------------------------------------------------------------------------------
+
+
+def test_topic_consumers_are_listed_created_edited_and_toggled_with_confirmation(console_bus):
+    viewer = user_with("view_bus_events", name="viewer")
+    listed = viewer.get("/admin/wow/topic-consumers/")
+    assert listed.status_code == 200 and b"member-service" in listed.content and b"/disable/" not in listed.content
+    assert viewer.get("/admin/wow/topic-consumers/new/").status_code == 403
+    assert viewer.post("/admin/wow/topic-consumers/order.purchased/member-service/disable/").status_code == 403
+
+    client = user_with("view_bus_events", "manage_topic_consumers")
+    created = client.post("/admin/wow/topic-consumers/new/", {"topic": "order.shipped", "consumerId": "ship-service",
+                                                              "description": "ships", "enabled": "on"}, follow=True)
+    assert created.redirect_chain[-1][0] == "/admin/wow/topic-consumers/"
+    assert console_bus.store.enabled_consumers("order.shipped") == ["ship-service"]
+    again = client.post("/admin/wow/topic-consumers/new/", {"topic": "order.shipped", "consumerId": "ship-service"})
+    assert again.status_code == 200 and any("already configured" in m for m in messages_of(again))
+    edited = client.post("/admin/wow/topic-consumers/order.shipped/ship-service/edit/", {"description": "new text"})
+    assert edited.status_code == 302
+    [record] = console_bus.topic_consumers(topic="order.shipped")
+    assert (record["description"], record["enabled"]) == ("new text", True)
+
+    confirm = client.get("/admin/wow/topic-consumers/order.shipped/ship-service/disable/")
+    assert b"No other consumer is enabled for this topic" in confirm.content
+    assert console_bus.store.enabled_consumers("order.shipped") == ["ship-service"]  # GET changes nothing
+    assert client.post("/admin/wow/topic-consumers/order.shipped/ship-service/disable/").status_code == 302
+    assert console_bus.store.enabled_consumers("order.shipped") == []
+    assert b"keeps 1 enabled consumer" in client.get(
+        "/admin/wow/topic-consumers/order.purchased/member-service/disable/").content
+    assert client.post("/admin/wow/topic-consumers/order.shipped/ship-service/enable/").status_code == 302
+    assert console_bus.store.enabled_consumers("order.shipped") == ["ship-service"]
+    assert list(ConsoleAudit.objects.order_by("id").values_list("action", flat=True)) == [
+        "topic_consumer.create", "topic_consumer.edit", "topic_consumer.disable", "topic_consumer.enable"]
+
+
+def test_bad_topic_consumer_input_is_a_message_or_404(console_bus):
+    client = user_with("view_bus_events", "manage_topic_consumers")
+    bad = client.post("/admin/wow/topic-consumers/new/", {"topic": "no spaces", "consumerId": "ok"})
+    assert bad.status_code == 200 and messages_of(bad)[0].startswith("topic:")
+    bad = client.post("/admin/wow/topic-consumers/new/", {"topic": "order.purchased", "consumerId": "!bad"})
+    assert bad.status_code == 200 and messages_of(bad)[0].startswith("consumerId:")
+    empty = client.post("/admin/wow/topic-consumers/new/", {})
+    assert empty.status_code == 200 and messages_of(empty)
+    long = client.post("/admin/wow/topic-consumers/order.purchased/member-service/edit/", {"description": "x" * 501})
+    assert long.status_code == 200 and any(m.startswith("description:") for m in messages_of(long))
+    for url in ("/admin/wow/topic-consumers/order.nothing/member-service/edit/",
+                "/admin/wow/topic-consumers/order.nothing/member-service/disable/",
+                "/admin/wow/topic-consumers/order.purchased/nobody/enable/"):
+        assert client.get(url).status_code == 404 and client.post(url).status_code == 404
+    assert not ConsoleAudit.objects.exists()
+
+
+# --- followers ------------------------------------------------------------------------------------------------
+
+
+def started_follower(name: str = "order-summaries") -> None:
+    """Give the follower a checkpoint at position 0, as its first run does."""
+    from datetime import UTC, datetime
+
+    from wow_django.application.runtime import get_runtime
+
+    store = get_runtime().follower_store
+    store.acquire(name, "test-owner", 30, now=datetime.now(UTC))
+    store.release(name, "test-owner")
+
+
+def test_followers_are_listed_paused_resumed_and_rewound_with_a_preview(console_bus):
+    from wow_django.application.runtime import get_runtime
+
+    assert user_with("view_bus_events", name="viewer").get("/admin/wow/followers/").status_code == 403
+    started_follower()
+    client = user_with("manage_followers")
+    listed = client.get("/admin/wow/followers/")
+    assert listed.status_code == 200
+    names = [row["name"] for row in listed.context["rows"]]
+    assert "order-summaries" in names and b"/admin/wow/followers/order-summaries/pause/" in listed.content
+
+    assert b"stops it after its current batch" in client.get("/admin/wow/followers/order-summaries/pause/").content
+    assert client.post("/admin/wow/followers/order-summaries/pause/").status_code == 302
+    store = get_runtime().follower_store
+    assert store.get("order-summaries").paused
+    assert client.post("/admin/wow/followers/order-summaries/resume/").status_code == 302
+    assert not store.get("order-summaries").paused
+
+    assert client.post("/admin/wow/followers/order-summaries/rewind/", {"to_position": "7"}).status_code == 302
+    preview = client.get("/admin/wow/followers/order-summaries/rewind/", {"to_position": "0"})
+    assert preview.context["target"] == 0 and b"replays <strong>0</strong> stream(s)" in preview.content
+    assert store.get("order-summaries").position == 7  # a preview changes nothing
+    assert client.post("/admin/wow/followers/order-summaries/rewind/", {"to_position": "0"}).status_code == 302
+    assert store.get("order-summaries").position == 0
+    assert list(ConsoleAudit.objects.order_by("id").values_list("action", flat=True)) == [
+        "follower.pause", "follower.resume", "follower.rewind", "follower.rewind"]
+
+
+def test_bad_follower_input_is_a_message_or_404(console_bus):
+    started_follower()
+    client = user_with("manage_followers")
+    for url in ("/admin/wow/followers/no-such/pause/", "/admin/wow/followers/no-such/resume/",
+                "/admin/wow/followers/no-such/rewind/"):
+        assert client.get(url).status_code == 404 and client.post(url).status_code == 404
+    for params, named in (({"to_position": "-1"}, "to_position"), ({"to_position": "x"}, "to_position"),
+                          ({"to_time": "tomorrow"}, "to_time")):
+        for response in (client.get("/admin/wow/followers/order-summaries/rewind/", params),
+                         client.post("/admin/wow/followers/order-summaries/rewind/", params)):
+            assert response.status_code == 200 and messages_of(response)[0].startswith(named)
+    assert not ConsoleAudit.objects.exists()

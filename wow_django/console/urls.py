@@ -6,7 +6,7 @@ Every view is wrapped in ``admin.site.admin_view``: a staff login, no caching, C
 from django.contrib import admin
 from django.urls import path
 
-from wow_django.console import bus_views, views
+from wow_django.console import bus_views, operations, views
 
 app_name = "wow_console"
 
@@ -21,4 +21,17 @@ urlpatterns = [
     path("events/", _admin(bus_views.event_list), name="events"),
     path("events/<str:event_id>/", _admin(bus_views.event_detail), name="event"),
     path("events/<str:event_id>/repush/", _admin(bus_views.event_repush), name="event_repush"),
+    path("topic-consumers/", _admin(operations.topic_consumers), name="topic_consumers"),
+    path("topic-consumers/new/", _admin(operations.topic_consumer_create), name="topic_consumer_create"),
+    path("topic-consumers/<str:topic>/<str:consumer_id>/edit/", _admin(operations.topic_consumer_edit),
+         name="topic_consumer_edit"),
+    path("topic-consumers/<str:topic>/<str:consumer_id>/enable/", _admin(operations.topic_consumer_toggle),
+         {"enable": True}, name="topic_consumer_enable"),
+    path("topic-consumers/<str:topic>/<str:consumer_id>/disable/", _admin(operations.topic_consumer_toggle),
+         {"enable": False}, name="topic_consumer_disable"),
+    path("followers/", _admin(operations.followers), name="followers"),
+    path("followers/<str:name>/pause/", _admin(operations.follower_pause), {"pause": True}, name="follower_pause"),
+    path("followers/<str:name>/resume/", _admin(operations.follower_pause), {"pause": False},
+         name="follower_resume"),
+    path("followers/<str:name>/rewind/", _admin(operations.follower_rewind), name="follower_rewind"),
 ]
