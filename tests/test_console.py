@@ -336,3 +336,82 @@ def test_bad_follower_input_is_a_message_or_404(console_bus):
                          client.post("/admin/wow/followers/order-summaries/rewind/", params)):
             assert response.status_code == 200 and messages_of(response)[0].startswith(named)
     assert not ConsoleAudit.objects.exists()
+
+
+# --- aggregates -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def customers():
+    """Two customers on the in-memory stores: c-1 renamed twice (version 3) in tenant acme, c-2 in tenant other."""
+    from sample_project.orders.aggregates import ChangeDisplayName, RegisterCustomer
+    from wow_django.application import WaitStage, send
+
+    settings = fresh_wow("in_memory", FOLLOWERS_RUN="command")
+    with override_settings(WOW=settings):
+        first = send(RegisterCustomer(username="ann", display_name="Ann"), tenant_id="acme", request_id="req-c1",
+                     wait=WaitStage.SNAPSHOT)
+        for name in ("Annie", "Anna"):
+            send(ChangeDisplayName(display_name=name), aggregate_id=first.aggregate_id, tenant_id="acme",
+                 wait=WaitStage.SNAPSHOT)
+        second = send(RegisterCustomer(username="bob", display_name="Bob"), tenant_id="other",
+                      wait=WaitStage.SNAPSHOT)
+        yield first.aggregate_id, second.aggregate_id
+
+
+def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
+    ann, bob = customers
+    client = user_with("view_aggregates")
+    assert user_with("view_bus_events", name="viewer").get("/admin/wow/aggregates/").status_code == 403
+    listed = client.get("/admin/wow/aggregates/")
+    assert listed.status_code == 200 and {"customer", "order"} <= set(listed.context["names"])
+
+    def versions(url, **params):
+        response = client.get(url, params)
+        assert response.status_code == 200, messages_of(response)
+        return [(d["aggregateId"], d["version"]) for d in response.context["streams" if "events" in url else "rows"]]
+
+    streams = "/admin/wow/aggregates/customer/events/"
+    assert sorted(versions(streams)) == sorted([(ann, 1), (ann, 2), (ann, 3), (bob, 1)])
+    assert versions(streams, aggregate_id=ann, version_from="2") == [(ann, 3), (ann, 2)]
+    assert versions(streams, aggregate_id=ann, version_to="1") == [(ann, 1)]
+    assert versions(streams, tenant="other") == [(bob, 1)]
+    assert versions(streams, request_id="req-c1") == [(ann, 1)]
+    assert versions(streams, since="2000-01-01T00:00:00Z", tenant="other") == [(bob, 1)]
+    assert versions(streams, until="2000-01-01T00:00:00Z") == []
+    snapshots = "/admin/wow/aggregates/customer/snapshots/"
+    assert sorted(versions(snapshots)) == sorted([(ann, 3), (bob, 1)])
+    assert versions(snapshots, tenant="acme", deleted="active") == [(ann, 3)]
+    assert versions(snapshots, deleted="deleted") == []
+
+    detail = client.get(f"/admin/wow/aggregates/customer/id/{ann}", {"version": "2"})
+    assert detail.status_code == 200 and detail.context["head"] == 3
+    assert '"display_name": "Annie"' in detail.context["state_at"]
+    assert ['"Ann"' in s["state"] for s in detail.context["states"]] == [True, False, False]
+    assert '"display_name": "Anna"' in detail.context["states"][-1]["state"] and detail.context["snapshot"]
+
+
+@pytest.mark.parametrize("url, params, named", [
+    ("/admin/wow/aggregates/customer/events/", {"version_from": "x"}, "version_from"),
+    ("/admin/wow/aggregates/customer/events/", {"version_to": "0"}, "version_to"),
+    ("/admin/wow/aggregates/customer/events/", {"since": "soon"}, "since"),
+    ("/admin/wow/aggregates/customer/events/", {"page": "-3"}, "page"),
+    ("/admin/wow/aggregates/customer/events/", {"page": "99999"}, None),  # past the end: an empty page
+    ("/admin/wow/aggregates/customer/snapshots/", {"deleted": "maybe"}, "deleted"),
+    ("/admin/wow/aggregates/customer/snapshots/", {"page": "x"}, "page"),
+    ("/admin/wow/aggregates/customer/id/{ann}", {"version": "9"}, "version"),
+    ("/admin/wow/aggregates/customer/id/{ann}", {"version": "two"}, "version"),
+])
+def test_bad_aggregate_filters_are_a_message(customers, url, params, named):
+    response = user_with("view_aggregates").get(url.format(ann=customers[0]), params)
+    assert response.status_code == 200
+    if named:
+        assert messages_of(response) and messages_of(response)[0].startswith(named), messages_of(response)
+
+
+def test_unknown_aggregates_and_ids_are_404(customers):
+    client = user_with("view_aggregates")
+    for url in ("/admin/wow/aggregates/nothing/events/", "/admin/wow/aggregates/nothing/snapshots/",
+                "/admin/wow/aggregates/nothing/id/x", "/admin/wow/aggregates/customer/id/no-such-customer",
+                "/admin/wow/aggregates/customer/id/" + "x" * 5000):
+        assert client.get(url).status_code == 404, url

@@ -40,9 +40,15 @@ def scenario(monkeypatch):
     member-service (failed) and message-service, a second purchase with its points.added child."""
     # Playwright's sync API runs an event loop in this thread; the ORM calls made here are still synchronous.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from sample_project.orders.aggregates import ChangeDisplayName, RegisterCustomer
+    from wow_django.application import WaitStage, send
+
     settings = fresh_wow("in_memory", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
-                         BUS_STORE="django")
+                         BUS_STORE="django", FOLLOWERS_RUN="command")
     with override_settings(WOW=settings):
+        registered = send(RegisterCustomer(username="ann", display_name="Ann"), request_id="req-ann",
+                          wait=WaitStage.SNAPSHOT)
+        send(ChangeDisplayName(display_name="Annie"), aggregate_id=registered.aggregate_id, wait=WaitStage.SNAPSHOT)
         bus = get_bus()
         for consumer in CONSUMERS:
             bus.set_topic_consumer("order.purchased", consumer)
@@ -138,6 +144,19 @@ def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario
     page.click("nav.wow-nav >> text=Followers")
     assert page.locator("#followers").is_visible()
     shot(page, "followers")
+    page.click("nav.wow-nav >> text=Aggregates")
+    page.click("a[href='/admin/wow/aggregates/customer/events/']")
+    assert page.locator("#streams tbody tr").count() == 2
+    page.fill("input[name=request_id]", "req-ann")
+    page.click("#stream-filters input[type=submit]")
+    assert page.locator("#streams tbody tr").count() == 1
+    page.click("#streams tbody tr a")
+    page.fill("input[name=version]", "1")
+    page.click("text=Show")
+    assert '"display_name": "Ann"' in page.inner_text("#state-at")
+    assert '"display_name": "Annie"' in page.inner_text("#aggregate-streams")
+    shot(page, "aggregate")
+
     page.click("nav.wow-nav >> text=Audit")
     audit = page.inner_text("#audit")
     assert "event:evt-o-1 consumer:member-service" in audit and "topic_consumer.disable" in audit

@@ -6,7 +6,7 @@ Every view is wrapped in ``admin.site.admin_view``: a staff login, no caching, C
 from django.contrib import admin
 from django.urls import path
 
-from wow_django.console import bus_views, operations, views
+from wow_django.console import aggregates, bus_views, operations, views
 
 app_name = "wow_console"
 
@@ -29,6 +29,10 @@ urlpatterns = [
          {"enable": True}, name="topic_consumer_enable"),
     path("topic-consumers/<str:topic>/<str:consumer_id>/disable/", _admin(operations.topic_consumer_toggle),
          {"enable": False}, name="topic_consumer_disable"),
+    path("aggregates/", _admin(aggregates.aggregate_list), name="aggregates"),
+    path("aggregates/<str:name>/events/", _admin(aggregates.event_streams), name="event_streams"),
+    path("aggregates/<str:name>/snapshots/", _admin(aggregates.snapshots), name="snapshots"),
+    path("aggregates/<str:name>/id/<path:aggregate_id>", _admin(aggregates.aggregate_detail), name="aggregate"),
     path("followers/", _admin(operations.followers), name="followers"),
     path("followers/<str:name>/pause/", _admin(operations.follower_pause), {"pause": True}, name="follower_pause"),
     path("followers/<str:name>/resume/", _admin(operations.follower_pause), {"pause": False},
