@@ -415,3 +415,83 @@ def test_unknown_aggregates_and_ids_are_404(customers):
                 "/admin/wow/aggregates/nothing/id/x", "/admin/wow/aggregates/customer/id/no-such-customer",
                 "/admin/wow/aggregates/customer/id/" + "x" * 5000):
         assert client.get(url).status_code == 404, url
+
+
+# --- traces, failures, dashboard ------------------------------------------------------------------------------
+
+
+def test_the_trace_shows_the_tree_with_each_consumers_state_and_the_time_line(console_bus):
+    client = user_with("view_bus_events")
+    response = client.get("/admin/wow/traces/trace-2/")
+    assert response.status_code == 200
+    rows = response.context["rows"]
+    assert [(r["event"]["eventId"], r["depth"]) for r in rows] == [("evt-sent", 0), ("evt-child", 1)]
+    assert {c: s["state"] for c, s in rows[0]["consumers"].items()} == {c: "WAITING" for c in CONSUMERS}
+    assert [item["offset_ms"] for item in response.context["timeline"]] == [0, 1000]
+    failed = client.get("/admin/wow/traces/trace-1/").context["rows"][0]["consumers"]
+    assert failed["member-service"] == {"state": "FAILED", "error": "points store down", "attempts": 1}
+    assert client.get("/admin/wow/traces/no-such-trace/").status_code == 404
+    assert client.get("/admin/wow/traces/bad%20id/").status_code == 404
+    assert user_with(name="staff").get("/admin/wow/traces/trace-2/").status_code == 403
+
+
+def fail(bus, event_id: str, consumer: str, error: str) -> None:
+    bus.send("order.purchased", {"n": event_id}, event_id=event_id)
+    bus.record_feedback(event_id, consumer, False, error)
+
+
+def test_failures_are_grouped_by_consumer_and_error_and_re_pushed_in_bulk(console_bus):
+    fail(console_bus, "evt-f2", "member-service", "points store down")
+    fail(console_bus, "evt-f3", "message-service", "smtp timeout\nat line 3")
+    client = user_with("view_bus_events", "repush_bus_events")
+    listed = client.get("/admin/wow/failures/")
+    groups = [(g["consumer"], g["error"], g["count"]) for g in listed.context["groups"]]
+    assert groups == [("member-service", "points store down", 2), ("message-service", "smtp timeout", 1)]
+    key = listed.context["groups"][0]["key"]
+    confirm = client.get(f"/admin/wow/failures/{key}/repush/")
+    assert confirm.status_code == 200 and len(confirm.context["ready"]) == 2
+    assert console_bus.store.get_event("evt-f2")["retryCount"] == 0  # a GET changes nothing
+    done = client.post(f"/admin/wow/failures/{key}/repush/", follow=True)
+    assert any("Re-pushed 2 event(s) to member-service" in m for m in messages_of(done))
+    assert [console_bus.store.get_event(e)["status"] for e in ("evt-failed", "evt-f2")] == ["RETRYING"] * 2
+    entry = ConsoleAudit.objects.get(action="repush.bulk")
+    assert entry.target == "consumer:member-service" and sorted(entry.detail["published"]) == ["evt-f2", "evt-failed"]
+    # The group is gone from the page only once the consumer reports again; its re-push stays within the limit.
+    gone = client.get("/admin/wow/failures/nothing-like-it/repush/", follow=True)
+    assert any("gone" in m for m in messages_of(gone))
+    assert user_with("view_bus_events", name="viewer").get(f"/admin/wow/failures/{key}/repush/").status_code == 403
+
+
+def test_a_failure_gets_a_triage_note(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events")
+    saved = client.post("/admin/wow/failures/note/", {"event_id": "evt-failed", "consumer": "member-service",
+                                                      "acknowledged": "on", "note": "points store back at 11:00"})
+    assert saved.status_code == 302
+    listed = client.get("/admin/wow/failures/")
+    [group] = listed.context["groups"]
+    assert group["acknowledged"] == 1 and b"acknowledged by operator" in listed.content
+    assert b"points store back at 11:00" in listed.content
+    assert ConsoleAudit.objects.get().action == "failure.note"
+    for bad in ({"event_id": "evt-nope", "consumer": "member-service"}, {"event_id": "evt-failed", "consumer": "x y"},
+                {"event_id": "evt-failed", "consumer": "nobody"}, {}):
+        assert client.post("/admin/wow/failures/note/", bad).status_code == 404
+    too_long = client.post("/admin/wow/failures/note/", {"event_id": "evt-failed", "consumer": "member-service",
+                                                         "note": "x" * 2001}, follow=True)
+    assert any(m.startswith("note:") for m in messages_of(too_long))
+    assert client.get("/admin/wow/failures/note/").status_code == 405
+    viewer = user_with("view_bus_events", name="viewer")
+    assert viewer.post("/admin/wow/failures/note/", {"event_id": "evt-failed"}).status_code == 403
+
+
+def test_the_dashboard_draws_its_charts_on_the_server(console_bus):
+    started_follower()
+    console_bus.send("order.purchased", {}, event_id="evt-now")  # within the last 24 hours
+    client = user_with("view_bus_events", "manage_followers")
+    response = client.get("/admin/wow/dashboard/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.count('class="wow-chart"') == 3 and "<script" not in body.split('id="chart-status"')[1]
+    assert "member-service" in body.split('id="chart-failures"')[1] and "order-summaries" in body
+    assert ": 1 SENT</title></rect>" in body.split('id="chart-status"')[1]
+    viewer = user_with("view_bus_events", name="viewer").get("/admin/wow/dashboard/").content.decode()
+    assert viewer.count('class="wow-chart"') == 2  # follower lag needs the followers' permission

@@ -129,6 +129,18 @@ def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario
     assert "Re-pushed evt-o-1 to member-service" in page.inner_text(".messagelist")
     assert page.inner_text("#event-status") == "RETRYING"
     assert scenario.store.get_event("evt-o-1")["retryCount"] == 1
+    page.click("#trace-link")
+    assert "member-service: FAILED" in page.inner_text("#trace-tree")
+    shot(page, "trace")
+    page.goto(f"{base}/admin/wow/traces/trace-o-2/")
+    assert page.locator("#trace-tree tbody tr").count() == 2 and "└ evt-points-2" in page.inner_text("#trace-tree")
+
+    page.click("nav.wow-nav >> text=Failures")
+    assert page.locator("#no-failures").is_visible()  # evt-o-1 is RETRYING since its re-push
+    shot(page, "failures")
+    page.click("nav.wow-nav >> text=Dashboard")
+    assert page.locator("svg.wow-chart").count() == 3
+    shot(page, "dashboard")
 
     page.click("nav.wow-nav >> text=Topic consumers")
     row = "#tc-points\\.added-message-service"

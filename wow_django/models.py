@@ -8,6 +8,6 @@ live in :mod:`wow_django.console.models`.
 """
 
 from wow_django.backends.django.models import EventStreamRow, PrepareKeyRow, SnapshotRow
-from wow_django.console.models import Console, ConsoleAudit
+from wow_django.console.models import Console, ConsoleAudit, FailureNote
 
-__all__ = ["Console", "ConsoleAudit", "EventStreamRow", "PrepareKeyRow", "SnapshotRow"]
+__all__ = ["Console", "ConsoleAudit", "FailureNote", "EventStreamRow", "PrepareKeyRow", "SnapshotRow"]

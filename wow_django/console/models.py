@@ -48,3 +48,24 @@ class ConsoleAudit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username} {self.action} {self.target}"
+
+
+class FailureNote(models.Model):
+    """Triage of one consumer's failure of one bus event: acknowledged or not, by whom, and a note."""
+
+    event_id = models.CharField(max_length=128)
+    consumer_id = models.CharField(max_length=100)
+    acknowledged = models.BooleanField(default=False)
+    note = models.TextField(blank=True, max_length=2000)
+    by = models.CharField(max_length=150)
+    at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "wow_console_failure_note"
+        default_permissions = ()
+        constraints = [models.UniqueConstraint(fields=["event_id", "consumer_id"],
+                                               name="wow_console_failure_note_unique")]
+        verbose_name = "failure note"
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.consumer_id}: {'acknowledged' if self.acknowledged else 'open'}"

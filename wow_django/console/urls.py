@@ -6,7 +6,7 @@ Every view is wrapped in ``admin.site.admin_view``: a staff login, no caching, C
 from django.contrib import admin
 from django.urls import path
 
-from wow_django.console import aggregates, bus_views, operations, views
+from wow_django.console import aggregates, bus_views, insight, operations, views
 
 app_name = "wow_console"
 
@@ -21,6 +21,11 @@ urlpatterns = [
     path("events/", _admin(bus_views.event_list), name="events"),
     path("events/<str:event_id>/", _admin(bus_views.event_detail), name="event"),
     path("events/<str:event_id>/repush/", _admin(bus_views.event_repush), name="event_repush"),
+    path("traces/<str:trace_id>/", _admin(insight.trace), name="trace"),
+    path("failures/", _admin(insight.failures), name="failures"),
+    path("failures/<str:key>/repush/", _admin(insight.failures_repush), name="failures_repush"),
+    path("failures/note/", _admin(insight.failure_note), name="failure_note"),
+    path("dashboard/", _admin(insight.dashboard), name="dashboard"),
     path("topic-consumers/", _admin(operations.topic_consumers), name="topic_consumers"),
     path("topic-consumers/new/", _admin(operations.topic_consumer_create), name="topic_consumer_create"),
     path("topic-consumers/<str:topic>/<str:consumer_id>/edit/", _admin(operations.topic_consumer_edit),
