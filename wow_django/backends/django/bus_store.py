@@ -489,10 +489,12 @@ class DjangoBusStore(BusStore):
             return []
         found = event_filter(query) & Q(occurredAt__isnull=False)
         if after is not None:
+            # "At or before the key's time, less the key's own time up to its id": a range the listing
+            # index seeks to (an OR of the two cases would scan it from the start).
             moment, event_id = db_time(after[0]), after[1]
-            later_id = (Q(eventId__gt=Collate(Value(event_id), "C")) if self.vendor == "postgresql"
-                        else Q(eventId__gt=event_id))
-            found &= Q(occurredAt__lt=moment) | (Q(occurredAt=moment) & later_id)
+            up_to_id = (Q(eventId__lte=Collate(Value(event_id), "C")) if self.vendor == "postgresql"
+                        else Q(eventId__lte=event_id))
+            found &= Q(occurredAt__lte=moment) & ~(Q(occurredAt=moment) & up_to_id)
         with self.errors("listing events"):
             rows = list(self.events().filter(found)
                         .order_by(self.time_order("occurredAt", descending=True), self.text_order("eventId"))

@@ -261,8 +261,9 @@ class MongoBusStore(BusStore):
         conditions = [found, {"occurredAt": {"$ne": None}}]
         if after is not None:
             moment, event_id = to_bson_time(after[0]), after[1]
-            conditions.append({"$or": [{"occurredAt": {"$lt": moment}},
-                                       {"occurredAt": moment, "eventId": {"$gt": event_id}}]})
+            # A range the listing index seeks to (an $or of the two cases would scan it from the start).
+            conditions.append({"occurredAt": {"$lte": moment}})
+            conditions.append({"$nor": [{"occurredAt": moment, "eventId": {"$lte": event_id}}]})
         return self.run(self.events, "listing events", lambda c: list(
             c.find({"$and": conditions}, NO_ID, max_time_ms=self.max_time_ms)
             .sort([("occurredAt", DESCENDING), ("eventId", ASCENDING)]).limit(limit)))
