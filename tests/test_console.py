@@ -495,3 +495,21 @@ def test_the_dashboard_draws_its_charts_on_the_server(console_bus):
     assert ": 1 SENT</title></rect>" in body.split('id="chart-status"')[1]
     viewer = user_with("view_bus_events", name="viewer").get("/admin/wow/dashboard/").content.decode()
     assert viewer.count('class="wow-chart"') == 2  # follower lag needs the followers' permission
+
+
+def test_the_placeholder_model_has_no_admin_pages_but_the_link(console_bus):
+    admin = user_with(*EVERYTHING)
+    for url in ("/admin/wow_django/console/1/change/", "/admin/wow_django/console/add/",
+                "/admin/wow_django/console/1/history/", "/admin/wow_django/console/1/delete/"):
+        assert admin.get(url).status_code == 404, url
+
+
+def test_a_store_that_does_not_answer_is_a_503_page(console_bus, monkeypatch):
+    from wow_django.exceptions import RecoverableStoreError
+
+    def down(*args, **kwargs):
+        raise RecoverableStoreError("the bus database did not answer")
+
+    monkeypatch.setattr(type(console_bus.store), "events_after", down)
+    response = user_with("view_bus_events").get("/admin/wow/events/")
+    assert response.status_code == 503 and b"did not answer" in response.content

@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
 from wow_django.console.models import PERMISSIONS, ConsoleAudit
+from wow_django.exceptions import RecoverableStoreError, TransportUnavailable
 
 APP = "wow_django"
 
@@ -28,7 +29,8 @@ def console_perms(user) -> dict[str, bool]:
 
 
 def requires(*codenames: str) -> Callable:
-    """A view decorator: 403 unless the user holds every one of ``codenames`` (none: any console permission)."""
+    """A view decorator: 403 unless the user holds every one of ``codenames`` (none: any console permission);
+    a store or broker that does not answer is a 503 page saying so, not a server error."""
 
     def decorate(view: Callable) -> Callable:
         @functools.wraps(view)
@@ -36,7 +38,12 @@ def requires(*codenames: str) -> Callable:
             held = console_perms(request.user)
             if codenames and not all(held[c] for c in codenames) or not codenames and not any(held.values()):
                 raise PermissionDenied
-            return view(request, *args, **kwargs)
+            try:
+                return view(request, *args, **kwargs)
+            except (RecoverableStoreError, TransportUnavailable) as exc:
+                response = page(request, "unavailable.html", "Not available right now", error=str(exc))
+                response.status_code = 503
+                return response
 
         return checked
 
