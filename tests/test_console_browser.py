@@ -85,9 +85,15 @@ def log_in(browser, base: str, name: str):
     page.goto(f"{base}/admin/login/?next=/admin/")
     page.fill("#id_username", name)
     page.fill("#id_password", "secret-pw")
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{base}/admin/")
+    follow(page, "input[type=submit]")
+    assert page.url == f"{base}/admin/", page.url
     return page
+
+
+def follow(page, selector: str) -> None:
+    """Click what ``selector`` finds and wait until the page it leads to has loaded (no reading the old one)."""
+    with page.expect_navigation():
+        page.click(selector)
 
 
 def shot(page, name: str) -> None:
@@ -100,76 +106,76 @@ def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario
     make_user("operator", *PERMISSIONS)
     base = live_server.url
     page = log_in(browser, base, "operator")
-    page.click("a[href='/admin/wow_django/console/']")
-    page.wait_for_url(f"{base}/admin/wow/")
+    follow(page, "a[href='/admin/wow_django/console/']")
+    assert page.url == f"{base}/admin/wow/"
     shot(page, "index")
 
-    page.click("nav.wow-nav >> text=Bus events")
+    follow(page, "nav.wow-nav >> text=Bus events")
     rows = page.locator("#events tbody tr")
     assert rows.count() == 3 and "1/2 consumed" in page.inner_text("#events")
     shot(page, "events")
     page.select_option("select[name=status]", "PARTIAL")
-    page.click("#event-filters input[type=submit]")
+    follow(page, "#event-filters input[type=submit]")
     assert page.locator("#events tbody tr").count() == 1
     page.fill("input[name=q]", "trace-o-2")
     page.select_option("select[name=status]", "")
-    page.click("#event-filters input[type=submit]")
+    follow(page, "#event-filters input[type=submit]")
     assert sorted(page.locator("#events tbody tr td:first-child").all_inner_texts()) == ["evt-o-2", "evt-points-2"]
 
     page.goto(f"{base}/admin/wow/events/?q=evt-o-1")
-    page.click("#events >> text=evt-o-1")
+    follow(page, "#events >> text=evt-o-1")
     assert page.inner_text("#event-status") == "PARTIAL"
     assert "points store unavailable" in page.content() and "199.00" in page.inner_text("#payload")
     shot(page, "event")
-    page.click("a.repush-one")
+    follow(page, "a.repush-one")
     assert "member-service only" in page.content() and "evt-o-1" in page.inner_text("#sent")
     shot(page, "repush-confirm")
-    page.click("#confirm")
-    page.wait_for_url(f"{base}/admin/wow/events/evt-o-1/")
+    follow(page, "#confirm")
+    assert page.url == f"{base}/admin/wow/events/evt-o-1/"
     assert "Re-pushed evt-o-1 to member-service" in page.inner_text(".messagelist")
     assert page.inner_text("#event-status") == "RETRYING"
     assert scenario.store.get_event("evt-o-1")["retryCount"] == 1
-    page.click("#trace-link")
+    follow(page, "#trace-link")
     assert "member-service: FAILED" in page.inner_text("#trace-tree")
     shot(page, "trace")
     page.goto(f"{base}/admin/wow/traces/trace-o-2/")
     assert page.locator("#trace-tree tbody tr").count() == 2 and "└ evt-points-2" in page.inner_text("#trace-tree")
 
-    page.click("nav.wow-nav >> text=Failures")
+    follow(page, "nav.wow-nav >> text=Failures")
     assert page.locator("#no-failures").is_visible()  # evt-o-1 is RETRYING since its re-push
     shot(page, "failures")
-    page.click("nav.wow-nav >> text=Dashboard")
+    follow(page, "nav.wow-nav >> text=Dashboard")
     assert page.locator("svg.wow-chart").count() == 3
     shot(page, "dashboard")
 
-    page.click("nav.wow-nav >> text=Topic consumers")
+    follow(page, "nav.wow-nav >> text=Topic consumers")
     row = "#tc-points\\.added-message-service"
     assert page.inner_text(f"{row} .enabled") == "yes"
-    page.click(f"{row} a.toggle")
+    follow(page, f"{row} a.toggle")
     assert "No other consumer is enabled for this topic" in page.content()
-    page.click("#confirm")
-    page.wait_for_url(f"{base}/admin/wow/topic-consumers/")
+    follow(page, "#confirm")
+    assert page.url == f"{base}/admin/wow/topic-consumers/"
     assert page.inner_text(f"{row} .enabled") == "no"
     assert scenario.store.enabled_consumers("points.added") == []
     shot(page, "topic-consumers")
 
-    page.click("nav.wow-nav >> text=Followers")
+    follow(page, "nav.wow-nav >> text=Followers")
     assert page.locator("#followers").is_visible()
     shot(page, "followers")
-    page.click("nav.wow-nav >> text=Aggregates")
-    page.click("a[href='/admin/wow/aggregates/customer/events/']")
+    follow(page, "nav.wow-nav >> text=Aggregates")
+    follow(page, "a[href='/admin/wow/aggregates/customer/events/']")
     assert page.locator("#streams tbody tr").count() == 2
     page.fill("input[name=request_id]", "req-ann")
-    page.click("#stream-filters input[type=submit]")
+    follow(page, "#stream-filters input[type=submit]")
     assert page.locator("#streams tbody tr").count() == 1
-    page.click("#streams tbody tr a")
+    follow(page, "#streams tbody tr a")
     page.fill("input[name=version]", "1")
-    page.click("text=Show")
+    follow(page, "text=Show")
     assert '"display_name": "Ann"' in page.inner_text("#state-at")
     assert '"display_name": "Annie"' in page.inner_text("#aggregate-streams")
     shot(page, "aggregate")
 
-    page.click("nav.wow-nav >> text=Audit")
+    follow(page, "nav.wow-nav >> text=Audit")
     audit = page.inner_text("#audit")
     assert "event:evt-o-1 consumer:member-service" in audit and "topic_consumer.disable" in audit
     shot(page, "audit")
