@@ -331,6 +331,7 @@ def test_bad_follower_input_is_a_message_or_404(console_bus):
                 "/admin/wow/followers/no-such/rewind/"):
         assert client.get(url).status_code == 404 and client.post(url).status_code == 404
     for params, named in (({"to_position": "-1"}, "to_position"), ({"to_position": "x"}, "to_position"),
+                          ({"to_position": "²"}, "to_position"), ({"to_position": "9" * 30}, "to_position"),
                           ({"to_time": "tomorrow"}, "to_time")):
         for response in (client.get("/admin/wow/followers/order-summaries/rewind/", params),
                          client.post("/admin/wow/followers/order-summaries/rewind/", params)):
@@ -377,6 +378,8 @@ def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
     assert versions(streams, aggregate_id=ann, version_to="1") == [(ann, 1)]
     assert versions(streams, tenant="other") == [(bob, 1)]
     assert versions(streams, request_id="req-c1") == [(ann, 1)]
+    paged = client.get(streams, {"tenant": "a&b c", "page": "1"})
+    assert paged.context["query"] == "tenant=a%26b+c"  # the page links keep the filters, encoded
     assert versions(streams, since="2000-01-01T00:00:00Z", tenant="other") == [(bob, 1)]
     assert versions(streams, until="2000-01-01T00:00:00Z") == []
     snapshots = "/admin/wow/aggregates/customer/snapshots/"
@@ -396,11 +399,14 @@ def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
     ("/admin/wow/aggregates/customer/events/", {"version_to": "0"}, "version_to"),
     ("/admin/wow/aggregates/customer/events/", {"since": "soon"}, "since"),
     ("/admin/wow/aggregates/customer/events/", {"page": "-3"}, "page"),
+    ("/admin/wow/aggregates/customer/events/", {"page": "³"}, "page"),
+    ("/admin/wow/aggregates/customer/events/", {"version_from": "²"}, "version_from"),
     ("/admin/wow/aggregates/customer/events/", {"page": "99999"}, None),  # past the end: an empty page
     ("/admin/wow/aggregates/customer/snapshots/", {"deleted": "maybe"}, "deleted"),
     ("/admin/wow/aggregates/customer/snapshots/", {"page": "x"}, "page"),
     ("/admin/wow/aggregates/customer/id/{ann}", {"version": "9"}, "version"),
     ("/admin/wow/aggregates/customer/id/{ann}", {"version": "two"}, "version"),
+    ("/admin/wow/aggregates/customer/id/{ann}", {"version": "²"}, "version"),
 ])
 def test_bad_aggregate_filters_are_a_message(customers, url, params, named):
     response = user_with("view_aggregates").get(url.format(ann=customers[0]), params)

@@ -8,6 +8,7 @@ from datetime import UTC
 
 from django.contrib import messages
 from django.http import Http404
+from django.utils.http import urlencode
 
 from wow_django.application.repository import apply_stream
 from wow_django.application.runtime import get_runtime
@@ -40,7 +41,7 @@ def aggregate_list(request):
 
 def _page_number(request) -> int:
     raw = request.GET.get("page", "1")
-    if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+    if not raw.isdecimal() or not 1 <= int(raw) <= 100_000:
         if raw != "1":
             messages.error(request, "page: must be a whole number from 1 to 100000; showing the first page")
         return 1
@@ -51,7 +52,7 @@ def _version(request, key: str, problems: list[str]) -> int | None:
     raw = request.GET.get(key, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_VERSION:
+    if not raw.isdecimal() or not 1 <= int(raw) <= MAX_VERSION:
         problems.append(f"{key}: a version is a whole number from 1 to {MAX_VERSION}")
         return None
     return int(raw)
@@ -78,6 +79,11 @@ def _run(request, service, conditions: list[dict], sort_fields: tuple[str, ...],
         messages.error(request, str(exc))
         return 0, []
     return result.total, result.list
+
+
+def _kept_filters(request) -> str:
+    """The request's filters as a query string for the page links (the page number left out)."""
+    return urlencode({key: value for key, value in request.GET.items() if key != "page" and value})
 
 
 def _pages(total: int, index: int) -> dict:
@@ -112,7 +118,7 @@ def event_streams(request, name: str):
         messages.error(request, problem)
     return page(request, "event_streams.html", f"{name}: event streams", name=name, filters=filters,
                 streams=documents, total=total, pages=_pages(total, index),
-                query="&".join(f"{k}={v}" for k, v in request.GET.items() if k != "page" and v))
+                query=_kept_filters(request))
 
 
 @requires("view_aggregates")
@@ -132,7 +138,7 @@ def snapshots(request, name: str):
     total, documents = _run(request, get_runtime().snapshot_queries(name), conditions, ("snapshotTime", "version"), index)
     return page(request, "snapshots.html", f"{name}: snapshots", name=name, filters=filters, rows=documents,
                 total=total, pages=_pages(total, index),
-                query="&".join(f"{k}={v}" for k, v in request.GET.items() if k != "page" and v))
+                query=_kept_filters(request))
 
 
 @requires("view_aggregates")
@@ -159,7 +165,7 @@ def aggregate_detail(request, name: str, aggregate_id: str):
     at, state_at = None, None
     raw = request.GET.get("version", "").strip()
     if raw:
-        if not raw.isdigit() or not 1 <= int(raw) <= head:
+        if not raw.isdecimal() or not 1 <= int(raw) <= head:
             messages.error(request, f"version: must be a whole number from 1 to {head} (the aggregate's version)")
         else:
             at = int(raw)

@@ -18,6 +18,8 @@ from wow_django.console.base import allowed, audit, page, requires
 from wow_django.exceptions import EnvelopeValidationError, UnknownFollower
 from wow_django.management.commands.wow_followers import status as follower_status
 
+MAX_POSITION = 2**63 - 1  # what a position column holds
+
 # --- topic consumers -------------------------------------------------------------------------------------------
 
 
@@ -160,8 +162,8 @@ def _rewind_target(data, feed) -> tuple[int | None, str | None]:
     """(position, None) from ``to_position`` or ``to_time``; (None, problem) for bad input; (None, None) for none."""
     position, moment = (data.get("to_position") or "").strip(), (data.get("to_time") or "").strip()
     if position:
-        if not position.isdigit():
-            return None, f"to_position: must be an integer ≥ 0, got {position!r}"
+        if not position.isdecimal() or int(position) > MAX_POSITION:
+            return None, f"to_position: must be an integer from 0 to {MAX_POSITION}, got {position!r}"
         return int(position), None
     if moment:
         parsed = parse_datetime(moment) if len(moment) < 64 else None
