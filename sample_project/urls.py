@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
+    path("admin/wow/", include("wow_django.console.urls")),  # the operators' console, before the admin's own
     path("admin/", admin.site.urls),
     path("bus/", include("wow_django.http.bus_urls")),
     # Before the API include: its last route answers every other api/ path with a JSON 404.

@@ -646,3 +646,37 @@ def test_the_in_memory_bus_store_leaves_mongodb_alone(bus, bus_env):
     with override_settings(WOW={**bus_env, "BUS_STORE": None, "STORAGE": "in_memory"}):
         assert isinstance(get_bus().store, InMemoryBusStore)  # None: WOW['STORAGE']
         assert get_bus().store.get_event("evt-r") is None  # new settings, a new store
+
+
+def test_events_page_walks_the_list_by_cursor_and_refuses_a_bad_cursor(bus):
+    bus.set_topic_consumer("order.paged", "member-service")
+    for n in range(5):
+        bus.send("order.paged", {"n": n}, event_id=f"evt-page-{n}", occurred_at=f"2024-01-01T00:00:0{n}Z")
+    query = bus.query_of(topic="order.paged")
+    seen, cursor = [], None
+    while True:
+        page = bus.events_page(query, cursor=cursor, size=2)
+        seen.append([e["eventId"] for e in page["list"]])
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert seen == [["evt-page-4", "evt-page-3"], ["evt-page-2", "evt-page-1"], ["evt-page-0"]]
+    assert page["list"][0]["consumption"]["text"] == "0/1 consumed"
+    for bad in ("x", "!!", "WzEsMl0", "bm90IGpzb24"):
+        with pytest.raises(EnvelopeValidationError) as caught:
+            bus.events_page(query, cursor=bad)
+        assert caught.value.binding_errors[0]["name"] == "cursor"
+    with pytest.raises(EnvelopeValidationError):
+        bus.query_of(status="DONE", since="yesterday")
+
+
+def test_repush_refusal_says_why_before_anything_changes(bus):
+    bus.set_topic_consumer("order.refused", "member-service")
+    bus.send("order.refused", {}, event_id="evt-refused")
+    event = bus.store.get_event("evt-refused")
+    assert bus.repush_refusal(event).error_code == "REPUSH_TOO_EARLY"
+    assert bus.repush_refusal(event, "nobody").error_code == "CONSUMER_NOT_EXPECTED"
+    bus.record_feedback("evt-refused", "member-service", False, "boom")
+    event = bus.store.get_event("evt-refused")
+    assert event["status"] == "FAILED" and bus.repush_refusal(event) is None
+    assert bus.store.get_event("evt-refused")["retryCount"] == 0

@@ -15,6 +15,8 @@ event stays PENDING).
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -105,6 +107,26 @@ def document_to_json(doc: dict, summary: dict | None = None) -> dict:
     if summary is not None:
         out["consumption"] = summary
     return out
+
+
+def encode_cursor(occurred_at: datetime, event_id: str) -> str:
+    """The page cursor after the event with this key: URL-safe text."""
+    raw = json.dumps([iso(occurred_at), event_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The key of :func:`encode_cursor`'s text; EnvelopeValidationError for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        moment, event_id = json.loads(raw)
+        if not isinstance(moment, str) or not isinstance(event_id, str) or not event_id:
+            raise ValueError("not a cursor")
+        return parse_time(moment), event_id
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise EnvelopeValidationError.from_errors(
+            "event query", [{"name": "cursor", "msg": "is not a page cursor of this list; start from the first page"}]
+        ) from None
 
 
 def _text_or_none(value: Any, name: str, limit: int) -> str | None:
@@ -310,16 +332,8 @@ class EventBus:
         if event is None:
             raise EventNotFound(event_id)
         consumers = list(event.get("consumers") or ())
-        if consumer_id is not None:
-            check_consumer_id(consumer_id)
-            if consumer_id not in consumers:
-                raise RepushRefused("CONSUMER_NOT_EXPECTED",
-                                    f"{consumer_id!r} is not a consumer of event {event_id!r} "
-                                    f"(its consumers: {', '.join(consumers) or 'none'}).")
-            if outcome(self.store.latest_consumption(event_id, consumer_id)) is True:
-                raise RepushRefused("ALREADY_CONSUMED",
-                                    f"{consumer_id!r} has already consumed event {event_id!r}; nothing to re-push.")
         now = utcnow()
+        self._check_target(event, consumer_id)
         self._check_repushable(event, now)
         claimed = self.store.claim_repush(event_id, now=now, max_count=self.repush_max_count,
                                           statuses=REPUSH_STATUSES,
@@ -344,6 +358,29 @@ class EventBus:
         logger.info("bus: %s re-pushed %s%s (re-push %d)", requested_by, event_id,
                     f" to {consumer_id}" if consumer_id else "", claimed["retryCount"])
         return RepushResult(event_id, consumer_id, claimed["retryCount"], claimed["status"], requested_by, now)
+
+    def repush_refusal(self, event: dict, consumer_id: str | None = None) -> RepushRefused | None:
+        """Why :meth:`repush` would refuse this stored event (to ``consumer_id``) now, or None if it
+        would go ahead (a concurrent change may still refuse it then). Reads nothing for a whole event."""
+        try:
+            self._check_target(event, consumer_id)
+            self._check_repushable(event, utcnow())
+        except RepushRefused as exc:
+            return exc
+        return None
+
+    def _check_target(self, event: dict, consumer_id: str | None) -> None:
+        if consumer_id is None:
+            return
+        event_id, consumers = event["eventId"], list(event.get("consumers") or ())
+        check_consumer_id(consumer_id)
+        if consumer_id not in consumers:
+            raise RepushRefused("CONSUMER_NOT_EXPECTED",
+                                f"{consumer_id!r} is not a consumer of event {event_id!r} "
+                                f"(its consumers: {', '.join(consumers) or 'none'}).")
+        if outcome(self.store.latest_consumption(event_id, consumer_id)) is True:
+            raise RepushRefused("ALREADY_CONSUMED",
+                                f"{consumer_id!r} has already consumed event {event_id!r}; nothing to re-push.")
 
     def _check_repushable(self, event: dict, now: datetime) -> None:
         event_id, status = event["eventId"], event["status"]
@@ -436,6 +473,48 @@ class EventBus:
             "timeline": [render(e) for e in events],
             "tree": [node.to_json(render) for node in build_tree(events)],
         }
+
+    def query_of(self, *, status: str | None = None, topic: str | None = None, service: str | None = None,
+                 since: datetime | str | None = None, until: datetime | str | None = None,
+                 trace_id: str | None = None) -> EventQuery:
+        """The :class:`EventQuery` of these filters; EnvelopeValidationError naming each bad one."""
+        errors: list[dict] = []
+        if status and status not in EventStatus.__members__:
+            errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}"})
+        if topic:
+            try:
+                check_topic(topic)
+            except EnvelopeValidationError as exc:
+                errors.extend(exc.binding_errors)
+        window: dict[str, datetime | None] = {"since": None, "until": None}
+        for name, value in (("since", since), ("until", until)):
+            if value:
+                try:
+                    window[name] = parse_time(value)
+                except ValueError as exc:
+                    errors.append({"name": name, "msg": str(exc)})
+        if errors:
+            raise EnvelopeValidationError.from_errors("event query", errors)
+        return EventQuery(status=status or None, topic=topic or None, service=service or None,
+                          trace_id=trace_id or None, since=window["since"], until=window["until"])
+
+    def events_page(self, query: EventQuery, *, cursor: str | None = None, size: int = 20) -> dict:
+        """``{list, next}``: a page of events newest first after ``cursor`` (None: the first page), each
+        with its consumed summary; ``next`` is the cursor of the page after it, None on the last page.
+
+        Keyset paging (:meth:`~wow_django.persistence.bus.EventRecords.events_after`): a deep page
+        costs what the first does. A cursor that is not one of ``next``'s is an EnvelopeValidationError.
+        """
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= self.max_page_size:
+            raise EnvelopeValidationError.from_errors(
+                "event query", [{"name": "size", "msg": f"must be an integer from 1 to {self.max_page_size}"}])
+        after = decode_cursor(cursor) if cursor else None
+        events = self.store.events_after(query, after=after, limit=size + 1)
+        more, events = len(events) > size, events[:size]
+        summaries = self.summaries(events)
+        last = events[-1] if events else None
+        return {"list": [document_to_json(e, summaries[e["eventId"]]) for e in events],
+                "next": encode_cursor(last["occurredAt"], last["eventId"]) if more and last else None}
 
     def list_events(self, *, status: str | None = None, topic: str | None = None, service: str | None = None,
                     since: datetime | str | None = None, until: datetime | str | None = None,

@@ -203,6 +203,14 @@ class EventRecords(ABC):
         """``(total matching, page)``: newest ``occurredAt`` first, then by eventId; ``skip`` then ``limit``."""
 
     @abstractmethod
+    def events_after(self, query: EventQuery, *, after: tuple[datetime, str] | None, limit: int) -> list[dict]:
+        """Up to ``limit`` events matching ``query`` in :meth:`find_events`' order (newest ``occurredAt``
+        first, then by eventId) that come after the key ``after`` = (``occurredAt``, ``eventId``) of the
+        last event of the previous page (None: from the first). Keyset paging: it never skips rows and
+        counts nothing, so a deep page costs what the first does. Events without ``occurredAt`` are
+        left out (every envelope has one)."""
+
+    @abstractmethod
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         """Up to ``limit`` events of ``trace_id``, oldest ``occurredAt`` first, then by eventId."""
 

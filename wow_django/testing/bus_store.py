@@ -401,6 +401,26 @@ class EventRecordsContract(BusStoreCase):
         total, page = self.store.find_events(EventQuery(), skip=10, limit=2)
         self.assertEqual((total, page), (5, []))
 
+    def test_events_after_pages_by_key_in_the_listing_order(self):
+        self.listing_events()
+        self.insert(make_event("evt-none", occurredAt=None))
+        pages, after = [], None
+        while True:
+            page = self.store.events_after(EventQuery(), after=after, limit=2)
+            if not page:
+                break
+            pages.append(self.ids(page))
+            after = (page[-1]["occurredAt"], page[-1]["eventId"])
+        self.assertEqual(pages, [["evt-4", "evt-5"], ["evt-3", "evt-2"], ["evt-1"]])  # equal times: by eventId
+        self.assertEqual(self.ids(self.store.events_after(EventQuery(trace_id="trace-A"),
+                                                          after=(T0 + timedelta(seconds=3), "evt-4"), limit=10)),
+                         ["evt-5", "evt-2", "evt-1"])
+        self.assertEqual(self.ids(self.store.events_after(EventQuery(topic="points.added"),
+                                                          after=(T0 + timedelta(seconds=3), "evt-5"), limit=10)),
+                         ["evt-2"])
+        self.assertEqual(self.store.events_after(EventQuery(), after=(T0, "evt-1"), limit=10), [])
+        self.assertEqual(self.store.events_after(EventQuery(), after=None, limit=0), [])
+
     def test_find_events_counts_every_match_whatever_the_page(self):
         self.assertEqual(self.total(), 0)
         self.listing_events()

@@ -484,6 +484,23 @@ class DjangoBusStore(BusStore):
                         .values(*EVENTS.fields)[skip:skip + limit])
         return total, [EVENTS.record(row) for row in rows]
 
+    def events_after(self, query: EventQuery, *, after: tuple[datetime, str] | None, limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        found = event_filter(query) & Q(occurredAt__isnull=False)
+        if after is not None:
+            # "At or before the key's time, less the key's own time up to its id": a range the listing
+            # index seeks to (an OR of the two cases would scan it from the start).
+            moment, event_id = db_time(after[0]), after[1]
+            up_to_id = (Q(eventId__lte=Collate(Value(event_id), "C")) if self.vendor == "postgresql"
+                        else Q(eventId__lte=event_id))
+            found &= Q(occurredAt__lte=moment) & ~(Q(occurredAt=moment) & up_to_id)
+        with self.errors("listing events"):
+            rows = list(self.events().filter(found)
+                        .order_by(self.time_order("occurredAt", descending=True), self.text_order("eventId"))
+                        .values(*EVENTS.fields)[:limit])
+        return [EVENTS.record(row) for row in rows]
+
     def in_time_order(self, condition: Q, limit: int, action: str) -> list[dict]:
         if limit <= 0:
             return []

@@ -265,6 +265,16 @@ class InMemoryBusStore(BusStore):
             page = _newest_first(found)[skip:skip + limit] if limit > 0 else []
             return len(found), [_copy(e) for e in page]
 
+    def events_after(self, query: EventQuery, *, after: tuple[datetime, str] | None, limit: int) -> list[dict]:
+        with self._lock:
+            found = [e for e in self._matching(query) if isinstance(e.get("occurredAt"), datetime)]
+            if after is not None:
+                moment, event_id = _time(after[0]), after[1]
+                found = [e for e in found if e["occurredAt"] < moment
+                         or (e["occurredAt"] == moment and (e.get("eventId") or "") > event_id)]
+            page = _newest_first(found)[:limit] if limit > 0 else []
+            return [_copy(e) for e in page]
+
     def _in_time_order(self, event_ids: Iterable[str], limit: int) -> list[dict]:
         """Copies of the first ``limit`` of these events in time order. Call with the lock held."""
         found = sorted((self._events[i] for i in event_ids), key=_time_order)

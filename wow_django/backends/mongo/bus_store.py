@@ -29,6 +29,7 @@ from wow_django.persistence.bus import (
     EventStatus,
     check_revision,
     status_revision,
+    to_bson_time,
     utcnow,
 )
 
@@ -252,6 +253,20 @@ class MongoBusStore(BusStore):
             return total, docs
 
         return self.run(self.events, "listing events", read)
+
+    def events_after(self, query: EventQuery, *, after: tuple[datetime, str] | None, limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        found = event_filter(query)
+        conditions = [found, {"occurredAt": {"$ne": None}}]
+        if after is not None:
+            moment, event_id = to_bson_time(after[0]), after[1]
+            # A range the listing index seeks to (an $or of the two cases would scan it from the start).
+            conditions.append({"occurredAt": {"$lte": moment}})
+            conditions.append({"$nor": [{"occurredAt": moment, "eventId": {"$lte": event_id}}]})
+        return self.run(self.events, "listing events", lambda c: list(
+            c.find({"$and": conditions}, NO_ID, max_time_ms=self.max_time_ms)
+            .sort([("occurredAt", DESCENDING), ("eventId", ASCENDING)]).limit(limit)))
 
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         return self.run(self.events, f"reading trace {trace_id}", lambda c: list(

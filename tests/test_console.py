@@ -1,0 +1,521 @@
+"""The operators' console (admin/wow/) through Django's test client: permissions, pages, actions, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client, override_settings
+
+from wow_django.backends.mongo.client import disconnect
+from wow_django.bus import get_bus
+from wow_django.console.models import PERMISSIONS, ConsoleAudit
+from wow_django.testing.bus import delete_amqp_entities, unique_exchange
+
+from .support import CONSUMERS, fresh_wow
+
+pytestmark = pytest.mark.django_db
+
+EVERYTHING = tuple(PERMISSIONS)
+
+
+@pytest.fixture(params=["in_memory", "mongo"])
+def console_bus(request):
+    """The bus on a fresh store, with member-service and message-service on order.purchased, and a few events:
+    evt-failed (member failed, message consumed), evt-sent (just sent), its child evt-child."""
+    settings = fresh_wow("in_memory", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
+                         BUS_STORE=request.param)
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer in CONSUMERS:
+            bus.set_topic_consumer("order.purchased", consumer)
+        bus.set_topic_consumer("points.added", "message-service")
+        bus.send("order.purchased", {"orderId": "o-1", "secret": "card-4242"}, event_id="evt-failed",
+                 trace_id="trace-1", occurred_at="2024-01-01T10:00:00Z")
+        bus.record_feedback("evt-failed", "member-service", False, "points store down")
+        bus.record_feedback("evt-failed", "message-service", True)
+        bus.send("order.purchased", {"orderId": "o-2"}, event_id="evt-sent", trace_id="trace-2",
+                 occurred_at="2024-01-01T11:00:00Z")
+        bus.send("points.added", {"points": 5}, event_id="evt-child", trace_id="trace-2",
+                 parent_event_id="evt-sent", initiator={"service": "member-service"},
+                 occurred_at="2024-01-01T11:00:01Z")
+        yield bus
+        delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS)
+    disconnect(settings["MONGO_URI"])
+
+
+def user_with(*codenames, name="operator", staff=True) -> Client:
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw", is_staff=staff)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="wow_django", codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+# --- permissions ----------------------------------------------------------------------------------------------
+
+
+def test_every_permission_is_real_and_the_console_is_linked_from_the_admin_index(console_bus):
+    assert set(Permission.objects.filter(content_type__app_label="wow_django").values_list("codename", flat=True)) \
+        >= set(PERMISSIONS)
+    admin = user_with(*EVERYTHING)
+    index = admin.get("/admin/")
+    assert index.status_code == 200 and b"/admin/wow_django/console/" in index.content
+    assert admin.get("/admin/wow_django/console/")["Location"] == "/admin/wow/"
+    page = admin.get("/admin/wow/")
+    assert page.status_code == 200
+    assert b"admin/wow/events/" in page.content and b"admin/wow/audit/" in page.content
+
+
+def test_a_staff_user_without_permissions_is_refused_and_sees_no_link(console_bus):
+    staff = user_with(name="staff")
+    assert b"/admin/wow_django/console/" not in staff.get("/admin/").content
+    for url in ("/admin/wow/", "/admin/wow/audit/", "/admin/wow/events/", "/admin/wow/events/evt-failed/",
+                "/admin/wow/events/evt-failed/repush/"):
+        assert staff.get(url).status_code == 403, url
+    assert staff.post("/admin/wow/events/evt-failed/repush/").status_code == 403
+    assert get_bus().store.get_event("evt-failed")["retryCount"] == 0
+
+
+def test_anonymous_and_non_staff_users_are_sent_to_the_login(console_bus):
+    assert Client().get("/admin/wow/events/")["Location"].startswith("/admin/login/")
+    outsider = user_with(*EVERYTHING, name="outsider", staff=False)
+    assert outsider.get("/admin/wow/events/")["Location"].startswith("/admin/login/")
+
+
+def test_each_section_and_action_needs_its_own_permission(console_bus):
+    viewer = user_with("view_bus_events", name="viewer")
+    index = viewer.get("/admin/wow/")
+    assert b"admin/wow/events/" in index.content and b"admin/wow/audit/" not in index.content
+    assert viewer.get("/admin/wow/audit/").status_code == 403
+    detail = viewer.get("/admin/wow/events/evt-failed/")
+    assert detail.status_code == 200
+    assert b"card-4242" not in detail.content and b"Hidden: viewing payloads" in detail.content
+    assert b"repush/" not in detail.content  # no re-push offered without the permission
+    assert viewer.get("/admin/wow/events/evt-failed/repush/").status_code == 403
+    assert viewer.post("/admin/wow/events/evt-failed/repush/").status_code == 403
+    reader = user_with("view_bus_events", "view_payloads", name="reader")
+    assert b"card-4242" in reader.get("/admin/wow/events/evt-failed/").content
+
+
+# --- bus events -------------------------------------------------------------------------------------------------
+
+
+def test_the_event_list_filters_searches_and_shows_what_was_consumed(console_bus):
+    client = user_with("view_bus_events")
+    listed = client.get("/admin/wow/events/")
+    assert [e["eventId"] for e in listed.context["events"]] == ["evt-child", "evt-sent", "evt-failed"]
+    assert b"1/2 consumed" in listed.content and b"0/2 consumed" in listed.content
+
+    def ids(**params):
+        response = client.get("/admin/wow/events/", params)
+        assert response.status_code == 200
+        return [e["eventId"] for e in response.context["events"]]
+
+    assert ids(status="PARTIAL") == ["evt-failed"]
+    assert ids(topic="points.added") == ["evt-child"]
+    assert ids(service="member-service") == ["evt-child"]
+    assert ids(since="2024-01-01T10:30:00Z") == ["evt-child", "evt-sent"]
+    assert ids(until="2024-01-01T10:30") == ["evt-failed"]
+    assert ids(q="evt-sent") == ["evt-sent"]  # an eventId
+    assert ids(q="trace-2") == ["evt-child", "evt-sent"]  # a traceId
+    assert ids(q="trace-2", topic="order.purchased") == ["evt-sent"]
+    assert ids(q="nothing-like-it") == []
+
+
+def test_the_event_list_pages_by_cursor(console_bus, monkeypatch):
+    from wow_django.console import bus_views
+
+    monkeypatch.setattr(bus_views, "PAGE_SIZE", 2)
+    client = user_with("view_bus_events")
+    first = client.get("/admin/wow/events/", {"topic": ""})
+    assert [e["eventId"] for e in first.context["events"]] == ["evt-child", "evt-sent"]
+    second = client.get("/admin/wow/events/" + first.context["next_url"])
+    assert [e["eventId"] for e in second.context["events"]] == ["evt-failed"]
+    assert second.context["next_url"] is None and b"first page" in second.content
+
+
+@pytest.mark.parametrize("params, named", [
+    ({"status": "DONE"}, "status"),
+    ({"topic": "no spaces please"}, "topic"),
+    ({"since": "yesterday"}, "since"),
+    ({"until": "2024-13-45"}, "until"),
+    ({"cursor": "not-a-cursor"}, "cursor"),
+    ({"cursor": "W10"}, "cursor"),
+])
+def test_bad_filters_and_cursors_are_a_message_not_an_error(console_bus, params, named):
+    response = user_with("view_bus_events").get("/admin/wow/events/", params)
+    assert response.status_code == 200
+    assert any(m.startswith(f"{named}:") for m in messages_of(response)), messages_of(response)
+
+
+def test_the_event_detail_shows_envelope_feedback_history_parent_and_children(console_bus):
+    client = user_with("view_bus_events", "view_payloads")
+    failed = client.get("/admin/wow/events/evt-failed/")
+    assert failed.status_code == 200
+    consumers = {c["consumerId"]: c for c in failed.context["detail"]["consumers"]}
+    assert consumers["member-service"]["state"] == "FAILED"
+    assert [a["error"] for a in consumers["member-service"]["attempts"]] == [None, "points store down"]
+    assert b"points store down" in failed.content and b"&quot;traceId&quot;: &quot;trace-1&quot;" in failed.content
+    parent = client.get("/admin/wow/events/evt-sent/")
+    assert b"/admin/wow/events/evt-child/" in parent.content
+    child = client.get("/admin/wow/events/evt-child/")
+    assert child.context["detail"]["parent"]["eventId"] == "evt-sent"
+
+
+def test_unknown_events_are_404(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events")
+    assert client.get("/admin/wow/events/evt-nope/").status_code == 404
+    assert client.get("/admin/wow/events/evt-nope/repush/").status_code == 404
+    assert client.post("/admin/wow/events/evt-nope/repush/").status_code == 404
+    assert client.get("/admin/wow/events/evt-failed/repush/", {"consumer": "no such!"}).status_code == 404
+
+
+# --- re-push --------------------------------------------------------------------------------------------------
+
+
+def test_re_push_to_one_consumer_is_confirmed_then_posted_and_audited(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events", "view_console_audit")
+    detail = client.get("/admin/wow/events/evt-failed/")
+    assert b"repush/?consumer=member-service" in detail.content
+    assert b"repush/?consumer=message-service" not in detail.content  # it consumed the event
+    confirm = client.get("/admin/wow/events/evt-failed/repush/", {"consumer": "member-service"})
+    assert confirm.status_code == 200 and b"member-service only" in confirm.content
+    assert b"csrfmiddlewaretoken" in confirm.content and b"hidden: you lack the permission" in confirm.content
+    assert get_bus().store.get_event("evt-failed")["retryCount"] == 0  # a GET changes nothing
+
+    done = client.post("/admin/wow/events/evt-failed/repush/", {"consumer": "member-service"}, follow=True)
+    assert done.redirect_chain[-1][0] == "/admin/wow/events/evt-failed/"
+    assert any("Re-pushed evt-failed to member-service" in m for m in messages_of(done))
+    event = get_bus().store.get_event("evt-failed")
+    assert (event["status"], event["retryCount"]) == ("RETRYING", 1)
+    [entry] = ConsoleAudit.objects.all()
+    assert (entry.username, entry.action, entry.target) == ("operator", "repush",
+                                                            "event:evt-failed consumer:member-service")
+    assert entry.detail["outcome"] == "published"
+    audit = client.get("/admin/wow/audit/", {"action": "repush"})
+    assert b"event:evt-failed consumer:member-service" in audit.content
+
+
+def test_a_re_push_the_bus_does_not_allow_is_a_message_and_changes_nothing(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events")
+    detail = client.get("/admin/wow/events/evt-sent/")
+    assert b"Re-push not offered" in detail.content and b"id=\"repush-all\"" not in detail.content
+    for request in (client.get, client.post):
+        response = request("/admin/wow/events/evt-sent/repush/", follow=True)
+        assert response.status_code == 200
+        assert any("Not re-pushed" in m and "REPUSH" not in m for m in messages_of(response))
+    refused = client.post("/admin/wow/events/evt-failed/repush/", {"consumer": "message-service"}, follow=True)
+    assert any("already consumed" in m for m in messages_of(refused))
+    assert get_bus().store.get_event("evt-sent")["retryCount"] == 0
+    assert not ConsoleAudit.objects.exists()
+
+
+def test_a_re_push_refused_between_the_page_and_the_post_is_a_message(console_bus, monkeypatch):
+    client = user_with("view_bus_events", "repush_bus_events")
+    monkeypatch.setattr(type(console_bus), "repush_refusal", lambda self, event, consumer=None: None)
+    response = client.post("/admin/wow/events/evt-sent/repush/", follow=True)
+    assert response.status_code == 200 and any("Not re-pushed" in m for m in messages_of(response))
+    assert ConsoleAudit.objects.get().detail["outcome"] == "refused"
+
+
+def test_the_audit_page_takes_any_page_number(console_bus):
+    client = user_with("view_console_audit")
+    for number in ("x", "-1", "999999", ""):
+        assert client.get("/admin/wow/audit/", {"page": number}).status_code == 200
+
+
+# --- topic consumers ------------------------------------------------------------------------------------------
+
+
+def test_topic_consumers_are_listed_created_edited_and_toggled_with_confirmation(console_bus):
+    viewer = user_with("view_bus_events", name="viewer")
+    listed = viewer.get("/admin/wow/topic-consumers/")
+    assert listed.status_code == 200 and b"member-service" in listed.content and b"/disable/" not in listed.content
+    assert viewer.get("/admin/wow/topic-consumers/new/").status_code == 403
+    assert viewer.post("/admin/wow/topic-consumers/order.purchased/member-service/disable/").status_code == 403
+
+    client = user_with("view_bus_events", "manage_topic_consumers")
+    created = client.post("/admin/wow/topic-consumers/new/", {"topic": "order.shipped", "consumerId": "ship-service",
+                                                              "description": "ships", "enabled": "on"}, follow=True)
+    assert created.redirect_chain[-1][0] == "/admin/wow/topic-consumers/"
+    assert console_bus.store.enabled_consumers("order.shipped") == ["ship-service"]
+    again = client.post("/admin/wow/topic-consumers/new/", {"topic": "order.shipped", "consumerId": "ship-service"})
+    assert again.status_code == 200 and any("already configured" in m for m in messages_of(again))
+    edited = client.post("/admin/wow/topic-consumers/order.shipped/ship-service/edit/", {"description": "new text"})
+    assert edited.status_code == 302
+    [record] = console_bus.topic_consumers(topic="order.shipped")
+    assert (record["description"], record["enabled"]) == ("new text", True)
+
+    confirm = client.get("/admin/wow/topic-consumers/order.shipped/ship-service/disable/")
+    assert b"No other consumer is enabled for this topic" in confirm.content
+    assert console_bus.store.enabled_consumers("order.shipped") == ["ship-service"]  # GET changes nothing
+    assert client.post("/admin/wow/topic-consumers/order.shipped/ship-service/disable/").status_code == 302
+    assert console_bus.store.enabled_consumers("order.shipped") == []
+    assert b"keeps 1 enabled consumer" in client.get(
+        "/admin/wow/topic-consumers/order.purchased/member-service/disable/").content
+    assert client.post("/admin/wow/topic-consumers/order.shipped/ship-service/enable/").status_code == 302
+    assert console_bus.store.enabled_consumers("order.shipped") == ["ship-service"]
+    assert list(ConsoleAudit.objects.order_by("id").values_list("action", flat=True)) == [
+        "topic_consumer.create", "topic_consumer.edit", "topic_consumer.disable", "topic_consumer.enable"]
+
+
+def test_bad_topic_consumer_input_is_a_message_or_404(console_bus):
+    client = user_with("view_bus_events", "manage_topic_consumers")
+    bad = client.post("/admin/wow/topic-consumers/new/", {"topic": "no spaces", "consumerId": "ok"})
+    assert bad.status_code == 200 and messages_of(bad)[0].startswith("topic:")
+    bad = client.post("/admin/wow/topic-consumers/new/", {"topic": "order.purchased", "consumerId": "!bad"})
+    assert bad.status_code == 200 and messages_of(bad)[0].startswith("consumerId:")
+    empty = client.post("/admin/wow/topic-consumers/new/", {})
+    assert empty.status_code == 200 and messages_of(empty)
+    long = client.post("/admin/wow/topic-consumers/order.purchased/member-service/edit/", {"description": "x" * 501})
+    assert long.status_code == 200 and any(m.startswith("description:") for m in messages_of(long))
+    for url in ("/admin/wow/topic-consumers/order.nothing/member-service/edit/",
+                "/admin/wow/topic-consumers/order.nothing/member-service/disable/",
+                "/admin/wow/topic-consumers/order.purchased/nobody/enable/"):
+        assert client.get(url).status_code == 404 and client.post(url).status_code == 404
+    assert not ConsoleAudit.objects.exists()
+
+
+# --- followers ------------------------------------------------------------------------------------------------
+
+
+def started_follower(name: str = "order-summaries") -> None:
+    """Give the follower a checkpoint at position 0, as its first run does."""
+    from datetime import UTC, datetime
+
+    from wow_django.application.runtime import get_runtime
+
+    store = get_runtime().follower_store
+    store.acquire(name, "test-owner", 30, now=datetime.now(UTC))
+    store.release(name, "test-owner")
+
+
+def test_followers_are_listed_paused_resumed_and_rewound_with_a_preview(console_bus):
+    from wow_django.application.runtime import get_runtime
+
+    assert user_with("view_bus_events", name="viewer").get("/admin/wow/followers/").status_code == 403
+    started_follower()
+    client = user_with("manage_followers")
+    listed = client.get("/admin/wow/followers/")
+    assert listed.status_code == 200
+    names = [row["name"] for row in listed.context["rows"]]
+    assert "order-summaries" in names and b"/admin/wow/followers/order-summaries/pause/" in listed.content
+
+    assert b"stops it after its current batch" in client.get("/admin/wow/followers/order-summaries/pause/").content
+    assert client.post("/admin/wow/followers/order-summaries/pause/").status_code == 302
+    store = get_runtime().follower_store
+    assert store.get("order-summaries").paused
+    assert client.post("/admin/wow/followers/order-summaries/resume/").status_code == 302
+    assert not store.get("order-summaries").paused
+
+    assert client.post("/admin/wow/followers/order-summaries/rewind/", {"to_position": "7"}).status_code == 302
+    preview = client.get("/admin/wow/followers/order-summaries/rewind/", {"to_position": "0"})
+    assert preview.context["target"] == 0 and b"replays <strong>0</strong> stream(s)" in preview.content
+    assert store.get("order-summaries").position == 7  # a preview changes nothing
+    assert client.post("/admin/wow/followers/order-summaries/rewind/", {"to_position": "0"}).status_code == 302
+    assert store.get("order-summaries").position == 0
+    assert list(ConsoleAudit.objects.order_by("id").values_list("action", flat=True)) == [
+        "follower.pause", "follower.resume", "follower.rewind", "follower.rewind"]
+
+
+def test_bad_follower_input_is_a_message_or_404(console_bus):
+    started_follower()
+    client = user_with("manage_followers")
+    for url in ("/admin/wow/followers/no-such/pause/", "/admin/wow/followers/no-such/resume/",
+                "/admin/wow/followers/no-such/rewind/"):
+        assert client.get(url).status_code == 404 and client.post(url).status_code == 404
+    for params, named in (({"to_position": "-1"}, "to_position"), ({"to_position": "x"}, "to_position"),
+                          ({"to_position": "²"}, "to_position"), ({"to_position": "9" * 30}, "to_position"),
+                          ({"to_time": "tomorrow"}, "to_time")):
+        for response in (client.get("/admin/wow/followers/order-summaries/rewind/", params),
+                         client.post("/admin/wow/followers/order-summaries/rewind/", params)):
+            assert response.status_code == 200 and messages_of(response)[0].startswith(named)
+    assert not ConsoleAudit.objects.exists()
+
+
+# --- aggregates -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def customers():
+    """Two customers on the in-memory stores: c-1 renamed twice (version 3) in tenant acme, c-2 in tenant other."""
+    from sample_project.orders.aggregates import ChangeDisplayName, RegisterCustomer
+    from wow_django.application import WaitStage, send
+
+    settings = fresh_wow("in_memory", FOLLOWERS_RUN="command")
+    with override_settings(WOW=settings):
+        first = send(RegisterCustomer(username="ann", display_name="Ann"), tenant_id="acme", request_id="req-c1",
+                     wait=WaitStage.SNAPSHOT)
+        for name in ("Annie", "Anna"):
+            send(ChangeDisplayName(display_name=name), aggregate_id=first.aggregate_id, tenant_id="acme",
+                 wait=WaitStage.SNAPSHOT)
+        second = send(RegisterCustomer(username="bob", display_name="Bob"), tenant_id="other",
+                      wait=WaitStage.SNAPSHOT)
+        yield first.aggregate_id, second.aggregate_id
+
+
+def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
+    ann, bob = customers
+    client = user_with("view_aggregates")
+    assert user_with("view_bus_events", name="viewer").get("/admin/wow/aggregates/").status_code == 403
+    listed = client.get("/admin/wow/aggregates/")
+    assert listed.status_code == 200 and {"customer", "order"} <= set(listed.context["names"])
+
+    def versions(url, **params):
+        response = client.get(url, params)
+        assert response.status_code == 200, messages_of(response)
+        return [(d["aggregateId"], d["version"]) for d in response.context["streams" if "events" in url else "rows"]]
+
+    streams = "/admin/wow/aggregates/customer/events/"
+    assert sorted(versions(streams)) == sorted([(ann, 1), (ann, 2), (ann, 3), (bob, 1)])
+    assert versions(streams, aggregate_id=ann, version_from="2") == [(ann, 3), (ann, 2)]
+    assert versions(streams, aggregate_id=ann, version_to="1") == [(ann, 1)]
+    assert versions(streams, tenant="other") == [(bob, 1)]
+    assert versions(streams, request_id="req-c1") == [(ann, 1)]
+    paged = client.get(streams, {"tenant": "a&b c", "page": "1"})
+    assert paged.context["query"] == "tenant=a%26b+c"  # the page links keep the filters, encoded
+    assert versions(streams, since="2000-01-01T00:00:00Z", tenant="other") == [(bob, 1)]
+    assert versions(streams, until="2000-01-01T00:00:00Z") == []
+    snapshots = "/admin/wow/aggregates/customer/snapshots/"
+    assert sorted(versions(snapshots)) == sorted([(ann, 3), (bob, 1)])
+    assert versions(snapshots, tenant="acme", deleted="active") == [(ann, 3)]
+    assert versions(snapshots, deleted="deleted") == []
+
+    detail = client.get(f"/admin/wow/aggregates/customer/id/{ann}", {"version": "2"})
+    assert detail.status_code == 200 and detail.context["head"] == 3
+    assert '"display_name": "Annie"' in detail.context["state_at"]
+    assert ['"Ann"' in s["state"] for s in detail.context["states"]] == [True, False, False]
+    assert '"display_name": "Anna"' in detail.context["states"][-1]["state"] and detail.context["snapshot"]
+
+
+@pytest.mark.parametrize("url, params, named", [
+    ("/admin/wow/aggregates/customer/events/", {"version_from": "x"}, "version_from"),
+    ("/admin/wow/aggregates/customer/events/", {"version_to": "0"}, "version_to"),
+    ("/admin/wow/aggregates/customer/events/", {"since": "soon"}, "since"),
+    ("/admin/wow/aggregates/customer/events/", {"page": "-3"}, "page"),
+    ("/admin/wow/aggregates/customer/events/", {"page": "³"}, "page"),
+    ("/admin/wow/aggregates/customer/events/", {"version_from": "²"}, "version_from"),
+    ("/admin/wow/aggregates/customer/events/", {"page": "99999"}, None),  # past the end: an empty page
+    ("/admin/wow/aggregates/customer/snapshots/", {"deleted": "maybe"}, "deleted"),
+    ("/admin/wow/aggregates/customer/snapshots/", {"page": "x"}, "page"),
+    ("/admin/wow/aggregates/customer/id/{ann}", {"version": "9"}, "version"),
+    ("/admin/wow/aggregates/customer/id/{ann}", {"version": "two"}, "version"),
+    ("/admin/wow/aggregates/customer/id/{ann}", {"version": "²"}, "version"),
+])
+def test_bad_aggregate_filters_are_a_message(customers, url, params, named):
+    response = user_with("view_aggregates").get(url.format(ann=customers[0]), params)
+    assert response.status_code == 200
+    if named:
+        assert messages_of(response) and messages_of(response)[0].startswith(named), messages_of(response)
+
+
+def test_unknown_aggregates_and_ids_are_404(customers):
+    client = user_with("view_aggregates")
+    for url in ("/admin/wow/aggregates/nothing/events/", "/admin/wow/aggregates/nothing/snapshots/",
+                "/admin/wow/aggregates/nothing/id/x", "/admin/wow/aggregates/customer/id/no-such-customer",
+                "/admin/wow/aggregates/customer/id/" + "x" * 5000):
+        assert client.get(url).status_code == 404, url
+
+
+# --- traces, failures, dashboard ------------------------------------------------------------------------------
+
+
+def test_the_trace_shows_the_tree_with_each_consumers_state_and_the_time_line(console_bus):
+    client = user_with("view_bus_events")
+    response = client.get("/admin/wow/traces/trace-2/")
+    assert response.status_code == 200
+    rows = response.context["rows"]
+    assert [(r["event"]["eventId"], r["depth"]) for r in rows] == [("evt-sent", 0), ("evt-child", 1)]
+    assert {c: s["state"] for c, s in rows[0]["consumers"].items()} == {c: "WAITING" for c in CONSUMERS}
+    assert [item["offset_ms"] for item in response.context["timeline"]] == [0, 1000]
+    failed = client.get("/admin/wow/traces/trace-1/").context["rows"][0]["consumers"]
+    assert failed["member-service"] == {"state": "FAILED", "error": "points store down", "attempts": 1}
+    assert client.get("/admin/wow/traces/no-such-trace/").status_code == 404
+    assert client.get("/admin/wow/traces/bad%20id/").status_code == 404
+    assert user_with(name="staff").get("/admin/wow/traces/trace-2/").status_code == 403
+
+
+def fail(bus, event_id: str, consumer: str, error: str) -> None:
+    bus.send("order.purchased", {"n": event_id}, event_id=event_id)
+    bus.record_feedback(event_id, consumer, False, error)
+
+
+def test_failures_are_grouped_by_consumer_and_error_and_re_pushed_in_bulk(console_bus):
+    fail(console_bus, "evt-f2", "member-service", "points store down")
+    fail(console_bus, "evt-f3", "message-service", "smtp timeout\nat line 3")
+    client = user_with("view_bus_events", "repush_bus_events")
+    listed = client.get("/admin/wow/failures/")
+    groups = [(g["consumer"], g["error"], g["count"]) for g in listed.context["groups"]]
+    assert groups == [("member-service", "points store down", 2), ("message-service", "smtp timeout", 1)]
+    key = listed.context["groups"][0]["key"]
+    confirm = client.get(f"/admin/wow/failures/{key}/repush/")
+    assert confirm.status_code == 200 and len(confirm.context["ready"]) == 2
+    assert console_bus.store.get_event("evt-f2")["retryCount"] == 0  # a GET changes nothing
+    done = client.post(f"/admin/wow/failures/{key}/repush/", follow=True)
+    assert any("Re-pushed 2 event(s) to member-service" in m for m in messages_of(done))
+    assert [console_bus.store.get_event(e)["status"] for e in ("evt-failed", "evt-f2")] == ["RETRYING"] * 2
+    entry = ConsoleAudit.objects.get(action="repush.bulk")
+    assert entry.target == "consumer:member-service" and sorted(entry.detail["published"]) == ["evt-f2", "evt-failed"]
+    # The group is gone from the page only once the consumer reports again; its re-push stays within the limit.
+    gone = client.get("/admin/wow/failures/nothing-like-it/repush/", follow=True)
+    assert any("gone" in m for m in messages_of(gone))
+    assert user_with("view_bus_events", name="viewer").get(f"/admin/wow/failures/{key}/repush/").status_code == 403
+
+
+def test_a_failure_gets_a_triage_note(console_bus):
+    client = user_with("view_bus_events", "repush_bus_events")
+    saved = client.post("/admin/wow/failures/note/", {"event_id": "evt-failed", "consumer": "member-service",
+                                                      "acknowledged": "on", "note": "points store back at 11:00"})
+    assert saved.status_code == 302
+    listed = client.get("/admin/wow/failures/")
+    [group] = listed.context["groups"]
+    assert group["acknowledged"] == 1 and b"acknowledged by operator" in listed.content
+    assert b"points store back at 11:00" in listed.content
+    assert ConsoleAudit.objects.get().action == "failure.note"
+    for bad in ({"event_id": "evt-nope", "consumer": "member-service"}, {"event_id": "evt-failed", "consumer": "x y"},
+                {"event_id": "evt-failed", "consumer": "nobody"}, {}):
+        assert client.post("/admin/wow/failures/note/", bad).status_code == 404
+    too_long = client.post("/admin/wow/failures/note/", {"event_id": "evt-failed", "consumer": "member-service",
+                                                         "note": "x" * 2001}, follow=True)
+    assert any(m.startswith("note:") for m in messages_of(too_long))
+    assert client.get("/admin/wow/failures/note/").status_code == 405
+    viewer = user_with("view_bus_events", name="viewer")
+    assert viewer.post("/admin/wow/failures/note/", {"event_id": "evt-failed"}).status_code == 403
+
+
+def test_the_dashboard_draws_its_charts_on_the_server(console_bus):
+    started_follower()
+    console_bus.send("order.purchased", {}, event_id="evt-now")  # within the last 24 hours
+    client = user_with("view_bus_events", "manage_followers")
+    response = client.get("/admin/wow/dashboard/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.count('class="wow-chart"') == 3 and "<script" not in body.split('id="chart-status"')[1]
+    assert "member-service" in body.split('id="chart-failures"')[1] and "order-summaries" in body
+    assert ": 1 SENT</title></rect>" in body.split('id="chart-status"')[1]
+    viewer = user_with("view_bus_events", name="viewer").get("/admin/wow/dashboard/").content.decode()
+    assert viewer.count('class="wow-chart"') == 2  # follower lag needs the followers' permission
+
+
+def test_the_placeholder_model_has_no_admin_pages_but_the_link(console_bus):
+    admin = user_with(*EVERYTHING)
+    for url in ("/admin/wow_django/console/1/change/", "/admin/wow_django/console/add/",
+                "/admin/wow_django/console/1/history/", "/admin/wow_django/console/1/delete/"):
+        assert admin.get(url).status_code == 404, url
+
+
+def test_a_store_that_does_not_answer_is_a_503_page(console_bus, monkeypatch):
+    from wow_django.exceptions import RecoverableStoreError
+
+    def down(*args, **kwargs):
+        raise RecoverableStoreError("the bus database did not answer")
+
+    monkeypatch.setattr(type(console_bus.store), "events_after", down)
+    response = user_with("view_bus_events").get("/admin/wow/events/")
+    assert response.status_code == 503 and b"did not answer" in response.content

@@ -1,0 +1,193 @@
+"""The console in a real headless Chromium (Playwright driving Debian's ``chromium``; no browser download).
+
+An operator logs in, walks every section with data, filters and searches the events, re-pushes one
+consumer of a failed event and sees its status change, toggles a topic consumer; a staff user without
+the console's permissions sees neither the link nor the pages. Screenshots of the main pages go to
+``test-artifacts/console/`` (git-ignored; ``WOW_TEST_ARTIFACTS`` moves it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import override_settings
+
+from wow_django.bus import get_bus
+from wow_django.console.models import PERMISSIONS
+from wow_django.testing.bus import delete_amqp_entities, unique_exchange
+
+from .support import CONSUMERS, fresh_wow
+
+CHROMIUM = os.environ.get("WOW_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(os.environ.get("WOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+
+sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"),
+]
+
+
+@pytest.fixture
+def scenario(monkeypatch):
+    """The bus records of the sample's scenario on the django bus store: order.purchased consumed by
+    member-service (failed) and message-service, a second purchase with its points.added child."""
+    # Playwright's sync API runs an event loop in this thread; the ORM calls made here are still synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from sample_project.orders.aggregates import ChangeDisplayName, RegisterCustomer
+    from wow_django.application import WaitStage, send
+
+    settings = fresh_wow("in_memory", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
+                         BUS_STORE="django", FOLLOWERS_RUN="command")
+    with override_settings(WOW=settings):
+        registered = send(RegisterCustomer(username="ann", display_name="Ann"), request_id="req-ann",
+                          wait=WaitStage.SNAPSHOT)
+        send(ChangeDisplayName(display_name="Annie"), aggregate_id=registered.aggregate_id, wait=WaitStage.SNAPSHOT)
+        bus = get_bus()
+        for consumer in CONSUMERS:
+            bus.set_topic_consumer("order.purchased", consumer)
+        bus.set_topic_consumer("points.added", "message-service")
+        bus.send("order.purchased", {"orderId": "o-1", "amount": "199.00"}, event_id="evt-o-1", trace_id="trace-o-1")
+        bus.record_feedback("evt-o-1", "member-service", False, "points store unavailable")
+        bus.record_feedback("evt-o-1", "message-service", True)
+        bus.send("order.purchased", {"orderId": "o-2", "amount": "5.00"}, event_id="evt-o-2", trace_id="trace-o-2")
+        bus.send("points.added", {"points": 5}, event_id="evt-points-2", trace_id="trace-o-2",
+                 parent_event_id="evt-o-2", initiator={"service": "member-service"})
+        yield bus
+        delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS)
+
+
+def make_user(name: str, *codenames: str) -> None:
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", "secret-pw", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="wow_django", codename=codename))
+
+
+@pytest.fixture
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def log_in(browser, base: str, name: str):
+    page = browser.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", name)
+    page.fill("#id_password", "secret-pw")
+    follow(page, "input[type=submit]")
+    assert page.url == f"{base}/admin/", page.url
+    return page
+
+
+def follow(page, selector: str) -> None:
+    """Click what ``selector`` finds and wait until the page it leads to has loaded (no reading the old one)."""
+    with page.expect_navigation():
+        page.click(selector)
+
+
+def shot(page, name: str) -> None:
+    folder = ARTIFACTS / "console"
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+
+def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario, live_server, browser):
+    make_user("operator", *PERMISSIONS)
+    base = live_server.url
+    page = log_in(browser, base, "operator")
+    follow(page, "a[href='/admin/wow_django/console/']")
+    assert page.url == f"{base}/admin/wow/"
+    shot(page, "index")
+
+    follow(page, "nav.wow-nav >> text=Bus events")
+    rows = page.locator("#events tbody tr")
+    assert rows.count() == 3 and "1/2 consumed" in page.inner_text("#events")
+    shot(page, "events")
+    page.select_option("select[name=status]", "PARTIAL")
+    follow(page, "#event-filters input[type=submit]")
+    assert page.locator("#events tbody tr").count() == 1
+    page.fill("input[name=q]", "trace-o-2")
+    page.select_option("select[name=status]", "")
+    follow(page, "#event-filters input[type=submit]")
+    assert sorted(page.locator("#events tbody tr td:first-child").all_inner_texts()) == ["evt-o-2", "evt-points-2"]
+
+    page.goto(f"{base}/admin/wow/events/?q=evt-o-1")
+    follow(page, "#events >> text=evt-o-1")
+    assert page.inner_text("#event-status") == "PARTIAL"
+    assert "points store unavailable" in page.content() and "199.00" in page.inner_text("#payload")
+    shot(page, "event")
+    follow(page, "a.repush-one")
+    assert "member-service only" in page.content() and "evt-o-1" in page.inner_text("#sent")
+    shot(page, "repush-confirm")
+    follow(page, "#confirm")
+    assert page.url == f"{base}/admin/wow/events/evt-o-1/"
+    assert "Re-pushed evt-o-1 to member-service" in page.inner_text(".messagelist")
+    assert page.inner_text("#event-status") == "RETRYING"
+    assert scenario.store.get_event("evt-o-1")["retryCount"] == 1
+    follow(page, "#trace-link")
+    assert "member-service: FAILED" in page.inner_text("#trace-tree")
+    shot(page, "trace")
+    page.goto(f"{base}/admin/wow/traces/trace-o-2/")
+    assert page.locator("#trace-tree tbody tr").count() == 2 and "└ evt-points-2" in page.inner_text("#trace-tree")
+
+    follow(page, "nav.wow-nav >> text=Failures")
+    assert page.locator("#no-failures").is_visible()  # evt-o-1 is RETRYING since its re-push
+    shot(page, "failures")
+    follow(page, "nav.wow-nav >> text=Dashboard")
+    assert page.locator("svg.wow-chart").count() == 3
+    shot(page, "dashboard")
+
+    follow(page, "nav.wow-nav >> text=Topic consumers")
+    row = "#tc-points\\.added-message-service"
+    assert page.inner_text(f"{row} .enabled") == "yes"
+    follow(page, f"{row} a.toggle")
+    assert "No other consumer is enabled for this topic" in page.content()
+    follow(page, "#confirm")
+    assert page.url == f"{base}/admin/wow/topic-consumers/"
+    assert page.inner_text(f"{row} .enabled") == "no"
+    assert scenario.store.enabled_consumers("points.added") == []
+    shot(page, "topic-consumers")
+
+    follow(page, "nav.wow-nav >> text=Followers")
+    assert page.locator("#followers").is_visible()
+    shot(page, "followers")
+    follow(page, "nav.wow-nav >> text=Aggregates")
+    follow(page, "a[href='/admin/wow/aggregates/customer/events/']")
+    assert page.locator("#streams tbody tr").count() == 2
+    page.fill("input[name=request_id]", "req-ann")
+    follow(page, "#stream-filters input[type=submit]")
+    assert page.locator("#streams tbody tr").count() == 1
+    follow(page, "#streams tbody tr a")
+    page.fill("input[name=version]", "1")
+    follow(page, "text=Show")
+    assert '"display_name": "Ann"' in page.inner_text("#state-at")
+    assert '"display_name": "Annie"' in page.inner_text("#aggregate-streams")
+    shot(page, "aggregate")
+
+    follow(page, "nav.wow-nav >> text=Audit")
+    audit = page.inner_text("#audit")
+    assert "event:evt-o-1 consumer:member-service" in audit and "topic_consumer.disable" in audit
+    shot(page, "audit")
+
+
+def test_a_staff_user_without_the_permissions_sees_neither_pages_nor_actions(scenario, live_server, browser):
+    make_user("clerk")
+    base = live_server.url
+    page = log_in(browser, base, "clerk")
+    assert page.locator("a[href='/admin/wow_django/console/']").count() == 0
+    for path in ("/admin/wow/", "/admin/wow/events/", "/admin/wow/events/evt-o-1/",
+                 "/admin/wow/events/evt-o-1/repush/?consumer=member-service", "/admin/wow/topic-consumers/"):
+        response = page.goto(base + path)
+        assert response.status == 403, path
+    assert scenario.store.get_event("evt-o-1")["retryCount"] == 0
