@@ -183,11 +183,16 @@ def test_celery_snapshots_with_a_process_local_cache_are_a_warning():
             assert check_settings() == []
 
 
+AUTHENTICATED = ["rest_framework.permissions.IsAuthenticated"]
+
+
 def test_the_header_tenant_resolver_is_a_warning_outside_debug():
     amqp = "amqp://guest:guest@rabbit:5672//"
-    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "BUS_TRANSPORT_URL": amqp}):
+    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "BUS_TRANSPORT_URL": amqp,
+                                             "API_PERMISSION_CLASSES": AUTHENTICATED}):
         assert ids(check_settings()) == ["wow_django.W004"]
     with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "BUS_TRANSPORT_URL": amqp,
+                                             "API_PERMISSION_CLASSES": AUTHENTICATED,
                                              "TENANT_RESOLVER": "wow_django.http.tenancy.UserTenantResolver"}):
         assert check_settings() == []
     with override_settings(DEBUG=True, WOW={"MONGO_URI": "mongodb://db/x"}):
@@ -196,7 +201,8 @@ def test_the_header_tenant_resolver_is_a_warning_outside_debug():
 
 def test_the_memory_bus_transport_is_a_warning_outside_debug():
     user_resolver = "wow_django.http.tenancy.UserTenantResolver"
-    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "TENANT_RESOLVER": user_resolver}):
+    with override_settings(DEBUG=False, WOW={"MONGO_URI": "mongodb://db/x", "TENANT_RESOLVER": user_resolver,
+                                             "API_PERMISSION_CLASSES": AUTHENTICATED}):
         [warning] = check_settings()
         assert warning.id == "wow_django.W005" and "memory://" in warning.msg
     with override_settings(DEBUG=True, WOW={"MONGO_URI": "mongodb://db/x"}):
@@ -211,3 +217,46 @@ def test_a_mongomock_uri_without_mongomock_installed_is_a_check_error(monkeypatc
     with override_settings(WOW={"MONGO_URI": "mongomock://localhost/x"}):
         [error] = check_settings()
         assert error.id == "wow_django.E003" and "wow-django[mongomock]" in error.hint
+
+
+def test_an_api_open_to_anyone_is_a_warning_outside_debug():
+    quiet = {"MONGO_URI": "mongodb://db/x", "BUS_TRANSPORT_URL": "amqp://guest:guest@rabbit:5672//",
+             "TENANT_RESOLVER": "wow_django.http.tenancy.UserTenantResolver"}
+    with override_settings(DEBUG=False, WOW=quiet):  # DRF's default: AllowAny
+        [warning] = check_settings()
+        assert warning.id == "wow_django.W006" and "delete aggregates" in warning.msg
+    with override_settings(DEBUG=False, WOW={**quiet, "API_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"]}):
+        assert ids(check_settings()) == ["wow_django.W006"]
+    with override_settings(DEBUG=False, WOW={**quiet, "API_PERMISSION_CLASSES": AUTHENTICATED}):
+        assert check_settings() == []
+    with override_settings(DEBUG=False, WOW=quiet,
+                           REST_FRAMEWORK={"DEFAULT_PERMISSION_CLASSES": AUTHENTICATED}):
+        assert check_settings() == []
+    with override_settings(DEBUG=True, WOW=quiet):
+        assert check_settings() == []
+
+
+def test_api_policy_paths_that_do_not_import_are_errors():
+    with override_settings(WOW={"API_PERMISSION_CLASSES": ["myproject.perms.Nope"],
+                                "API_AUTHENTICATION_CLASSES": ["rest_framework.authentication.NoSuchAuth"]}):
+        messages = check_settings()
+    assert ids(messages) == ["wow_django.E001", "wow_django.E001"]
+    assert "WOW['API_AUTHENTICATION_CLASSES']: 'rest_framework.authentication.NoSuchAuth' does not import" in messages[0].msg
+    assert "WOW['API_PERMISSION_CLASSES']: 'myproject.perms.Nope' does not import" in messages[1].msg
+
+
+def test_celery_without_a_broker_is_a_warning(monkeypatch):
+    from celery import current_app
+
+    conf = current_app.conf
+    monkeypatch.setitem(conf, "task_always_eager", False)
+    monkeypatch.setitem(conf, "broker_url", None)
+    with override_settings(WOW={"MONGO_URI": "mongodb://db/x"}):
+        [warning] = check_settings()
+        assert warning.id == "wow_django.W007" and "names no broker" in warning.msg
+    monkeypatch.setitem(conf, "broker_url", "redis://127.0.0.1:6379/0")
+    with override_settings(WOW={"MONGO_URI": "mongodb://db/x"}):
+        assert check_settings() == []
+    monkeypatch.setitem(conf, "broker_url", None)
+    with override_settings(WOW={"MONGO_URI": "mongodb://db/x", "TASK_QUEUE": "tests.test_runtime.RecordingTaskQueue"}):
+        assert check_settings() == []  # not Celery's queue: nothing to say

@@ -7,6 +7,7 @@ import importlib.util
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from wow_django.application.ports import TaskQueue
 from wow_django.conf import IMPORT_STRINGS, validate_user_settings, wow_settings
@@ -34,6 +35,7 @@ def check_settings(app_configs=None, **kwargs):
             f"WOW['TASK_QUEUE'] must name a wow_django.application.TaskQueue subclass, got {wow_settings.TASK_QUEUE!r}",
             hint="Use wow_django.tasks.CeleryTaskQueue or your own TaskQueue subclass.", id="wow_django.E001",
         ))
+    messages.extend(_api_policy_errors())
     if messages:
         return messages
     uses_mongo = any(wow_settings.storage_for(p) == "mongo" for p in ("EVENT_STORE", "SNAPSHOT_STORE", "PREPARE_STORE", "BUS_STORE"))
@@ -88,6 +90,23 @@ def check_settings(app_configs=None, **kwargs):
             hint="Set WOW['BUS_TRANSPORT_URL'] to your RabbitMQ (amqp://user:password@host:5672//).",
             id="wow_django.W005",
         ))
+    if not settings.DEBUG and _api_allows_anyone():
+        messages.append(checks.Warning(
+            "The command and query API lets anonymous clients in (its permission classes are AllowAny, DRF's "
+            "default): anyone who reaches it can send commands, delete aggregates and read snapshots.",
+            hint="Set WOW['API_PERMISSION_CLASSES'] (e.g. ['rest_framework.permissions.IsAuthenticated']) or "
+                 "REST_FRAMEWORK['DEFAULT_PERMISSION_CLASSES']; silence wow_django.W006 if that is intended.",
+            id="wow_django.W006",
+        ))
+    celery_problem = _celery_unconfigured()
+    if celery_problem:
+        messages.append(checks.Warning(
+            celery_problem,
+            hint="Define your Celery app and import it in your project package's __init__.py (CELERY_BROKER_URL "
+                 "in settings, app.config_from_object('django.conf:settings', namespace='CELERY')), or set "
+                 "CELERY_TASK_ALWAYS_EAGER = True to run tasks inline.",
+            id="wow_django.W007",
+        ))
     if wow_settings.SNAPSHOT_MODE == "celery" and _cache_is_process_local():
         messages.append(checks.Warning(
             "WOW['SNAPSHOT_MODE'] is 'celery' but the default cache is local to each process: the marker that "
@@ -106,6 +125,53 @@ def check_settings(app_configs=None, **kwargs):
             id="wow_django.W002",
         ))
     return messages
+
+
+def _api_policy_errors() -> list[checks.CheckMessage]:
+    """A dotted path in the API's DRF policy that does not import is an error now, not a 500 per request."""
+    errors: list[checks.CheckMessage] = []
+    for name in ("API_AUTHENTICATION_CLASSES", "API_PERMISSION_CLASSES"):
+        for value in getattr(wow_settings, name) or ():
+            if not isinstance(value, str):
+                continue
+            try:
+                import_string(value)
+            except ImportError as exc:
+                errors.append(checks.Error(f"WOW[{name!r}]: {value!r} does not import ({exc})",
+                                           hint=f"Fix WOW[{name!r}] in your settings.", id="wow_django.E001"))
+    return errors
+
+
+def _api_allows_anyone() -> bool:
+    """Whether the API's effective permission classes (WOW's, else DRF's defaults) are all AllowAny."""
+    from rest_framework.permissions import AllowAny
+    from rest_framework.settings import api_settings
+
+    configured = wow_settings.API_PERMISSION_CLASSES
+    try:
+        classes = ([import_string(c) if isinstance(c, str) else c for c in configured] if configured is not None
+                   else list(api_settings.DEFAULT_PERMISSION_CLASSES))
+    except ImportError:
+        return False  # reported as an error above
+    return all(isinstance(c, type) and issubclass(c, AllowAny) for c in classes)
+
+
+def _celery_unconfigured() -> str | None:
+    """Why Celery tasks would go nowhere useful, or None: the task queue is Celery's, tasks are not eager and
+    the current Celery app names no broker (a SENT command would wait on Celery's default amqp://localhost)."""
+    from wow_django.tasks import CeleryTaskQueue
+
+    queue = wow_settings.TASK_QUEUE
+    if not (isinstance(queue, type) and issubclass(queue, CeleryTaskQueue)):
+        return None
+    from celery import current_app
+
+    conf = current_app.conf
+    if conf.task_always_eager or conf.broker_url:
+        return None
+    return ("WOW['TASK_QUEUE'] sends tasks through Celery, but the current Celery app names no broker and is not "
+            "eager: commands sent with Wow-Wait-Stage SENT, Celery-mode snapshots and bus rollups would go to "
+            "Celery's default broker (amqp://guest@localhost//).")
 
 
 def _running_tests() -> bool:
