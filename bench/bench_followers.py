@@ -32,6 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_django_store import PG, admin_connection  # noqa: E402
 
+#: A real MongoDB server for the ``mongo backend, server`` row (the test suite's variable).
+REAL_MONGO_ENV = "WOW_TEST_MONGO_URI"
+
 
 def fill(store, context: str, count: int) -> None:
     from wow_django.persistence.records import AggregateId
@@ -41,6 +44,23 @@ def fill(store, context: str, count: int) -> None:
     for start in range(0, count, 500):
         results = store.append_many(streams[start:start + 500])
         assert not any(results), results
+
+
+def mongo_row(label: str, uri: str, count: int, cleanups: list):
+    """A catch-up row on MongoDB at ``uri``: a new database filled with ``count`` streams (dropped by ``cleanups``)."""
+    from wow_django.backends.mongo.client import MongoConnection
+    from wow_django.backends.mongo.event_store import MongoEventStore
+    from wow_django.backends.mongo.followers import MongoFollowerStore, MongoStreamFeed
+    from wow_django.backends.mongo.schema import SchemaGuard
+
+    connection = MongoConnection(uri)
+    cleanups.append(connection.close)
+    name = f"wow_bench_f_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    cleanups.append(lambda: connection.client.drop_database(name))
+    guard = SchemaGuard("bench")
+    store = MongoEventStore(connection, name, schema=guard)
+    fill(store, "bench", count)
+    return label, MongoStreamFeed(store, "bench"), MongoFollowerStore(connection, name, schema=guard), None
 
 
 def bench_reads(feed, batch: int) -> float:
@@ -121,10 +141,15 @@ def main() -> None:
 
     rows = []
     datastore = None
+    mongo_cleanups = []
     try:
         memory = InMemoryEventStore()
         fill(memory, "bench", n)
         rows.append(("in_memory", InMemoryStreamFeed(memory, "bench"), InMemoryFollowerStore(), None))
+        rows.append(mongo_row("mongo backend, embedded engine*", "mongomock://localhost/wow_bench", n,
+                              mongo_cleanups))
+        if os.environ.get(REAL_MONGO_ENV):
+            rows.append(mongo_row("mongo backend, server", os.environ[REAL_MONGO_ENV], n, mongo_cleanups))
         for alias in ("sqlite", "pg"):
             call_command("migrate", "wow_django", database=alias, verbosity=0)
             store = DjangoEventStore(using=alias)
@@ -150,7 +175,7 @@ def main() -> None:
 
         print(f"# {n} streams of one event in one context, pages of {batch}, best of {args.repeat}; "
               f"Python {sys.version.split()[0]}")
-        print(f"{'engine':<30} {'pyeventsourcing reads/s':>24} {'feed reads/s':>14} {'follower/s':>12} "
+        print(f"{'engine':<36} {'pyeventsourcing reads/s':>24} {'feed reads/s':>14} {'follower/s':>12} "
               f"{'follower x base':>16}")
         for name, feed, follower_store, alias in rows:
             base = baselines.get(alias) if alias else None
@@ -159,8 +184,12 @@ def main() -> None:
             follows = max(bench_follower(feed, follower_store, batch) for _ in range(args.repeat))
             ratio = f"{follows / base_rate:16.2f}" if base_rate else f"{'-':>16}"
             base_text = f"{base_rate:24,.0f}" if base_rate else f"{'-':>24}"
-            print(f"{name:<30} {base_text} {reads:14,.0f} {follows:12,.0f} {ratio}")
+            print(f"{name:<36} {base_text} {reads:14,.0f} {follows:12,.0f} {ratio}")
+        print("# * mongomock in this process (the test suite's embedded engine), not a MongoDB server figure"
+              + ("" if os.environ.get(REAL_MONGO_ENV) else f"; set {REAL_MONGO_ENV} for a server row"))
     finally:
+        for cleanup in reversed(mongo_cleanups):
+            cleanup()
         if datastore is not None:
             datastore.close()
         connections.close_all()
