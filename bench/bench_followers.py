@@ -21,7 +21,11 @@ PostgreSQL databases are created and dropped (``WOW_BENCH_PG_HOST`` /
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import select
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -108,30 +112,243 @@ def stored_events(count: int):
     return [StoredEvent(uuid.uuid4(), 1, "tests:ThingHappened", state) for _ in range(count)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=1_000, help="page size / FOLLOWER_MAX_BATCH")
-    parser.add_argument("--repeat", type=int, default=3, help="best of N runs per row")
-    args = parser.parse_args()
-    n, batch = args.streams, args.batch
+# --- live latency ------------------------------------------------------------------------------------
 
-    directory = tempfile.mkdtemp(prefix="wow-bench-followers-")
-    pg_names = [f"wow_bench_f_{os.getpid()}_{i}" for i in range(2)]
-    with admin_connection() as admin:
-        for name in pg_names:
-            admin.execute(f'CREATE DATABASE "{name}"')
+#: Streams appended (and waited for) before the measured ones: connections opened, the follower's backoff reset.
+WARMUP = 10
+
+
+class LatencyRecorder:
+    """A follower's handler: for each measured stream, handling time minus the ``sent`` time in its header."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.latencies: list[float] = []
+        self.seen = 0
+        self.done = threading.Event()  # also the runner's stop event
+
+    def __call__(self, item) -> None:
+        now = time.time()
+        header = item.stream.header
+        self.seen += 1
+        if not header.get("warmup"):
+            self.latencies.append(now - header["sent"])
+        if self.seen >= self.expected:
+            self.done.set()
+
+
+def live_runner(name: str, recorder: LatencyRecorder, feed, follower_store):
+    """A runner with this process's WOW settings (``FOLLOWER_MAX_WAIT_S`` & co.), as ``wow_follow`` builds one."""
+    from wow_django.application.followers import Follower, FollowerRunner
+
+    return FollowerRunner(Follower(name, recorder), feed, follower_store)
+
+
+def database_spec(engine: str, name: str) -> dict:
+    if engine == "sqlite":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
+    return {"ENGINE": "django.db.backends.postgresql", "NAME": name, **PG}
+
+
+def configure(databases: dict, max_wait_s: float | None) -> None:
     import django
     from django.conf import settings
 
-    settings.configure(DATABASES={
-        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
-        "sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(directory, "wow.sqlite3")},
-        "pg": {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[0], **PG},
-    }, INSTALLED_APPS=["wow_django"], USE_TZ=True, WOW={"STORAGE": "in_memory"})
+    wow = {"STORAGE": "in_memory"}
+    if max_wait_s is not None:
+        wow["FOLLOWER_MAX_WAIT_S"] = max_wait_s
+    settings.configure(DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+                                  **databases}, INSTALLED_APPS=["wow_django"], USE_TZ=True, WOW=wow)
     django.setup()
+
+
+def child_main(args) -> None:
+    """The follower process of a cross-process row: prints ``ready`` once it holds the lease, then, once
+    ``--child-count`` streams are handled (or ``--child-timeout`` s passed), the latencies as JSON."""
+    engine, db = args.child
+    configure({"live": database_spec(engine, db)}, args.max_wait_s)
+    from wow_django.backends.django.event_store import DjangoEventStore
+    from wow_django.backends.django.followers import DjangoFollowerStore, DjangoStreamFeed
+
+    recorder = LatencyRecorder(args.child_count)
+    runner = live_runner(args.child_name, recorder, DjangoStreamFeed(DjangoEventStore(using="live"),
+                                                                     args.child_context),
+                         DjangoFollowerStore(using="live"))
+    runner.run_once()  # takes the lease
+    print("ready", flush=True)
+    timer = threading.Timer(args.child_timeout, recorder.done.set)
+    timer.daemon = True
+    timer.start()
+    runner.run(recorder.done)
+    print(json.dumps({"seen": recorder.seen, "latencies": recorder.latencies}), flush=True)
+
+
+def append_live(store, context: str, count: int, interval_s: float, *, warmup: bool = False) -> list[float]:
+    """Append ``count`` one-event streams, one every ``interval_s``, each stamped ``sent`` just before its
+    append; the append durations."""
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing import make_stream
+
+    durations = []
+    next_at = time.perf_counter()
+    for _ in range(count):
+        header = {"sent": time.time(), "warmup": warmup}
+        stream = make_stream(AggregateId("order", uuid.uuid4().hex, context, "t"), 1, header=header)
+        started = time.perf_counter()
+        results = store.append_many([stream])
+        durations.append(time.perf_counter() - started)
+        assert not any(results), results
+        next_at += interval_s
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    return durations
+
+
+def wait_position(follower_store, name: str, position: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = follower_store.get(name)
+        if state is not None and state.position >= position:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"follower {name!r} did not reach position {position} in {timeout}s")
+        time.sleep(0.005)
+
+
+def live_thread(store, feed, follower_store, count: int, interval_s: float):
+    """The follower as a thread of the appending process (woken by the store's AppendNotifier)."""
+    context, name = feed.context_name, f"live-{uuid.uuid4().hex[:8]}"
+    recorder = LatencyRecorder(WARMUP + count)
+    runner = live_runner(name, recorder, feed, follower_store)
+    ready = threading.Event()
+
+    def run():
+        try:
+            runner.run_once()
+        finally:
+            ready.set()
+        runner.run(recorder.done)
+
+    thread = threading.Thread(target=run, name="bench-live-follower", daemon=True)
+    thread.start()
+    try:
+        ready.wait(30)
+        append_live(store, context, WARMUP, interval_s, warmup=True)
+        wait_position(follower_store, name, feed.head())
+        durations = append_live(store, context, count, interval_s)
+        recorder.done.wait(count * interval_s + 30)
+    finally:
+        recorder.done.set()
+        runner.wake()
+        thread.join(10)
+    return recorder.latencies, durations
+
+
+def live_process(engine: str, db: str, store, follower_store, count: int, interval_s: float, max_wait_s):
+    """The follower in another OS process (this script with ``--child``), polling with its backoff."""
+    context, name = f"live-{uuid.uuid4().hex[:8]}", f"live-{uuid.uuid4().hex[:8]}"
+    timeout = count * interval_s + 60
+    command = [sys.executable, os.path.abspath(__file__), "--child", engine, db, "--child-name", name,
+               "--child-context", context, "--child-count", str(WARMUP + count), "--child-timeout", str(timeout)]
+    if max_wait_s is not None:
+        command += ["--max-wait-s", str(max_wait_s)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        if not ready or child.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the follower process did not start (exit code {child.poll()})")
+        append_live(store, context, WARMUP, interval_s, warmup=True)
+        from wow_django.backends.django.followers import DjangoStreamFeed
+
+        wait_position(follower_store, name, DjangoStreamFeed(store, context).head())
+        durations = append_live(store, context, count, interval_s)
+        out, _ = child.communicate(timeout=timeout + 30)
+        if child.returncode:
+            raise RuntimeError(f"the follower process failed (exit code {child.returncode})")
+        found = json.loads(out.strip().splitlines()[-1])
+        return found["latencies"], durations
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def live_line(name: str, where: str, count: int, latencies: list[float], durations: list[float]) -> str:
+    ms = [v * 1000 for v in latencies]
+    missing = f" ({count - len(ms)} not handled)" if len(ms) < count else ""
+    return (f"{name:<36} {where:<9} {percentile([d * 1000 for d in durations], 0.5):10.2f} "
+            f"{percentile(ms, 0.5):8.2f} {percentile(ms, 0.9):8.2f} {percentile(ms, 0.99):8.2f} "
+            f"{max(ms):8.2f}{missing}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=20_000, help="catch-up: streams stored (0: no catch-up table)")
+    parser.add_argument("--batch", type=int, default=1_000, help="page size / FOLLOWER_MAX_BATCH")
+    parser.add_argument("--repeat", type=int, default=3, help="best of N runs per row")
+    parser.add_argument("--live", type=int, default=0, metavar="N",
+                        help="live latency: N paced appends per row (0: no live table)")
+    parser.add_argument("--interval-ms", type=float, nargs="+", default=[5.0],
+                        help="live: time between two appends (several values: a block of rows each)")
+    parser.add_argument("--max-wait-s", type=float, default=None,
+                        help="live: WOW FOLLOWER_MAX_WAIT_S of the followers (default: the setting's default)")
+    parser.add_argument("--child", nargs=2, metavar=("ENGINE", "DB"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-name", help=argparse.SUPPRESS)
+    parser.add_argument("--child-context", help=argparse.SUPPRESS)
+    parser.add_argument("--child-count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-timeout", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main(args)
+        return
+    n = args.streams
+
+    directory = tempfile.mkdtemp(prefix="wow-bench-followers-")
+    pg_names = [f"wow_bench_f_{os.getpid()}_{i}" for i in range(3)]
+    created: list[str] = []
+    datastore = None
+    mongo_cleanups: list = []
+    try:
+        with admin_connection() as admin:
+            for name in pg_names:
+                admin.execute(f'CREATE DATABASE "{name}"')
+                created.append(name)
+        live_sqlite = os.path.join(directory, "live.sqlite3")
+        configure({
+            "sqlite": database_spec("sqlite", os.path.join(directory, "wow.sqlite3")),
+            "pg": database_spec("pg", pg_names[0]),
+            "sqlite_live": database_spec("sqlite", live_sqlite),
+            "pg_live": database_spec("pg", pg_names[2]),
+        }, args.max_wait_s)
+        if n:
+            datastore = catch_up(args, directory, pg_names, mongo_cleanups)
+        if args.live:
+            live(args, {"sqlite_live": ("sqlite", live_sqlite), "pg_live": ("pg", pg_names[2])})
+    finally:
+        for cleanup in reversed(mongo_cleanups):
+            cleanup()
+        if datastore is not None:
+            datastore.close()
+        from django.conf import settings
+
+        if settings.configured:
+            from django.db import connections
+
+            connections.close_all()
+        with admin_connection() as admin:
+            for name in created:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def catch_up(args, directory: str, pg_names: list[str], mongo_cleanups: list):
+    """Print the catch-up table; pyeventsourcing's PostgreSQL datastore to close (or None)."""
+    n, batch = args.streams, args.batch
     from django.core.management import call_command
-    from django.db import connections
     from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
 
     from wow_django.backends.django.event_store import DjangoEventStore
@@ -141,61 +358,87 @@ def main() -> None:
 
     rows = []
     datastore = None
-    mongo_cleanups = []
+    memory = InMemoryEventStore()
+    fill(memory, "bench", n)
+    rows.append(("in_memory", InMemoryStreamFeed(memory, "bench"), InMemoryFollowerStore(), None))
+    rows.append(mongo_row("mongo backend, embedded engine*", "mongomock://localhost/wow_bench", n, mongo_cleanups))
+    if os.environ.get(REAL_MONGO_ENV):
+        rows.append(mongo_row("mongo backend, server", os.environ[REAL_MONGO_ENV], n, mongo_cleanups))
+    for alias in ("sqlite", "pg"):
+        call_command("migrate", "wow_django", database=alias, verbosity=0)
+        store = DjangoEventStore(using=alias)
+        fill(store, "bench", n)
+        rows.append((f"django backend, {'SQLite' if alias == 'sqlite' else 'PostgreSQL'}",
+                     DjangoStreamFeed(store, "bench"), DjangoFollowerStore(using=alias), alias))
+    recorder = SQLiteApplicationRecorder(SQLiteDatastore(os.path.join(directory, "baseline.sqlite3")))
+    recorder.create_table()
+    for start in range(0, n, 500):
+        recorder.insert_events(stored_events(min(500, n - start)))
+    baselines = {"sqlite": recorder}
     try:
-        memory = InMemoryEventStore()
-        fill(memory, "bench", n)
-        rows.append(("in_memory", InMemoryStreamFeed(memory, "bench"), InMemoryFollowerStore(), None))
-        rows.append(mongo_row("mongo backend, embedded engine*", "mongomock://localhost/wow_bench", n,
-                              mongo_cleanups))
-        if os.environ.get(REAL_MONGO_ENV):
-            rows.append(mongo_row("mongo backend, server", os.environ[REAL_MONGO_ENV], n, mongo_cleanups))
-        for alias in ("sqlite", "pg"):
-            call_command("migrate", "wow_django", database=alias, verbosity=0)
-            store = DjangoEventStore(using=alias)
-            fill(store, "bench", n)
-            rows.append((f"django backend, {'SQLite' if alias == 'sqlite' else 'PostgreSQL'}",
-                         DjangoStreamFeed(store, "bench"), DjangoFollowerStore(using=alias), alias))
-        recorder = SQLiteApplicationRecorder(SQLiteDatastore(os.path.join(directory, "baseline.sqlite3")))
-        recorder.create_table()
+        from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+    except ImportError:
+        print("# pyeventsourcing's PostgreSQL recorder needs psycopg_pool: its baseline is skipped")
+    else:
+        datastore = PostgresDatastore(pg_names[1], PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"])
+        pg_recorder = PostgresApplicationRecorder(datastore)
+        pg_recorder.create_table()
         for start in range(0, n, 500):
-            recorder.insert_events(stored_events(min(500, n - start)))
-        baselines = {"sqlite": recorder}
-        try:
-            from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
-        except ImportError:
-            print("# pyeventsourcing's PostgreSQL recorder needs psycopg_pool: its baseline is skipped")
-        else:
-            datastore = PostgresDatastore(pg_names[1], PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"])
-            pg_recorder = PostgresApplicationRecorder(datastore)
-            pg_recorder.create_table()
-            for start in range(0, n, 500):
-                pg_recorder.insert_events(stored_events(min(500, n - start)))
-            baselines["pg"] = pg_recorder
+            pg_recorder.insert_events(stored_events(min(500, n - start)))
+        baselines["pg"] = pg_recorder
 
-        print(f"# {n} streams of one event in one context, pages of {batch}, best of {args.repeat}; "
-              f"Python {sys.version.split()[0]}")
-        print(f"{'engine':<36} {'pyeventsourcing reads/s':>24} {'feed reads/s':>14} {'follower/s':>12} "
-              f"{'follower x base':>16}")
-        for name, feed, follower_store, alias in rows:
-            base = baselines.get(alias) if alias else None
-            base_rate = max(bench_baseline(base, n, batch) for _ in range(args.repeat)) if base else None
-            reads = max(bench_reads(feed, batch) for _ in range(args.repeat))
-            follows = max(bench_follower(feed, follower_store, batch) for _ in range(args.repeat))
-            ratio = f"{follows / base_rate:16.2f}" if base_rate else f"{'-':>16}"
-            base_text = f"{base_rate:24,.0f}" if base_rate else f"{'-':>24}"
-            print(f"{name:<36} {base_text} {reads:14,.0f} {follows:12,.0f} {ratio}")
-        print("# * mongomock in this process (the test suite's embedded engine), not a MongoDB server figure"
-              + ("" if os.environ.get(REAL_MONGO_ENV) else f"; set {REAL_MONGO_ENV} for a server row"))
-    finally:
-        for cleanup in reversed(mongo_cleanups):
-            cleanup()
-        if datastore is not None:
-            datastore.close()
-        connections.close_all()
-        with admin_connection() as admin:
-            for name in pg_names:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(f"# catch-up: {n} streams of one event in one context, pages of {batch}, best of {args.repeat}; "
+          f"Python {sys.version.split()[0]}")
+    print(f"{'engine':<36} {'pyeventsourcing reads/s':>24} {'feed reads/s':>14} {'follower/s':>12} "
+          f"{'follower x base':>16}")
+    for name, feed, follower_store, alias in rows:
+        base = baselines.get(alias) if alias else None
+        base_rate = max(bench_baseline(base, n, batch) for _ in range(args.repeat)) if base else None
+        reads = max(bench_reads(feed, batch) for _ in range(args.repeat))
+        follows = max(bench_follower(feed, follower_store, batch) for _ in range(args.repeat))
+        ratio = f"{follows / base_rate:16.2f}" if base_rate else f"{'-':>16}"
+        base_text = f"{base_rate:24,.0f}" if base_rate else f"{'-':>24}"
+        print(f"{name:<36} {base_text} {reads:14,.0f} {follows:12,.0f} {ratio}")
+    print("# * mongomock in this process (the test suite's embedded engine), not a MongoDB server figure"
+          + ("" if os.environ.get(REAL_MONGO_ENV) else f"; set {REAL_MONGO_ENV} for a server row"))
+    return datastore
+
+
+def live(args, databases: dict[str, tuple[str, str]]) -> None:
+    """Print the live latency table: in-process rows, then each database with the follower in another process
+    and as a thread of the appending one."""
+    from django.core.management import call_command
+
+    from wow_django.backends.django.event_store import DjangoEventStore
+    from wow_django.backends.django.followers import DjangoFollowerStore, DjangoStreamFeed
+    from wow_django.backends.memory.followers import InMemoryFollowerStore, InMemoryStreamFeed
+    from wow_django.backends.memory.stores import InMemoryEventStore
+    from wow_django.conf import wow_settings
+
+    count = args.live
+    for alias in databases:
+        call_command("migrate", "wow_django", database=alias, verbosity=0)
+    print(f"# live: {count} appends of one stream per row after {WARMUP} unmeasured; append -> handler "
+          f"latency (ms) from just before the append to the handler; FOLLOWER_MIN_BATCH="
+          f"{wow_settings.FOLLOWER_MIN_BATCH}, FOLLOWER_MAX_WAIT_S={wow_settings.FOLLOWER_MAX_WAIT_S} "
+          f"(a live follower polls after 10 ms doubling to it unless its process's append wakes it)")
+    print(f"{'engine':<36} {'follower':<9} {'append p50':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}")
+    for interval_ms in args.interval_ms:
+        interval_s = interval_ms / 1000
+        print(f"# one append every {interval_ms:g} ms")
+        memory = InMemoryEventStore()
+        latencies, durations = live_thread(memory, InMemoryStreamFeed(memory, f"live-{uuid.uuid4().hex[:8]}"),
+                                           InMemoryFollowerStore(), count, interval_s)
+        print(live_line("in_memory", "thread", count, latencies, durations), flush=True)
+        for alias, (engine, db) in databases.items():
+            name = f"django backend, {'SQLite (WAL file)' if engine == 'sqlite' else 'PostgreSQL'}"
+            store, follower_store = DjangoEventStore(using=alias), DjangoFollowerStore(using=alias)
+            latencies, durations = live_process(engine, db, store, follower_store, count, interval_s,
+                                                args.max_wait_s)
+            print(live_line(name, "process", count, latencies, durations), flush=True)
+            feed = DjangoStreamFeed(store, f"live-{uuid.uuid4().hex[:8]}")
+            latencies, durations = live_thread(store, feed, follower_store, count, interval_s)
+            print(live_line(name, "thread", count, latencies, durations), flush=True)
 
 
 if __name__ == "__main__":
