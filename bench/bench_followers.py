@@ -25,6 +25,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -306,6 +307,8 @@ def main() -> None:
         child_main(args)
         return
     n = args.streams
+    # SIGTERM (a CI timeout, kill) leaves through the finally below: child, databases and files cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
     directory = tempfile.mkdtemp(prefix="wow-bench-followers-")
     pg_names = [f"wow_bench_f_{os.getpid()}_{i}" for i in range(3)]
