@@ -145,10 +145,12 @@ def live_runner(name: str, recorder: LatencyRecorder, feed, follower_store):
     return FollowerRunner(Follower(name, recorder), feed, follower_store)
 
 
-def database_spec(engine: str, name: str) -> dict:
+def database_spec(engine: str, name: str, conn_max_age: float | None = 0) -> dict:
+    """A DATABASES entry; ``conn_max_age`` as Django's ``CONN_MAX_AGE`` (0, its default: closed around each
+    request, which a follower runner does around each cycle; None: kept open)."""
     if engine == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
-    return {"ENGINE": "django.db.backends.postgresql", "NAME": name, **PG}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": name, "CONN_MAX_AGE": conn_max_age}
+    return {"ENGINE": "django.db.backends.postgresql", "NAME": name, "CONN_MAX_AGE": conn_max_age, **PG}
 
 
 def configure(databases: dict, max_wait_s: float | None) -> None:
@@ -167,7 +169,7 @@ def child_main(args) -> None:
     """The follower process of a cross-process row: prints ``ready`` once it holds the lease, then, once
     ``--child-count`` streams are handled (or ``--child-timeout`` s passed), the latencies as JSON."""
     engine, db = args.child
-    configure({"live": database_spec(engine, db)}, args.max_wait_s)
+    configure({"live": database_spec(engine, db, args.child_conn_max_age)}, args.max_wait_s)
     from wow_django.backends.django.event_store import DjangoEventStore
     from wow_django.backends.django.followers import DjangoFollowerStore, DjangoStreamFeed
 
@@ -244,12 +246,13 @@ def live_thread(store, feed, follower_store, count: int, interval_s: float):
     return recorder.latencies, durations
 
 
-def live_process(engine: str, db: str, store, follower_store, count: int, interval_s: float, max_wait_s):
+def live_process(engine: str, db: str, age: float | None, store, follower_store, count: int, interval_s: float, max_wait_s):
     """The follower in another OS process (this script with ``--child``), polling with its backoff."""
     context, name = f"live-{uuid.uuid4().hex[:8]}", f"live-{uuid.uuid4().hex[:8]}"
     timeout = count * interval_s + 60
     command = [sys.executable, os.path.abspath(__file__), "--child", engine, db, "--child-name", name,
-               "--child-context", context, "--child-count", str(WARMUP + count), "--child-timeout", str(timeout)]
+               "--child-context", context, "--child-count", str(WARMUP + count), "--child-timeout", str(timeout),
+               "--child-conn-max-age", str(age)]
     if max_wait_s is not None:
         command += ["--max-wait-s", str(max_wait_s)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
@@ -278,10 +281,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def live_line(name: str, where: str, count: int, latencies: list[float], durations: list[float]) -> str:
+def live_line(name: str, age: str, where: str, count: int, latencies: list[float], durations: list[float]) -> str:
     ms = [v * 1000 for v in latencies]
     missing = f" ({count - len(ms)} not handled)" if len(ms) < count else ""
-    return (f"{name:<36} {where:<9} {percentile([d * 1000 for d in durations], 0.5):10.2f} "
+    return (f"{name:<36} {age:>12} {where:<9} {percentile([d * 1000 for d in durations], 0.5):10.2f} "
             f"{percentile(ms, 0.5):8.2f} {percentile(ms, 0.9):8.2f} {percentile(ms, 0.99):8.2f} "
             f"{max(ms):8.2f}{missing}")
 
@@ -295,6 +298,8 @@ def main() -> None:
                         help="live latency: N paced appends per row (0: no live table)")
     parser.add_argument("--interval-ms", type=float, nargs="+", default=[5.0],
                         help="live: time between two appends (several values: a block of rows each)")
+    parser.add_argument("--conn-max-age", type=conn_max_age, nargs="+", default=[0, None], metavar="S|none",
+                        help="live: the databases' CONN_MAX_AGE (several values: rows each; default: 0 none)")
     parser.add_argument("--max-wait-s", type=float, default=None,
                         help="live: WOW FOLLOWER_MAX_WAIT_S of the followers (default: the setting's default)")
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "DB"), help=argparse.SUPPRESS)
@@ -302,6 +307,7 @@ def main() -> None:
     parser.add_argument("--child-context", help=argparse.SUPPRESS)
     parser.add_argument("--child-count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-timeout", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--child-conn-max-age", type=conn_max_age, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child_main(args)
@@ -320,17 +326,18 @@ def main() -> None:
             for name in pg_names:
                 admin.execute(f'CREATE DATABASE "{name}"')
                 created.append(name)
-        live_sqlite = os.path.join(directory, "live.sqlite3")
+        live_dbs = {"sqlite": os.path.join(directory, "live.sqlite3"), "pg": pg_names[2]}
+        targets = [(f"{engine}_live_{i}", engine, db, age)
+                   for engine, db in live_dbs.items() for i, age in enumerate(args.conn_max_age)]
         configure({
             "sqlite": database_spec("sqlite", os.path.join(directory, "wow.sqlite3")),
             "pg": database_spec("pg", pg_names[0]),
-            "sqlite_live": database_spec("sqlite", live_sqlite),
-            "pg_live": database_spec("pg", pg_names[2]),
+            **{alias: database_spec(engine, db, age) for alias, engine, db, age in targets},
         }, args.max_wait_s)
         if n:
             datastore = catch_up(args, directory, pg_names, mongo_cleanups)
         if args.live:
-            live(args, {"sqlite_live": ("sqlite", live_sqlite), "pg_live": ("pg", pg_names[2])})
+            live(args, targets)
     finally:
         for cleanup in reversed(mongo_cleanups):
             cleanup()
@@ -407,7 +414,11 @@ def catch_up(args, directory: str, pg_names: list[str], mongo_cleanups: list):
     return datastore
 
 
-def live(args, databases: dict[str, tuple[str, str]]) -> None:
+def conn_max_age(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
+def live(args, targets: list[tuple[str, str, str, float | None]]) -> None:
     """Print the live latency table: in-process rows, then each database with the follower in another process
     and as a thread of the appending one."""
     from django.core.management import call_command
@@ -419,29 +430,29 @@ def live(args, databases: dict[str, tuple[str, str]]) -> None:
     from wow_django.conf import wow_settings
 
     count = args.live
-    for alias in databases:
+    for alias, *_ in targets:
         call_command("migrate", "wow_django", database=alias, verbosity=0)
     print(f"# live: {count} appends of one stream per row after {WARMUP} unmeasured; append -> handler "
           f"latency (ms) from just before the append to the handler; FOLLOWER_MIN_BATCH="
           f"{wow_settings.FOLLOWER_MIN_BATCH}, FOLLOWER_MAX_WAIT_S={wow_settings.FOLLOWER_MAX_WAIT_S} "
           f"(a live follower polls after 10 ms doubling to it unless its process's append wakes it)")
-    print(f"{'engine':<36} {'follower':<9} {'append p50':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}")
+    print(f"{'engine':<36} {'CONN_MAX_AGE':>12} {'follower':<9} {'append p50':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}")
     for interval_ms in args.interval_ms:
         interval_s = interval_ms / 1000
         print(f"# one append every {interval_ms:g} ms")
         memory = InMemoryEventStore()
         latencies, durations = live_thread(memory, InMemoryStreamFeed(memory, f"live-{uuid.uuid4().hex[:8]}"),
                                            InMemoryFollowerStore(), count, interval_s)
-        print(live_line("in_memory", "thread", count, latencies, durations), flush=True)
-        for alias, (engine, db) in databases.items():
+        print(live_line("in_memory", "-", "thread", count, latencies, durations), flush=True)
+        for alias, engine, db, age in targets:
             name = f"django backend, {'SQLite (WAL file)' if engine == 'sqlite' else 'PostgreSQL'}"
             store, follower_store = DjangoEventStore(using=alias), DjangoFollowerStore(using=alias)
-            latencies, durations = live_process(engine, db, store, follower_store, count, interval_s,
+            latencies, durations = live_process(engine, db, age, store, follower_store, count, interval_s,
                                                 args.max_wait_s)
-            print(live_line(name, "process", count, latencies, durations), flush=True)
+            print(live_line(name, str(age), "process", count, latencies, durations), flush=True)
             feed = DjangoStreamFeed(store, f"live-{uuid.uuid4().hex[:8]}")
             latencies, durations = live_thread(store, feed, follower_store, count, interval_s)
-            print(live_line(name, "thread", count, latencies, durations), flush=True)
+            print(live_line(name, str(age), "thread", count, latencies, durations), flush=True)
 
 
 if __name__ == "__main__":
