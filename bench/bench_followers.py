@@ -1,6 +1,7 @@
-"""Follower catch-up throughput: streams/s a follower hands to its handler while behind.
+"""Followers: catch-up throughput (streams/s while behind) and live latency (append → handler).
 
-``--streams`` streams (one event each) are appended to one context, then:
+**Catch-up** (``--streams N``, 0: skipped): N streams (one event each) are
+appended to one context, then:
 
 * **feed reads** — bare :meth:`StreamFeed.read` pages of ``--batch`` streams
   from position 0 to the head (the floor a follower cannot beat);
@@ -11,11 +12,36 @@
   reading its notification log in pages of ``--batch``
   (``select_notifications``) over as many stored events.
 
-Each figure is the best of ``--repeat`` runs; SQLite files are new, the
-PostgreSQL databases are created and dropped (``WOW_BENCH_PG_HOST`` /
-``_PORT`` / ``_USER`` / ``_PASSWORD``, default 127.0.0.1:5432 postgres).
+Engines: in_memory; the mongo backend on the embedded engine (mongomock, in
+this process: *not* a server figure) and, when ``WOW_TEST_MONGO_URI`` is set,
+on that server (a new database, dropped); the django backend on SQLite and
+PostgreSQL. Each figure is the best of ``--repeat`` runs.
+
+**Live** (``--live N``, 0: skipped): N one-stream appends, one every
+``--interval-ms``, each stamped with ``time.time()`` in its header just
+before the append; the follower's handler takes ``time.time()`` when it gets
+the stream. Per row, ``WARMUP`` unmeasured streams first, handled before the
+measured ones start. The follower runs
+
+* in **another OS process** (this script with ``--child``, a FollowerRunner
+  as ``wow_follow`` runs one): it sees other processes' appends by polling,
+  10 ms doubling to ``FOLLOWER_MAX_WAIT_S`` (``--max-wait-s``) while reads
+  find nothing — on SQLite both processes share one WAL file, on PostgreSQL
+  one new database;
+* as a **thread** of the appending process, where the store's
+  ``AppendNotifier`` wakes it at each append.
+
+Each with ``CONN_MAX_AGE`` 0 (Django's default; the runner closes obsolete
+connections around each cycle as Django does around a request, so the
+follower reconnects at every poll) and None (kept open), ``--conn-max-age``.
+
+SQLite files are new and removed, the PostgreSQL databases are created and
+dropped (``WOW_BENCH_PG_HOST`` / ``_PORT`` / ``_USER`` / ``_PASSWORD``,
+default 127.0.0.1:5432 postgres), the follower process is killed, also on
+an error or SIGTERM.
 
     python bench/bench_followers.py --streams 20000 --batch 1000
+    python bench/bench_followers.py --streams 0 --live 1000 --interval-ms 5 20
 """
 
 from __future__ import annotations
