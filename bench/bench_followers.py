@@ -64,6 +64,46 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_django_store import PG, admin_connection  # noqa: E402
 
+# Figures (one run, 2026-12-01, this machine, shared with other work: the live percentiles are noisy):
+#   python bench/bench_followers.py --streams 20000 --batch 1000 --live 1000 --interval-ms 5 20
+#   (4 min 54 s)
+#
+#   # catch-up: 20000 streams of one event in one context, pages of 1000, best of 3; Python 3.11.7
+#   engine                                      pyeventsourcing reads/s   feed reads/s   follower/s  follower x base
+#   in_memory                                                         -    195,512,977    2,390,636                -
+#   mongo backend, embedded engine* (2,000)                           -          9,065        3,387                -
+#   django backend, SQLite                                      106,050         27,337       20,003             0.19
+#   django backend, PostgreSQL                                  141,611         17,711       14,437             0.10
+#   # * mongomock in this process (the test suite's embedded engine), not a MongoDB server figure; (N): the streams it holds (--embedded-mongo-streams); set WOW_TEST_MONGO_URI for a server row
+#   # live: 1000 appends of one stream per row after 10 unmeasured; append -> handler latency (ms) from just before the append to the handler; FOLLOWER_MIN_BATCH=16, FOLLOWER_MAX_WAIT_S=1.0 (a live follower polls after 10 ms doubling to it unless its process's append wakes it)
+#   engine                               CONN_MAX_AGE follower  append p50      p50      p90      p99      max
+#   # one append every 5 ms
+#   in_memory                                       - thread          0.04     0.23     0.47     3.55     7.51
+#   django backend, SQLite (WAL file)               0 process         1.19    12.44    22.65    64.06   101.94
+#   django backend, SQLite (WAL file)               0 thread          0.88     2.78     9.24    30.36    42.93
+#   django backend, SQLite (WAL file)            None process         2.04    14.89    46.03   106.64   135.03
+#   django backend, SQLite (WAL file)            None thread          3.69     7.23    21.53    29.46    96.37
+#   django backend, PostgreSQL                      0 process         3.77    26.43    44.69    57.42    66.59
+#   django backend, PostgreSQL                      0 thread          3.92    17.36    29.93    38.64    50.15
+#   django backend, PostgreSQL                   None process         3.85    17.20    28.71    36.44    52.04
+#   django backend, PostgreSQL                   None thread          3.96     9.93    17.69    24.09    28.50
+#   # one append every 20 ms
+#   in_memory                                       - thread          0.07     0.36     0.48     2.07     2.89
+#   django backend, SQLite (WAL file)               0 process         1.43    14.08    25.30    37.05    59.00
+#   django backend, SQLite (WAL file)               0 thread          1.56     4.00     8.66    27.56    72.60
+#   django backend, SQLite (WAL file)            None process         1.66    12.62    22.52    26.83    38.82
+#   django backend, SQLite (WAL file)            None thread          1.24     3.10     6.17    27.88   175.72
+#   django backend, PostgreSQL                      0 process         3.01    18.02    31.25    45.97    82.51
+#   django backend, PostgreSQL                      0 thread          4.50    18.50    50.73    92.85   152.33
+#   django backend, PostgreSQL                   None process         2.99    12.40    26.09    32.52    56.93
+#   django backend, PostgreSQL                   None thread          3.76     6.56    11.96    21.30    82.90
+#
+# Read: a follower in another process polls (10 ms, doubling while idle, to FOLLOWER_MAX_WAIT_S), so its
+# latency is up to a poll period plus a read, where a thread is woken at once by its process's append; with
+# CONN_MAX_AGE 0 (Django's default) the runner reconnects at every cycle, which adds a connection
+# (~10 ms on PostgreSQL here) to each figure. The catch-up follower reaches 0.10-0.19x pyeventsourcing's
+# bare notification reads (goal >= 1.0x: not met).
+
 #: A real MongoDB server for the ``mongo backend, server`` row (the test suite's variable).
 REAL_MONGO_ENV = "WOW_TEST_MONGO_URI"
 
