@@ -98,6 +98,29 @@ from bench_django_store import PG, admin_connection  # noqa: E402
 #   django backend, PostgreSQL                   None process         2.99    12.40    26.09    32.52    56.93
 #   django backend, PostgreSQL                   None thread          3.76     6.56    11.96    21.30    82.90
 #
+# Sparse appends: the idle follower's backoff sets the cross-process latency (each run 3 min 36 s):
+#   python bench/bench_followers.py --streams 0 --live 200 --interval-ms 200 --conn-max-age none
+#
+#   # live: 200 appends of one stream per row after 10 unmeasured; append -> handler latency (ms) from just before the append to the handler; FOLLOWER_MIN_BATCH=16, FOLLOWER_MAX_WAIT_S=1.0 (a live follower polls after 10 ms doubling to it unless its process's append wakes it)
+#   engine                               CONN_MAX_AGE follower  append p50      p50      p90      p99      max
+#   # one append every 200 ms
+#   in_memory                                       - thread          0.07     0.42     2.03    10.07    46.89
+#   django backend, SQLite (WAL file)            None process         3.40    43.03   157.46   167.97   169.18
+#   django backend, SQLite (WAL file)            None thread          5.06     9.30    15.60    39.46    42.64
+#   django backend, PostgreSQL                   None process         3.54    42.46   161.06   167.49   178.81
+#   django backend, PostgreSQL                   None thread          2.61     5.89    19.04    29.60    32.75
+#
+#   python bench/bench_followers.py --streams 0 --live 200 --interval-ms 200 --conn-max-age none --max-wait-s 0.05
+#
+#   # live: 200 appends of one stream per row after 10 unmeasured; append -> handler latency (ms) from just before the append to the handler; FOLLOWER_MIN_BATCH=16, FOLLOWER_MAX_WAIT_S=0.05 (a live follower polls after 10 ms doubling to it unless its process's append wakes it)
+#   engine                               CONN_MAX_AGE follower  append p50      p50      p90      p99      max
+#   # one append every 200 ms
+#   in_memory                                       - thread          0.08     0.48     0.56     0.70     2.93
+#   django backend, SQLite (WAL file)            None process         1.67    32.13    51.63    56.13    95.51
+#   django backend, SQLite (WAL file)            None thread          1.93     4.50     9.89    18.61    49.97
+#   django backend, PostgreSQL                   None process         2.65    33.59    56.34    84.77   116.94
+#   django backend, PostgreSQL                   None thread          2.01     4.30     5.09     7.69    10.32
+#
 # Read: a follower in another process polls (10 ms, doubling while idle, to FOLLOWER_MAX_WAIT_S), so its
 # latency is up to a poll period plus a read, where a thread is woken at once by its process's append; with
 # CONN_MAX_AGE 0 (Django's default) the runner reconnects at every cycle, which adds a connection
