@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import threading
 from decimal import Decimal
 
@@ -234,6 +235,27 @@ def test_a_follower_thread_does_not_keep_a_connection_the_database_dropped(wow_m
     result = send(ORDER, wait=WaitStage.PROJECTED)
     assert result.succeeded, result.error_msg
     assert len(seen) == 2 and isinstance(seen[1], int) and seen[1] != seen[0]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "wow_pg"])
+def test_a_follower_thread_keeps_its_connection_between_cycles(wow_memory):
+    """With CONN_MAX_AGE 0 (Django's default) a follower does not reconnect at every poll: the projection
+    sees the same database session across commands and the idle polls between them."""
+    from django.db import connections
+
+    assert connections["wow_pg"].settings_dict["CONN_MAX_AGE"] == 0
+    seen: list = []
+
+    @projection("order")
+    def on_pg(message):
+        with connections["wow_pg"].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            seen.append(cursor.fetchone()[0])
+
+    send(ORDER, wait=WaitStage.PROJECTED)
+    time.sleep(0.3)  # idle cycles of the follower
+    send(ORDER, wait=WaitStage.PROJECTED)
+    assert len(seen) == 2 and seen[0] == seen[1]
 
 
 def test_celery_mode_snapshot_requests_queued_before_a_close_are_all_made(recording_queue):

@@ -65,7 +65,6 @@ from django.db import DatabaseError, connections, transaction
 
 from wow_django.application.repository import stream_messages
 from wow_django.backends.django.errors import is_recoverable
-from wow_django.bus.consumer import release_database_connections
 from wow_django.conf import wow_settings
 from wow_django.domain import registry as domain_registry
 from wow_django.domain.registry import Current, EventHandler, check_name
@@ -326,6 +325,7 @@ class FollowerRunner:
         passable, gaps, held = self._passable(state.position, streams, now)
         if not passable:
             return Cycle(leader=True, read=len(streams), full=full, position=state.position, held=held)
+        _check_connections()
         try:
             if self.follower.transactional:
                 with transaction.atomic(using=self.store.database_alias):
@@ -462,10 +462,35 @@ class FollowerRunner:
 
 
 def _release_connections() -> None:
+    """Between cycles: close a connection that broke, or that outlived a positive ``CONN_MAX_AGE``.
+
+    Unlike a request, a follower keeps its connections between cycles when ``CONN_MAX_AGE`` is 0 (Django's
+    default): closing them would reconnect at every poll of a live follower (a round trip to a new
+    backend each time); :func:`_check_connections` makes sure they still work before a batch is handed.
+    """
     try:
-        release_database_connections()
+        for connection in connections.all(initialized_only=True):
+            if connection.in_atomic_block or connection.connection is None:
+                continue
+            if (connection.settings_dict.get("CONN_MAX_AGE") == 0 and not connection.errors_occurred
+                    and connection.get_autocommit() == connection.settings_dict["AUTOCOMMIT"]):
+                continue
+            connection.close_if_unusable_or_obsolete()
     except Exception:  # closing a broken connection may fail too; the next use reconnects
         logger.debug("releasing a follower's database connections failed", exc_info=True)
+
+
+def _check_connections() -> None:
+    """Before a batch: a kept connection the server dropped meanwhile (a restart, a failover, an idle
+    timeout) is closed, so the handler's first query connects again instead of failing."""
+    try:
+        for connection in connections.all(initialized_only=True):
+            if connection.in_atomic_block or connection.connection is None:
+                continue
+            if not connection.is_usable():
+                connection.close()
+    except Exception:
+        logger.debug("checking a follower's database connections failed", exc_info=True)
 
 
 class FollowerThreads:
