@@ -478,6 +478,14 @@ class EventBus:
                  since: datetime | str | None = None, until: datetime | str | None = None,
                  trace_id: str | None = None) -> EventQuery:
         """The :class:`EventQuery` of these filters; EnvelopeValidationError naming each bad one."""
+        query, errors = self._query_and_errors(status, topic, service, since, until, trace_id)
+        if errors:
+            raise EnvelopeValidationError.from_errors("event query", errors)
+        return query
+
+    @staticmethod
+    def _query_and_errors(status, topic, service, since, until, trace_id) -> tuple[EventQuery | None, list[dict]]:
+        """The filters as an :class:`EventQuery` (None when one is bad) and the binding error of each bad one."""
         errors: list[dict] = []
         if status and status not in EventStatus.__members__:
             errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}"})
@@ -494,9 +502,9 @@ class EventBus:
                 except ValueError as exc:
                     errors.append({"name": name, "msg": str(exc)})
         if errors:
-            raise EnvelopeValidationError.from_errors("event query", errors)
+            return None, errors
         return EventQuery(status=status or None, topic=topic or None, service=service or None,
-                          trace_id=trace_id or None, since=window["since"], until=window["until"])
+                          trace_id=trace_id or None, since=window["since"], until=window["until"]), errors
 
     def events_page(self, query: EventQuery, *, cursor: str | None = None, size: int = 20) -> dict:
         """``{list, next}``: a page of events newest first after ``cursor`` (None: the first page), each
@@ -520,21 +528,7 @@ class EventBus:
                     since: datetime | str | None = None, until: datetime | str | None = None,
                     trace_id: str | None = None, page: int = 1, size: int = 20) -> dict:
         """``{total, page, size, list}`` of events, newest first, filtered by any of the arguments."""
-        errors: list[dict] = []
-        if status and status not in EventStatus.__members__:
-            errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}"})
-        if topic:
-            try:
-                check_topic(topic)
-            except EnvelopeValidationError as exc:
-                errors.extend(exc.binding_errors)
-        window: dict[str, datetime | None] = {"since": None, "until": None}
-        for name, value in (("since", since), ("until", until)):
-            if value:
-                try:
-                    window[name] = parse_time(value)
-                except ValueError as exc:
-                    errors.append({"name": name, "msg": str(exc)})
+        query, errors = self._query_and_errors(status, topic, service, since, until, trace_id)
         max_size = self.max_page_size
         if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_PAGE:
             errors.append({"name": "page", "msg": f"must be an integer from 1 to {MAX_PAGE}"})
@@ -542,8 +536,6 @@ class EventBus:
             errors.append({"name": "size", "msg": f"must be an integer from 1 to {max_size}"})
         if errors:
             raise EnvelopeValidationError.from_errors("event query", errors)
-        query = EventQuery(status=status or None, topic=topic or None, service=service or None,
-                           trace_id=trace_id or None, since=window["since"], until=window["until"])
         total, events = self.store.find_events(query, skip=(page - 1) * size, limit=size)
         summaries = self.summaries(events)
         return {"total": total, "page": page, "size": size,

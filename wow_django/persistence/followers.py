@@ -43,7 +43,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from wow_django.exceptions import LeaseLost, UnknownFollower
 from wow_django.persistence.records import EventStream
@@ -114,6 +114,44 @@ def poison_time(poison: PoisonEvent | None, now: datetime | None) -> datetime:
     if now is not None:
         return now
     return poison.at if poison is not None else datetime.now(UTC)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_micros(moment: datetime) -> int:
+    """An aware datetime as epoch microseconds (exact): how the stores keep followers' times."""
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def from_micros(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def gap_to_json(gap: Gap) -> dict:
+    """A :class:`Gap` as stored in a document or JSON column (times in epoch microseconds)."""
+    return {"first": gap.first, "last": gap.last, "seenAt": to_micros(gap.seen_at),
+            "skippedAt": to_micros(gap.skipped_at)}
+
+
+def gap_from_json(value: dict | None) -> Gap | None:
+    if not value:
+        return None
+    return Gap(first=value["first"], last=value["last"], seen_at=from_micros(value["seenAt"]),
+               skipped_at=from_micros(value["skippedAt"]))
+
+
+def poison_to_json(poison: PoisonEvent) -> dict:
+    """A :class:`PoisonEvent` as stored (its time in epoch microseconds)."""
+    return {"position": poison.position, "streamId": poison.stream_id, "aggregate": poison.aggregate,
+            "error": poison.error, "at": to_micros(poison.at)}
+
+
+def poison_from_json(value: dict | None) -> PoisonEvent | None:
+    if not value:
+        return None
+    return PoisonEvent(position=value["position"], stream_id=value["streamId"], aggregate=value["aggregate"],
+                       error=value["error"], at=from_micros(value["at"]))
 
 
 class AppendNotifier:
@@ -274,5 +312,5 @@ class FollowerStore(ABC):
 
 
 __all__ = ["AppendNotifier", "FollowerState", "FollowerStore", "Gap", "LeaseLost", "PoisonEvent", "PositionedStream", "StreamFeed",
-           "UnknownFollower", "check_position", "check_read_args",
-           "poison_time"]
+           "UnknownFollower", "check_position", "check_read_args", "from_micros", "gap_from_json", "gap_to_json",
+           "poison_from_json", "poison_time", "poison_to_json", "to_micros"]

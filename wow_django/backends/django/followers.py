@@ -37,7 +37,11 @@ from wow_django.persistence.followers import (
     StreamFeed,
     check_position,
     check_read_args,
+    gap_from_json,
+    gap_to_json,
+    poison_from_json,
     poison_time,
+    poison_to_json,
 )
 from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream
 
@@ -122,32 +126,14 @@ class DjangoStreamFeed(StreamFeed):
         return self._one(sql, (after, upto), f"counting the streams of {self.context_name!r}")
 
 
-def _gap_json(gap: Gap) -> dict:
-    return {"first": gap.first, "last": gap.last, "seenAt": to_micros(gap.seen_at),
-            "skippedAt": to_micros(gap.skipped_at)}
-
-
-def _poison_json(poison: PoisonEvent) -> dict:
-    return {"position": poison.position, "streamId": poison.stream_id, "aggregate": poison.aggregate,
-            "error": poison.error, "at": to_micros(poison.at)}
-
-
-def _poison(value: dict | None) -> PoisonEvent | None:
-    if not value:
-        return None
-    return PoisonEvent(position=value["position"], stream_id=value["streamId"], aggregate=value["aggregate"],
-                       error=value["error"], at=from_micros(value["at"]))
-
-
 def _state(row: FollowerRow) -> FollowerState:
     gap = row.last_gap
     return FollowerState(
         name=row.name, position=row.position, updated_at=from_micros(row.updated_at), paused=row.paused,
         lease_owner=row.lease_owner,
         lease_until=from_micros(row.lease_until) if row.lease_until is not None else None,
-        poison=_poison(row.poison), gaps_skipped=row.gaps_skipped,
-        last_gap=Gap(first=gap["first"], last=gap["last"], seen_at=from_micros(gap["seenAt"]),
-                     skipped_at=from_micros(gap["skippedAt"])) if gap else None,
+        poison=poison_from_json(row.poison), gaps_skipped=row.gaps_skipped,
+        last_gap=gap_from_json(gap),
         extra=row.extra or {},
     )
 
@@ -222,7 +208,7 @@ class DjangoFollowerStore(FollowerStore):
         }
         if gaps:
             changes["gaps_skipped"] = F("gaps_skipped") + Value(sum(g.last - g.first + 1 for g in gaps), big)
-            changes["last_gap"] = _gap_json(gaps[-1])
+            changes["last_gap"] = gap_to_json(gaps[-1])
         with self._write(f"advancing follower {name!r} to {position}"):
             with transaction.atomic(using=self.using):
                 if not self._leased(name, owner, now).update(**changes):
@@ -235,7 +221,7 @@ class DjangoFollowerStore(FollowerStore):
     def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
         now = poison_time(poison, now)
         with self._write(f"setting the poison event of follower {name!r}"):
-            if not self._leased(name, owner, now).update(poison=_poison_json(poison) if poison else None):
+            if not self._leased(name, owner, now).update(poison=poison_to_json(poison) if poison else None):
                 raise LeaseLost(name, owner, self._holder(name))
 
     def set_paused(self, name: str, paused: bool) -> None:
@@ -256,7 +242,7 @@ class DjangoFollowerStore(FollowerStore):
                 row = self._rows().select_for_update().filter(name=name).first()
                 if row is None:
                     raise UnknownFollower(name)
-                poison = _poison(row.poison)
+                poison = poison_from_json(row.poison)
                 if poison is None:
                     raise ValueError(f"follower {name!r} is not stopped on a poison event")
                 self._rows().filter(name=name).update(position=max(row.position, poison.position), poison=None,

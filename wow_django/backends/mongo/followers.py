@@ -19,7 +19,7 @@ microseconds from the caller's clock, never the server's.
 from __future__ import annotations
 
 import heapq
-from datetime import UTC, datetime
+from datetime import datetime
 
 from pymongo import ASCENDING, DESCENDING
 from pymongo import errors as pymongo_errors
@@ -47,18 +47,16 @@ from wow_django.persistence.followers import (
     StreamFeed,
     check_position,
     check_read_args,
+    from_micros,
+    gap_from_json,
+    gap_to_json,
+    poison_from_json,
     poison_time,
+    poison_to_json,
+    to_micros,
 )
 
 _SUFFIX = event_stream_collection("")
-
-
-def to_micros(time: datetime) -> int:
-    return round(time.timestamp() * 1_000_000)
-
-
-def from_micros(micros: int) -> datetime:
-    return datetime.fromtimestamp(micros / 1_000_000, UTC)
 
 
 class MongoStreamFeed(StreamFeed):
@@ -161,38 +159,14 @@ class MongoStreamFeed(StreamFeed):
         return sorted(document["position"] for document in documents)
 
 
-def _gap_json(gap: Gap) -> dict:
-    return {"first": gap.first, "last": gap.last, "seenAt": to_micros(gap.seen_at),
-            "skippedAt": to_micros(gap.skipped_at)}
-
-
-def _gap(value: dict | None) -> Gap | None:
-    if not value:
-        return None
-    return Gap(first=value["first"], last=value["last"], seen_at=from_micros(value["seenAt"]),
-               skipped_at=from_micros(value["skippedAt"]))
-
-
-def _poison_json(poison: PoisonEvent) -> dict:
-    return {"position": poison.position, "streamId": poison.stream_id, "aggregate": poison.aggregate,
-            "error": poison.error, "at": to_micros(poison.at)}
-
-
-def _poison(value: dict | None) -> PoisonEvent | None:
-    if not value:
-        return None
-    return PoisonEvent(position=value["position"], stream_id=value["streamId"], aggregate=value["aggregate"],
-                       error=value["error"], at=from_micros(value["at"]))
-
-
 def _state(document: dict) -> FollowerState:
     until = document.get("leaseUntil")
     return FollowerState(
         name=document["_id"], position=document.get("position", 0),
         updated_at=from_micros(document.get("updatedAt", 0)), paused=bool(document.get("paused")),
         lease_owner=document.get("leaseOwner"), lease_until=from_micros(until) if until is not None else None,
-        poison=_poison(document.get("poison")), gaps_skipped=document.get("gapsSkipped", 0),
-        last_gap=_gap(document.get("lastGap")), extra=document.get("extra") or {},
+        poison=poison_from_json(document.get("poison")), gaps_skipped=document.get("gapsSkipped", 0),
+        last_gap=gap_from_json(document.get("lastGap")), extra=document.get("extra") or {},
     )
 
 
@@ -254,7 +228,7 @@ class MongoFollowerStore(FollowerStore):
         extra: dict = {}
         if gaps:
             extra = {"$inc": {"gapsSkipped": sum(g.last - g.first + 1 for g in gaps)},
-                     "$set": {"lastGap": _gap_json(gaps[-1])}}
+                     "$set": {"lastGap": gap_to_json(gaps[-1])}}
         forward = {"$inc": extra.get("$inc", {}), "$set": {**extra.get("$set", {}), "position": position,
                                                             "updatedAt": to_micros(now)}}
         if not forward["$inc"]:
@@ -270,7 +244,7 @@ class MongoFollowerStore(FollowerStore):
                 if not held:
                     raise LeaseLost(name, owner, self._holder(name))
             if gaps:
-                self.gap_records.insert_many([{"follower": name, **_gap_json(g), "at": to_micros(now)}
+                self.gap_records.insert_many([{"follower": name, **gap_to_json(g), "at": to_micros(now)}
                                               for g in gaps])
 
     def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
@@ -278,7 +252,7 @@ class MongoFollowerStore(FollowerStore):
         with recoverable_errors(f"setting the poison event of follower {name!r}"):
             with self.connection.guard(self.followers):
                 result = self.followers.update_one(self._leased(name, owner, now),
-                                                   {"$set": {"poison": _poison_json(poison) if poison else None}})
+                                                   {"$set": {"poison": poison_to_json(poison) if poison else None}})
                 if not result.matched_count:
                     raise LeaseLost(name, owner, self._holder(name))
 
@@ -303,7 +277,7 @@ class MongoFollowerStore(FollowerStore):
                     document = self.followers.find_one({"_id": name})
                     if document is None:
                         raise UnknownFollower(name)
-                    poison = _poison(document.get("poison"))
+                    poison = poison_from_json(document.get("poison"))
                     if poison is None:
                         raise ValueError(f"follower {name!r} is not stopped on a poison event")
                     # Conditional on the same poison event still being there: of two operators, one skips it.
@@ -330,7 +304,7 @@ class MongoFollowerStore(FollowerStore):
         """Every gap follower ``name`` skipped, oldest first."""
         with recoverable_errors(f"reading the gaps of follower {name!r}"), self.connection.guard(self.gap_records):
             documents = list(self.gap_records.find({"follower": name}).sort([("at", ASCENDING), ("_id", ASCENDING)]))
-        return [_gap(d) for d in documents]
+        return [gap_from_json(d) for d in documents]
 
 
 __all__ = ["MongoFollowerStore", "MongoStreamFeed"]
