@@ -98,6 +98,19 @@ class PrepareKeyContract:
         self.assertTrue(self.keys.rollback(key, "mine"))
         self.assertIsNone(self.keys.get(key))
 
+    def test_a_value_that_looks_like_an_operator_is_matched_literally(self):
+        key = self.key()
+        self.keys.prepare(key, "mine")
+        # On MongoDB a raw {"value": {...}} filter would run these as operators and match "mine".
+        for probe in ({"$ne": None}, {"$exists": True}, {"$gt": ""}):
+            with self.subTest(probe=probe):
+                self.assertFalse(self.keys.rollback(key, probe))
+                self.assertFalse(self.keys.reprepare(key, "stolen", old_value=probe))
+                self.assertEqual(self.keys.get(key).value, "mine")
+        self.assertTrue(self.keys.reprepare(key, {"n": 1}, old_value="mine"))
+        self.assertFalse(self.keys.rollback(key, {"n": 2}))
+        self.assertTrue(self.keys.rollback(key, {"n": 1}))  # a document value matches itself
+
     def test_reprepare_without_old_value(self):
         key = self.key()
         self.assertFalse(self.keys.reprepare(key, "nothing-there"))

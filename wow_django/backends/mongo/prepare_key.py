@@ -76,7 +76,7 @@ class MongoPrepareKey(PrepareKey):
         check_key(key)
         query: dict = {"_id": key, "ttlAt": {"$gt": self._now()}}
         if value is not _MISSING:
-            query["value"] = value
+            query["value"] = {"$eq": value}  # literally: a raw dict with "$" keys would act as an operator
         with recoverable_errors(f"rolling back {self.name} {key!r}"):
             with self.connection.guard(self.collection):
                 result = self.collection.delete_one(query)
@@ -91,7 +91,7 @@ class MongoPrepareKey(PrepareKey):
         ttl_at = _naive_utc(resolve_ttl(ttl, now))
         query: dict = {"_id": key, "ttlAt": {"$gt": _naive_utc(now)}}
         if old_value is not _MISSING:
-            query["value"] = old_value
+            query["value"] = {"$eq": old_value}  # literally (document values compare field order too)
         with recoverable_errors(f"repreparing {self.name} {key!r}"):
             with self.connection.guard(self.collection):
                 result = self.collection.update_one(query, {"$set": {"value": new_value, "ttlAt": ttl_at}})
