@@ -45,7 +45,7 @@ from wow_django.query.condition import (
     parse_count_query,
     parse_list_query,
 )
-from wow_django.query.errors import QueryValidationError
+from wow_django.query.errors import QueryTooExpensive, QueryValidationError
 from wow_django.query.evaluator import _field_sort_key, matches, sort_documents
 from wow_django.query.orm import (
     ConditionExpression,
@@ -607,8 +607,19 @@ def test_queries_the_engine_finds_too_complex_are_bad_queries():
         DjangoSnapshotQueryService(store, "order").list(ListQuery())
 
 
+def test_a_query_stopped_by_the_statement_timeout_is_too_expensive_not_transient():
+    store = SimpleNamespace(using="default", queryset=lambda name: FailingQuerySet(OperationalError(
+        "canceling statement due to statement timeout")))
+    service = DjangoSnapshotQueryService(store, "order")
+    with pytest.raises(QueryTooExpensive, match=r"DATABASE_QUERY_TIMEOUT_MS.*narrow the condition") as raised:
+        service.list(ListQuery())
+    assert raised.value.error_code == "QUERY_TOO_EXPENSIVE"
+    with pytest.raises(QueryTooExpensive):
+        service.count(parse_count_query({}))
+
+
 @pytest.mark.parametrize("error", [OperationalError("server closed the connection unexpectedly"),
-                                   OperationalError("canceling statement due to statement timeout")])
+                                   OperationalError("could not serialize access due to concurrent update")])
 def test_database_failures_are_recoverable(error):
     store = SimpleNamespace(using="default", queryset=lambda name: FailingQuerySet(error))
     service = DjangoSnapshotQueryService(store, "order")
@@ -747,7 +758,7 @@ def test_the_runtimes_query_services_carry_the_timeout_setting_and_postgresql_en
         events = runtime.backend("EVENT_STORE").event_queries(runtime.event_store, "order")
         assert service.max_time_ms == 1 and events.max_time_ms == 1
         with connections["wow_pg"].cursor() as cursor:  # a statement that outlives 1 ms is cancelled
-            with pytest.raises(RecoverableStoreError, match="retry"), service._reading():
+            with pytest.raises(QueryTooExpensive, match=r"longer than 1 ms"), service._reading():
                 cursor.execute("SELECT pg_sleep(0.05)")
     with override_settings(WOW={"CONTEXT_NAME": "order-service", "STORAGE": "django", "DATABASE_ALIAS": "wow_pg"}):
         runtime = get_runtime()

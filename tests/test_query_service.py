@@ -48,7 +48,7 @@ from wow_django.query.condition import (
     SortField,
     parse_condition,
 )
-from wow_django.query.errors import QueryValidationError
+from wow_django.query.errors import QueryTooExpensive, QueryValidationError
 from wow_django.testing.event_store import make_stream
 
 from .query_app.stores import append_stream, event_store, save_snapshot, snapshot_store
@@ -492,8 +492,12 @@ class FailingCollection(RecordingCollection):
      "MATCH needs a text index on order_snapshot"),
     (pymongo_errors.OperationFailure("Sort exceeded memory limit", code=292), QueryValidationError,
      "MongoDB refused the query: Sort exceeded memory limit"),
-    (pymongo_errors.ExecutionTimeout("operation exceeded time limit", code=50), RecoverableStoreError,
-     "querying order_snapshot failed transiently"),
+    (pymongo_errors.ExecutionTimeout("operation exceeded time limit", code=50), QueryTooExpensive,
+     r"ran longer than 10000 ms \(WOW\['MONGO_MAX_TIME_MS'\]\) and was stopped"),
+    (pymongo_errors.OperationFailure("cursor killed", code=237), RecoverableStoreError, "retry"),
+    (pymongo_errors.OperationFailure("interrupted", code=11601), RecoverableStoreError, "retry"),
+    (pymongo_errors.OperationFailure("majority read concern not yet available", code=134), RecoverableStoreError,
+     "retry"),
     (pymongo_errors.AutoReconnect("primary stepped down"), RecoverableStoreError, "retry"),
 ])
 def test_server_errors_are_mapped(wow_mongo, monkeypatch, error, expected, message):
@@ -505,6 +509,20 @@ def test_server_errors_are_mapped(wow_mongo, monkeypatch, error, expected, messa
         service.list(ListQuery(), tenant_id="t1")
     with pytest.raises(expected, match=message):
         service.count(parse_count_query({}), tenant_id="t1")
+
+
+def test_a_too_expensive_query_over_http_is_a_400_without_retry_after(wow_mongo, monkeypatch):
+    from rest_framework.test import APIClient
+
+    store = get_runtime().snapshot_store
+    failing = FailingCollection(store.collection("order"),
+                                pymongo_errors.ExecutionTimeout("operation exceeded time limit", code=50))
+    monkeypatch.setattr(store, "collection", lambda name: failing)
+    response = APIClient().post("/api/order/snapshot/list", {"condition": {"operator": "ALL"}}, format="json",
+                                HTTP_WOW_TENANT_ID="t1")
+    assert response.status_code == 400, response.content
+    assert response.json()["errorCode"] == "QUERY_TOO_EXPENSIVE" and "Retry-After" not in response
+    assert "MONGO_MAX_TIME_MS" in response.json()["errorMsg"]
 
 
 def test_authorization_failures_are_not_reported_as_bad_queries(wow_mongo, monkeypatch):

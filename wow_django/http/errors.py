@@ -4,6 +4,8 @@
 status  when                                                errorCode
 ======  ==================================================  =========================================
 400     condition, projection, sort, limit, pagination      INVALID_QUERY
+400     a query the database stopped at its time limit      QUERY_TOO_EXPENSIVE
+        (not retried, no Retry-After)
 400     command body, Wow-Request-Id, Wow-Wait-Stage        COMMAND_VALIDATION
 400     path id, head/tail, tenant header                   INVALID_REQUEST
 400     malformed JSON, not UTF-8, lone surrogates,         PARSE_ERROR

@@ -24,3 +24,17 @@ class QueryValidationError(WowError):
     def binding_errors(self) -> list[dict[str, str]]:
         """The error in the ``bindingErrors`` shape of the HTTP API: ``[{name, msg}]``."""
         return [{"name": self.path, "msg": self.rule}]
+
+
+class QueryTooExpensive(QueryValidationError):
+    """The database stopped the query at its time limit (``MONGO_MAX_TIME_MS`` on MongoDB, the
+    ``DATABASE_QUERY_TIMEOUT_MS`` statement timeout on PostgreSQL). Not transient: the same query would
+    be stopped again, so it is not retried and gets no Retry-After; narrow it or add an index."""
+
+    error_code = "QUERY_TOO_EXPENSIVE"
+
+    def __init__(self, limit_setting: str, limit_ms: int | None):
+        limit = f"{limit_ms} ms" if limit_ms else "its time limit"
+        super().__init__("", f"the query ran longer than {limit} (WOW['{limit_setting}']) and was stopped; narrow "
+                             "the condition, ask for fewer documents, or add an index that serves it")
+

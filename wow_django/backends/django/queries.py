@@ -42,7 +42,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, QueryService
 from wow_django.query.condition import Condition, Projection, SortField
-from wow_django.query.errors import QueryValidationError
+from wow_django.query.errors import QueryTooExpensive, QueryValidationError
 from wow_django.query.evaluator import apply_projection
 from wow_django.query.orm import (
     NOTHING,
@@ -157,6 +157,9 @@ class DjangoQueryService(QueryService):
             with self._postgres_settings():
                 yield
         except OperationalError as exc:
+            if "statement timeout" in str(exc):
+                # PostgreSQL's statement_timeout (DATABASE_QUERY_TIMEOUT_MS): the query's cost, not a transient fault.
+                raise QueryTooExpensive("DATABASE_QUERY_TIMEOUT_MS", self.max_time_ms) from exc
             if any(sign in str(exc) for sign in TOO_COMPLEX):
                 # The compiler's limits keep queries below these; should one get there, it is the query.
                 raise QueryValidationError("condition", f"the database cannot run a query this complex ({exc})") \

@@ -33,6 +33,10 @@ RECOVERABLE_CODES = {
     11602,  # InterruptedDueToReplStateChange
     13435,  # NotPrimaryNoSecondaryOk
     13436,  # NotPrimaryOrSecondary
+    134,  # ReadConcernMajorityNotAvailableYet
+    175,  # QueryPlanKilled
+    237,  # CursorKilled
+    11601,  # Interrupted
 }
 
 VERSION_INDEXES = ("aggregateId_1_version_1",)

@@ -27,6 +27,7 @@ from bson import errors as bson_errors
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.errors import recoverable_errors
+from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.query import (
     EVENT_STREAM,
     SNAPSHOT,
@@ -35,12 +36,13 @@ from wow_django.persistence.query import (
     split_text_search,
 )
 from wow_django.query.condition import Condition, Projection, SortField
-from wow_django.query.errors import QueryValidationError
+from wow_django.query.errors import QueryTooExpensive, QueryValidationError
 from wow_django.query.evaluator import count_matching, evaluate
 from wow_django.query.mongo import compile_filter, compile_projection, compile_sort, needs_text_search
 
 INDEX_NOT_FOUND = 27  # the server's code for "text index required for $text query"
 # Failures about the caller's rights or the deployment, not about the query: never reported as a bad query.
+MAX_TIME_MS_EXPIRED = 50  # the server stopped the query at maxTimeMS: the query's cost, not a transient fault
 NOT_THE_QUERY = {13, 18, 8000}  # Unauthorized, AuthenticationFailed, AtlasError
 
 
@@ -76,12 +78,16 @@ class MongoQueryService(QueryService):
         try:
             with recoverable_errors(f"querying {collection.name}"), self.connection.guard(collection):
                 yield
+        except RecoverableStoreError as exc:
+            if getattr(exc.__cause__, "code", None) == MAX_TIME_MS_EXPIRED:
+                raise QueryTooExpensive("MONGO_MAX_TIME_MS", self.max_time_ms) from exc.__cause__
+            raise
         except pymongo_errors.OperationFailure as exc:
             if exc.code == INDEX_NOT_FOUND and "text" in str(exc):
                 raise QueryValidationError(
                     "condition",
                     f"MATCH needs a text index on {collection.name}; create one, e.g. "
-                    f"db.{collection.name}.createIndex({{\"state.$**\": \"text\"}})",
+                    f"db.{collection.name}.createIndex({{\"$**\": \"text\"}}) (a wildcard text index)",
                 ) from exc
             if exc.code in NOT_THE_QUERY:
                 raise
