@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mongomock
 import pytest
+from bson import errors as bson_errors
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.errors import duplicate_key_kind, is_recoverable
@@ -230,3 +231,49 @@ def test_version_guarded_pipeline(stored, candidate, wins):
         assert result == {"_id": "a", "version": candidate, "state": {"$set": "kept verbatim"}}
     else:
         assert result == stored
+
+
+class GroupCollection(FakeCollection):
+    """insert_many raises ``many``; insert_one refuses documents whose stream id is in ``bad``."""
+
+    def __init__(self, many=None, bad=()):
+        super().__init__()
+        self.many = many
+        self.bad = set(bad)
+        self.inserted: list[str] = []
+
+    def insert_many(self, documents, ordered=True):
+        raise self.many
+
+    def insert_one(self, document):
+        if document["_id"] in self.bad:
+            raise bson_errors.InvalidDocument(f"cannot encode {document['_id']}")
+        self.inserted.append(document["_id"])
+        return Result(True)
+
+
+def test_a_transient_write_error_in_a_batch_is_recoverable_for_its_stream_only():
+    details = {"writeErrors": [{"index": 1, "code": 91, "errmsg": "ShutdownInProgress"}], "nInserted": 2}
+    store = store_with(FakeCollection(pymongo_errors.BulkWriteError(details)))
+    results = store.append_many([make_stream(AGG, 3), make_stream(AGG, 4), make_stream(AGG, 5)])
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], RecoverableStoreError) and "ShutdownInProgress" in str(results[1])
+
+
+def test_one_groups_failure_is_not_given_to_the_other_groups():
+    store = store_with(FakeCollection())
+    store._collections["customer"] = GroupCollection(pymongo_errors.OperationFailure("bad value", code=2))
+    customer = AggregateId("customer", "c-1")
+    results = store.append_many([make_stream(AGG, 3), make_stream(customer, 1), make_stream(AGG, 4)])
+    assert results[0] is None and results[2] is None  # the orders were stored
+    assert isinstance(results[1], pymongo_errors.OperationFailure)
+
+
+def test_a_document_the_driver_cannot_encode_fails_alone():
+    streams = [make_stream(AGG, 3), make_stream(AGG, 4), make_stream(AGG, 5)]
+    collection = GroupCollection(bson_errors.InvalidDocument("cannot encode"), bad={streams[1].id})
+    store = store_with(collection)
+    results = store.append_many(streams)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], bson_errors.InvalidDocument)
+    assert collection.inserted == [streams[0].id, streams[2].id]

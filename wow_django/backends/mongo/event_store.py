@@ -14,11 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bson import errors as bson_errors
 from pymongo import ASCENDING, ReturnDocument
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.client import MongoConnection
-from wow_django.backends.mongo.errors import duplicate_key_kind, is_duplicate_key, recoverable_errors
+from wow_django.backends.mongo.errors import (
+    RECOVERABLE_CODES,
+    duplicate_key_kind,
+    is_duplicate_key,
+    recoverable_errors,
+)
 from wow_django.backends.mongo.schema import SchemaGuard, event_stream_spec, positions_spec, void_positions_spec
 from wow_django.exceptions import (
     DuplicateAggregateId,
@@ -104,20 +110,10 @@ class MongoEventStore(EventStore):
     def append(self, stream: EventStream) -> None:
         collection = self.collection(stream.aggregate_name)
         document = stream_to_document(stream)
-        context_name = stream.aggregate_id.context_name
-        document["position"] = self.allocate_positions(context_name, 1)
-        try:
-            with recoverable_errors(f"appending {stream.aggregate_name} {stream.aggregate_id.id!r}"):
-                with self.connection.guard(collection):
-                    result = collection.insert_one(document)
-        except pymongo_errors.DuplicateKeyError as exc:
-            self._void(context_name, [document["position"]])
-            raise self._conflict(collection, stream, exc.details) from exc
-        if not result.acknowledged:
-            raise UnacknowledgedWriteError(
-                f"append of {stream.aggregate_name} {stream.aggregate_id.id!r} v{stream.version} was not "
-                "acknowledged; use a write concern of w ≥ 1 for the event store"
-            )
+        document["position"] = self.allocate_positions(stream.aggregate_id.context_name, 1)
+        error = self._append_one(collection, stream, document)
+        if error is not None:
+            raise error
         self.append_notifier.notify()
 
     def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
@@ -150,6 +146,10 @@ class MongoEventStore(EventStore):
                         results[stream_index] = self._conflict(collection, streams[stream_index], write_error)
                         document = documents[write_error["index"]]
                         refused.setdefault(document["contextName"], []).append(document["position"])
+                    elif write_error.get("code") in RECOVERABLE_CODES:
+                        results[stream_index] = RecoverableStoreError(
+                            f"appending {name} stream {streams[stream_index].id!r} failed transiently "
+                            f"({write_error.get('errmsg', 'write error')}); retry")
                     else:
                         results[stream_index] = EventStoreError(write_error.get("errmsg", "write error"))
                 for context_name, positions in refused.items():
@@ -162,9 +162,34 @@ class MongoEventStore(EventStore):
             except RecoverableStoreError as exc:
                 for index in indexes:
                     results[index] = exc
+            except (bson_errors.InvalidDocument, pymongo_errors.DocumentTooLarge):
+                # Refused before anything of the group was sent: one document is at fault, so each is
+                # appended on its own and only that one fails.
+                for index, document in zip(indexes, documents, strict=True):
+                    results[index] = self._append_one(collection, streams[index], document)
+            except Exception as exc:  # this group's failure only: the other groups' results stand
+                for index in indexes:
+                    results[index] = exc
         if any(result is None for result in results):
             self.append_notifier.notify()
         return results
+
+    def _append_one(self, collection, stream: EventStream, document: dict) -> Exception | None:
+        """Insert one positioned document; its error, or None when stored."""
+        try:
+            with recoverable_errors(f"appending {stream.aggregate_name} {stream.aggregate_id.id!r}"):
+                with self.connection.guard(collection):
+                    result = collection.insert_one(document)
+        except pymongo_errors.DuplicateKeyError as exc:
+            self._void(document["contextName"], [document["position"]])
+            return self._conflict(collection, stream, exc.details)
+        except Exception as exc:
+            return exc
+        if not result.acknowledged:
+            return UnacknowledgedWriteError(
+                f"append of {stream.aggregate_name} {stream.aggregate_id.id!r} v{stream.version} was not "
+                "acknowledged; use a write concern of w ≥ 1 for the event store")
+        return None
 
     def _positioned(self, streams: Sequence[EventStream]) -> list[dict]:
         """The streams' documents with positions: one allocation per context of the batch."""
