@@ -145,3 +145,50 @@ def test_stores_and_gateway_are_rebuilt_in_a_forked_child():
         assert in_forked_child(probe) == (True, True, True)
         assert get_runtime().event_store is parent_store
     disconnect(uri)
+
+
+def test_a_server_is_waited_for_a_few_seconds_not_pymongos_thirty():
+    from wow_django.backends.mongo.client import MongoConnection
+
+    default = MongoConnection("mongodb://127.0.0.1:1/sel_default")
+    own = MongoConnection("mongodb://127.0.0.1:1/sel_own?serverSelectionTimeoutMS=300")
+    try:
+        assert default.client.options.server_selection_timeout == 5.0
+        assert own.client.options.server_selection_timeout == 0.3  # the URI's value wins
+        with override_settings(WOW={"MONGO_SERVER_SELECTION_TIMEOUT_MS": 1500}):
+            configured = MongoConnection("mongodb://127.0.0.1:1/sel_setting")
+            assert configured.client.options.server_selection_timeout == 1.5
+            configured.close()
+    finally:
+        default.close()
+        own.close()
+
+
+def test_an_unreachable_server_is_one_503_not_a_retried_wait():
+    """No server can be selected: the store says so at once (nothing was sent) and the gateway does not
+    retry it inside the request; other transient errors are retried."""
+    from decimal import Decimal
+
+    from sample_project.orders.aggregates import OrderLine, PlaceOrder
+    from wow_django.application.runtime import get_runtime
+    from wow_django.backends.mongo.errors import recoverable_errors
+    from wow_django.exceptions import RecoverableStoreError, StoreUnreachable
+
+    from .support import fresh_wow
+
+    with pytest.raises(StoreUnreachable, match="nothing was sent"), recoverable_errors("loading"):
+        raise pymongo_errors.ServerSelectionTimeoutError("no primary")
+    command = PlaceOrder(customer_id="c", items=[OrderLine(sku="A", quantity=1, unit_price=Decimal(1))])
+    for error, calls in ((StoreUnreachable("unreachable"), 1), (RecoverableStoreError("blip"), 4)):
+        with override_settings(WOW=fresh_wow("in_memory", COMMAND_RETRY_LIMIT=3, COMMAND_RETRY_BACKOFF_MS=0.1)):
+            store = get_runtime().gateway.event_store
+            attempts = []
+
+            def failing(*args, error=error, attempts=attempts, **kwargs):
+                attempts.append(1)
+                raise error
+
+            store.append = failing
+            with pytest.raises(type(error)):
+                get_runtime().gateway.send(command)
+            assert len(attempts) == calls, type(error).__name__

@@ -69,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     # Followers on MongoDB learn of other processes' appends from one change stream per process (a replica
     # set or sharded cluster; a standalone server or the embedded engine: they poll with backoff).
     "MONGO_CHANGE_STREAMS": True,
+    # How long an operation waits for a MongoDB server it can use (pymongo's default is 30 s); a URI's own
+    # serverSelectionTimeoutMS wins. Past it the store is unreachable: a 503, not retried inside the request.
+    "MONGO_SERVER_SELECTION_TIMEOUT_MS": 5_000,
     # --- batching of concurrent appends -----------------------------------
     "EVENT_STORE_BATCH": {
         "ENABLED": False,
@@ -247,6 +250,7 @@ VALIDATORS = {
     "REQUEST_ID_INDEX": _choice(REQUEST_ID_INDEX_MODES),
     "MONGO_MAX_TIME_MS": _pos_int,
     "MONGO_CHANGE_STREAMS": _bool,
+    "MONGO_SERVER_SELECTION_TIMEOUT_MS": _pos_int,
     "EVENT_STORE_BATCH.ENABLED": _bool,
     "EVENT_STORE_BATCH.MAX_SIZE": _pos_int,
     "EVENT_STORE_BATCH.MAX_DELAY_MS": _non_negative_num,

@@ -133,6 +133,12 @@ class RecoverableStoreError(WowError):
     error_code = "STORE_UNAVAILABLE"
 
 
+class StoreUnreachable(RecoverableStoreError):
+    """No server could be selected within the server-selection timeout: nothing was sent, so nothing was
+    written. Retrying inside the request would only stack more timeouts: the gateway answers at once
+    (503 with Retry-After over HTTP) and the client retries later."""
+
+
 class UnacknowledgedWriteError(WowError):
     """The server did not acknowledge a write (write concern w=0)."""
 

@@ -52,6 +52,7 @@ from wow_django.exceptions import (
     DuplicateRequestId,
     EventVersionConflict,
     RecoverableStoreError,
+    StoreUnreachable,
     UnknownAggregate,
     UnknownCommand,
 )
@@ -407,6 +408,11 @@ class CommandGateway:
                 if stored is not None:
                     return stored  # its reservations belong to the stored events: keep them
                 give_up(ctx)
+                raise
+            except StoreUnreachable:
+                # Nothing was sent (no server could be selected): this attempt's reservations go; those of an
+                # earlier attempt whose outcome is unknown stay. Retrying now would stack server-selection timeouts.
+                ctx.compensate()
                 raise
             except RecoverableStoreError as exc:
                 try:

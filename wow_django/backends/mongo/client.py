@@ -87,8 +87,16 @@ class MongoConnection:
         else:
             import pymongo
 
+            options: dict = {}
+            if "serverselectiontimeoutms" not in uri.lower():
+                # pymongo waits 30 s for a server by default: a request (and the aggregate's lock) would hang
+                # that long in a failover. The URI's own value wins.
+                from wow_django.conf import wow_settings
+
+                options["serverSelectionTimeoutMS"] = wow_settings.MONGO_SERVER_SELECTION_TIMEOUT_MS
             # connect=False: nothing talks to the server until the first operation.
-            self.client = pymongo.MongoClient(uri, connect=False, appname="wow_django", uuidRepresentation="standard")
+            self.client = pymongo.MongoClient(uri, connect=False, appname="wow_django", uuidRepresentation="standard",
+                                              **options)
 
     def database(self, name: str):
         return self.client.get_database(name)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from pymongo import errors as pymongo_errors
 
-from wow_django.exceptions import RecoverableStoreError
+from wow_django.exceptions import RecoverableStoreError, StoreUnreachable
 
 DUPLICATE_KEY_CODES = {11000, 11001, 12582}
 
@@ -93,6 +93,9 @@ def recoverable_errors(action: str) -> Iterator[None]:
     """Re-raise transient pymongo failures as ``RecoverableStoreError``."""
     try:
         yield
+    except pymongo_errors.ServerSelectionTimeoutError as exc:
+        raise StoreUnreachable(f"{action} failed: no MongoDB server could be selected ({type(exc).__name__}); "
+                               "nothing was sent, retry later") from exc
     except pymongo_errors.PyMongoError as exc:
         if is_recoverable(exc):
             raise RecoverableStoreError(f"{action} failed transiently ({type(exc).__name__}: {exc}); retry") from exc
