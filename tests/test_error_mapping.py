@@ -277,3 +277,21 @@ def test_a_document_the_driver_cannot_encode_fails_alone():
     assert results[0] is None and results[2] is None
     assert isinstance(results[1], bson_errors.InvalidDocument)
     assert collection.inserted == [streams[0].id, streams[2].id]
+
+
+@pytest.mark.parametrize("exc", [
+    pymongo_errors.WriteConcernError("cannot satisfy write concern", code=100),
+    pymongo_errors.WriteConcernError("unknown replica set tag", code=79),
+    pymongo_errors.BulkWriteError({"writeErrors": [], "writeConcernErrors": [{"code": 100, "errmsg": "w"}]}),
+])
+def test_a_write_concern_error_is_outcome_unknown_not_a_failure(exc):
+    """The write may have landed: recoverable (the gateway reads back before compensating)."""
+    assert is_recoverable(exc)
+    store = store_with(FakeCollection(exc))
+    with pytest.raises(RecoverableStoreError):
+        store.append(make_stream(AGG, 2))
+
+
+def test_a_bulk_error_with_write_errors_is_not_recoverable_as_a_whole():
+    details = {"writeErrors": [{"index": 0, "code": 2, "errmsg": "bad"}], "writeConcernErrors": [{"code": 64}]}
+    assert not is_recoverable(pymongo_errors.BulkWriteError(details))

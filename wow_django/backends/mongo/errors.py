@@ -73,9 +73,15 @@ def duplicate_key_kind(error: dict | None) -> str | None:
 
 
 def is_recoverable(exc: BaseException) -> bool:
+    """Whether a retry may succeed. A write concern error of any code counts: the write may have landed
+    (the gateway reads back before it compensates), so it is never a plain failure."""
     if isinstance(exc, (pymongo_errors.AutoReconnect, pymongo_errors.ConnectionFailure,
-                        pymongo_errors.ExecutionTimeout, pymongo_errors.WTimeoutError)):
+                        pymongo_errors.ExecutionTimeout, pymongo_errors.WTimeoutError,
+                        pymongo_errors.WriteConcernError)):
         return True
+    if isinstance(exc, pymongo_errors.BulkWriteError):
+        details = exc.details or {}
+        return bool(details.get("writeConcernErrors")) and not details.get("writeErrors")
     if isinstance(exc, pymongo_errors.PyMongoError):
         if exc.has_error_label("RetryableWriteError") or exc.has_error_label("TransientTransactionError"):
             return True
