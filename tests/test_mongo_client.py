@@ -192,3 +192,25 @@ def test_an_unreachable_server_is_one_503_not_a_retried_wait():
             with pytest.raises(type(error)):
                 get_runtime().gateway.send(command)
             assert len(attempts) == calls, type(error).__name__
+
+
+def test_stores_read_the_primary_and_only_queries_follow_the_uris_read_preference():
+    from pymongo import ReadPreference
+
+    from wow_django.backends.mongo.client import MongoConnection
+    from wow_django.backends.mongo.event_store import MongoEventStore
+    from wow_django.backends.mongo.queries import MongoEventStreamQueryService
+    from wow_django.backends.mongo.schema import SchemaGuard
+
+    connection = MongoConnection("mongodb://127.0.0.1:1/prefs?readPreference=secondaryPreferred")
+    try:
+        assert connection.read_preference == ReadPreference.SECONDARY_PREFERRED
+        database = connection.database("prefs")
+        assert database.read_preference == ReadPreference.PRIMARY
+        store = MongoEventStore(connection, "prefs", schema=SchemaGuard("ctx", auto_init=False))
+        store._collections["order"] = store.database["order_event_stream"]  # no server here: skip the schema check
+        assert store.collection("order").read_preference == ReadPreference.PRIMARY
+        queries = MongoEventStreamQueryService(store, "order")
+        assert queries.collection.read_preference == ReadPreference.SECONDARY_PREFERRED
+    finally:
+        connection.close()

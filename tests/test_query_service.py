@@ -390,6 +390,11 @@ class RecordingCollection:
     def __init__(self, inner):
         self.inner = inner
         self.calls: list[tuple[str, dict]] = []
+        self.options: list[dict] = []
+
+    def with_options(self, **options):
+        self.options.append(options)  # the queries' read preference
+        return self
 
     @property
     def name(self):

@@ -98,8 +98,18 @@ class MongoConnection:
             self.client = pymongo.MongoClient(uri, connect=False, appname="wow_django", uuidRepresentation="standard",
                                               **options)
 
+    @property
+    def read_preference(self):
+        """The URI's read preference (e.g. ``secondaryPreferred``): only the query services use it."""
+        return self.client.read_preference
+
     def database(self, name: str):
-        return self.client.get_database(name)
+        """The database for the stores: always read from the primary, whatever the URI says. The stores
+        read before they write (request ids, versions, attempt numbers, prepared keys): a lagging
+        secondary would answer with what is no longer true."""
+        from pymongo import ReadPreference
+
+        return self.client.get_database(name, read_preference=ReadPreference.PRIMARY)
 
     @contextlib.contextmanager
     def guard(self, collection) -> Iterator[None]:

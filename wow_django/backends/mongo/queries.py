@@ -70,8 +70,10 @@ class MongoQueryService(QueryService):
 
     @property
     def collection(self):
-        # The store ensures the collection's schema once, then caches it.
-        return self.store.collection(self.aggregate_name)
+        # The store ensures the collection's schema once, then caches it. Queries are reads only: they
+        # follow the URI's read preference (the stores always read the primary).
+        return self.store.collection(self.aggregate_name).with_options(
+            read_preference=self.connection.read_preference)
 
     @contextlib.contextmanager
     def _reading(self, collection) -> Iterator[None]:
