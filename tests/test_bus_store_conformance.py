@@ -49,3 +49,44 @@ class TestDjangoBusStoreOnPostgreSQL(BusStoreContract, TransactionTestCase):
 
     def make_store(self):
         return DjangoBusStore(using="wow_pg")
+
+
+class TestMongoSequenceRace(EmbeddedMongoDatabase, unittest.TestCase):
+    """Two first messages of one partition race (issue 12, item 1): the loser's upsert meets the winner's
+    insert on the unique key, which MongoDB does not retry for a non-equality filter. A fault-injecting
+    wrapper replays that interleaving: the other writer inserts ``their`` sequence right before ours."""
+
+    def race(self, theirs: int, ours: int) -> tuple[bool, int]:
+        from datetime import UTC, datetime
+
+        from pymongo import errors as pymongo_errors
+
+        connection, name, guard = self.mongo()
+        store = MongoBusStore(connection, name, schema_guard=guard)
+        real = store.sequences
+        now = datetime(2026, 1, 1, tzinfo=UTC)
+
+        class Racing:
+            def __getattr__(self, attribute):
+                return getattr(real, attribute)
+
+            def update_one(self, filter_, update, upsert=False):
+                if upsert:  # the other first message wins the insert between our filter and ours
+                    real.insert_one({"consumerId": filter_["consumerId"], "partitionKey": filter_["partitionKey"],
+                                     "sequence": theirs, "updatedAt": now})
+                    raise pymongo_errors.DuplicateKeyError("E11000 duplicate key", 11000)
+                return real.update_one(filter_, update)
+
+        from wow_django.backends.mongo import bus_schema
+
+        collection = store.collection
+        store.collection = lambda spec: Racing() if spec is bus_schema.CONSUMER_SEQUENCES_SPEC else collection(spec)
+        accepted = store.accept_sequence("member-service", "o-1", ours, now)
+        stored = real.find_one({"consumerId": "member-service", "partitionKey": "o-1"})["sequence"]
+        return accepted, stored
+
+    def test_the_higher_sequence_is_accepted_when_it_loses_the_insert(self):
+        self.assertEqual(self.race(theirs=5, ours=7), (True, 7))
+
+    def test_a_lower_sequence_is_stale_when_it_loses_the_insert(self):
+        self.assertEqual(self.race(theirs=7, ours=5), (False, 7))

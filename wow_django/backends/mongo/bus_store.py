@@ -386,14 +386,18 @@ class MongoBusStore(BusStore):
 
     def accept_sequence(self, consumer_id: str, partition_key: str, sequence: int, now: datetime) -> bool:
         key = {"consumerId": consumer_id, "partitionKey": partition_key}
+        newer = {**key, "sequence": {"$lt": sequence}}
+        change = {"$set": {"sequence": sequence, "updatedAt": now}}
+        action = f"accepting {partition_key}#{sequence}"
         try:
-            self.run(self.sequences, f"accepting {partition_key}#{sequence}", lambda c: c.update_one(
-                {**key, "sequence": {"$lt": sequence}}, {"$set": {"sequence": sequence, "updatedAt": now}},
-                upsert=True))
+            self.run(self.sequences, action, lambda c: c.update_one(newer, change, upsert=True))
         except pymongo_errors.DuplicateKeyError:
-            # The filter missed because the stored sequence is ≥ ours, and the
-            # upsert's insert hit the unique key: stale.
-            return False
+            # The upsert's insert hit the unique key: a document exists now. Either its sequence is ≥ ours
+            # (stale), or another first message of this partition inserted a lower one between our filter
+            # and our insert (the server does not retry an upsert whose filter is not an equality): the same
+            # conditional update, now without the insert, tells which.
+            result = self.run(self.sequences, action, lambda c: c.update_one(newer, change))
+            return result.matched_count == 1
         return True
 
     def restore_sequence(self, consumer_id: str, partition_key: str, *, accepted: int, previous: int | None,
