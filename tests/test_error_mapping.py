@@ -295,3 +295,50 @@ def test_a_write_concern_error_is_outcome_unknown_not_a_failure(exc):
 def test_a_bulk_error_with_write_errors_is_not_recoverable_as_a_whole():
     details = {"writeErrors": [{"index": 0, "code": 2, "errmsg": "bad"}], "writeConcernErrors": [{"code": 64}]}
     assert not is_recoverable(pymongo_errors.BulkWriteError(details))
+
+
+def test_a_first_snapshot_save_that_loses_the_insert_is_retried_once():
+    store = MongoSnapshotStore(embedded_connection(), "mapping", schema=SchemaGuard("t"))
+    store.connection = type("Server", (), {"embedded": False})()  # the server path (an update pipeline)
+    calls = []
+
+    class Racing:
+        name = "order_snapshot"
+
+        def update_one(self, filter_, update, upsert=False):
+            calls.append(filter_)
+            if len(calls) == 1:
+                raise pymongo_errors.DuplicateKeyError("E11000 duplicate key error index: _id_", 11000)
+            return Result(True)
+
+    store._collections["order"] = Racing()
+    store.save(make_snapshot(AGG, 3))
+    assert calls == [{"_id": AGG.id}, {"_id": AGG.id}]
+
+
+def test_an_ownership_claim_that_loses_the_insert_is_retried_once():
+    from wow_django.backends.mongo.schema import claim_database
+
+    real = mongomock.MongoClient().db
+
+    class Racing:
+        name = "claims"
+        calls = 0
+
+        def __getitem__(self, name):
+            collection = real[name]
+            outer = self
+
+            class Claims:
+                def find_one_and_update(self, *args, **kwargs):
+                    outer.calls += 1
+                    if outer.calls == 1:  # another process inserted the claim between our filter and insert
+                        collection.insert_one({"_id": "bounded_context", "contextName": "orders"})
+                        raise pymongo_errors.DuplicateKeyError("E11000", 11000)
+                    return collection.find_one_and_update(*args, **kwargs)
+
+            return Claims()
+
+    database = Racing()
+    report = claim_database(database, "orders")
+    assert database.calls == 2 and not report.ownership

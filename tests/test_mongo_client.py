@@ -214,3 +214,26 @@ def test_stores_read_the_primary_and_only_queries_follow_the_uris_read_preferenc
         assert queries.collection.read_preference == ReadPreference.SECONDARY_PREFERRED
     finally:
         connection.close()
+
+
+def test_an_unacknowledged_write_concern_is_refused_when_a_store_is_built():
+    from wow_django.backends.mongo.bus_store import MongoBusStore
+    from wow_django.backends.mongo.client import MongoConnection
+    from wow_django.backends.mongo.event_store import MongoEventStore
+    from wow_django.backends.mongo.prepare_key import MongoPrepareKey
+    from wow_django.backends.mongo.schema import SchemaGuard
+    from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
+
+    connection = MongoConnection("mongodb://u:secret@127.0.0.1:1/wc?w=0")
+    guard = SchemaGuard("ctx", auto_init=False)
+    try:
+        for build in (lambda: MongoEventStore(connection, "wc", schema=guard),
+                      lambda: MongoSnapshotStore(connection, "wc", schema=guard),
+                      lambda: MongoPrepareKey("username", connection, "wc", schema=guard),
+                      lambda: MongoBusStore(connection, "wc", schema_guard=guard)):
+            with pytest.raises(ImproperlyConfigured, match=r"unacknowledged writes \(w=0\)") as refused:
+                build()
+            assert "secret" not in str(refused.value)
+        MongoEventStore(MongoConnection("mongodb://127.0.0.1:1/wc?w=majority"), "wc", schema=guard)
+    finally:
+        connection.close()

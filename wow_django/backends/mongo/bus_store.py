@@ -69,6 +69,7 @@ def event_filter(query: EventQuery) -> dict:
 class MongoBusStore(BusStore):
     def __init__(self, connection: MongoConnection, database_name: str, *, schema_guard: SchemaGuard,
                  max_time_ms: int = 10_000):
+        connection.require_acknowledged('the bus store')
         self.connection = connection
         self.database = connection.database(database_name)
         self.schema_guard = schema_guard

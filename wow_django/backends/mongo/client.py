@@ -98,6 +98,16 @@ class MongoConnection:
             self.client = pymongo.MongoClient(uri, connect=False, appname="wow_django", uuidRepresentation="standard",
                                               **options)
 
+    def require_acknowledged(self, what: str) -> None:
+        """``ImproperlyConfigured`` when the URI's write concern is unacknowledged (``w=0``): ``what``
+        (a store) could never tell a stored write from a lost one. Checked when the store is built,
+        not after its first write."""
+        if not self.embedded and not self.client.write_concern.acknowledged:
+            raise ImproperlyConfigured(
+                f"WOW['MONGO_URI'] ({redact(self.uri)}) asks for unacknowledged writes (w=0): {what} needs to "
+                "know each write landed. Use w=1 or w=majority (the default)."
+            )
+
     @property
     def read_preference(self):
         """The URI's read preference (e.g. ``secondaryPreferred``): only the query services use it."""

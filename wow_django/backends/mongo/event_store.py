@@ -58,6 +58,7 @@ class MongoEventStore(EventStore):
         request_id_index: str = "aggregate",
         max_time_ms: int = 10_000,
     ):
+        connection.require_acknowledged('the event store')
         self.connection = connection
         self.database = connection.database(database_name)
         self.schema = schema

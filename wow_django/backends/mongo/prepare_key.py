@@ -32,6 +32,7 @@ class MongoPrepareKey(PrepareKey):
     def __init__(self, name: str, connection: MongoConnection, database_name: str, *, schema: SchemaGuard,
                  max_time_ms: int = 10_000, clock: Clock | None = None):
         super().__init__(name, clock=clock)
+        connection.require_acknowledged('PrepareKey')
         self.connection = connection
         database = connection.database(database_name)
         spec = prepare_spec(name)

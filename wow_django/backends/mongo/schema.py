@@ -249,13 +249,19 @@ def claim_database(database, context_name: str, *, check_only: bool = False) -> 
         if check_only:
             claim = collection.find_one({"_id": OWNERSHIP_ID})
         else:
-            claim = collection.find_one_and_update(
-                {"_id": OWNERSHIP_ID},
-                {"$setOnInsert": {"contextName": context_name,
-                                  "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
-                upsert=True,
-                return_document=True,
-            )
+            def claim_it():
+                return collection.find_one_and_update(
+                    {"_id": OWNERSHIP_ID},
+                    {"$setOnInsert": {"contextName": context_name,
+                                      "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
+                    upsert=True,
+                    return_document=True,
+                )
+
+            try:
+                claim = claim_it()
+            except pymongo_errors.DuplicateKeyError:
+                claim = claim_it()  # two processes claimed at once and the server did not retry: the claim exists now
     if claim is None:
         report.add(database.name, METADATA_COLLECTION, "ownership", "missing")
     elif claim.get("contextName") != context_name:

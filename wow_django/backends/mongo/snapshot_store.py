@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pymongo import errors as pymongo_errors
+
 from wow_django.backends.mongo.client import MongoConnection
 from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.backends.mongo.schema import SchemaGuard, snapshot_spec
@@ -37,6 +39,7 @@ class MongoSnapshotStore(SnapshotStore):
 
     def __init__(self, connection: MongoConnection, database_name: str, *, schema: SchemaGuard,
                  max_time_ms: int = 10_000):
+        connection.require_acknowledged('the snapshot store')
         self.connection = connection
         self.database = connection.database(database_name)
         self.schema = schema
@@ -64,11 +67,14 @@ class MongoSnapshotStore(SnapshotStore):
             if self.connection.embedded:
                 result = self._save_embedded(collection, document)
             else:
-                # One round trip; the server's upsert retry on _id makes
-                # concurrent first saves safe (MongoDB ≥ 4.2).
-                result = collection.update_one(
-                    {"_id": document["_id"]}, version_guarded_pipeline(document), upsert=True
-                )
+                # One round trip; the server retries an upsert whose filter is an equality on _id when two
+                # first saves collide (MongoDB ≥ 4.2). One retry here too, for servers and topologies that
+                # do not: the document exists by then, and the guarded update decides.
+                update = version_guarded_pipeline(document)
+                try:
+                    result = collection.update_one({"_id": document["_id"]}, update, upsert=True)
+                except pymongo_errors.DuplicateKeyError:
+                    result = collection.update_one({"_id": document["_id"]}, update, upsert=True)
         if result is not None and not result.acknowledged:
             raise UnacknowledgedWriteError(f"snapshot save on {collection.name} was not acknowledged")
 
