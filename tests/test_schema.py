@@ -263,3 +263,67 @@ def test_other_create_collection_failures_are_not_swallowed():
 
     with pytest.raises(OperationFailure, match="not authorized"):
         reconcile_collection(Refusing(), snapshot_spec("order"))
+
+
+class ListedDatabase:
+    """A database whose collection lists the given indexes (as a server would, collation included) and
+    whose index builds fail with ``refuse``."""
+
+    name = "listed"
+
+    def __init__(self, collection: str, listed: list[dict], refuse=None):
+        self.collection_name, self.listed, self.refuse = collection, listed, refuse
+
+    def list_collection_names(self):
+        return [self.collection_name]
+
+    def __getitem__(self, name):
+        database = self
+
+        class Collection:
+            def list_indexes(self):
+                return [{"name": "_id_", "key": {"_id": 1}}, *database.listed]
+
+            def create_index(self, keys, **options):
+                if database.refuse is not None:
+                    raise database.refuse
+                return options["name"]
+
+        return Collection()
+
+
+def test_a_unique_index_with_a_case_insensitive_collation_is_not_verified():
+    listed = [{"name": "aggregateId_1_version_1", "key": {"aggregateId": 1, "version": 1}, "unique": True,
+               "collation": {"locale": "en", "strength": 2}}]
+    report = reconcile_collection(ListedDatabase("order_event_stream", listed), event_stream_spec("order"),
+                                  check_only=True)
+    [problem] = report.problems
+    assert "collation 'en'" in problem and "aggregateId_1_version_1" in problem
+    simple = [{**listed[0], "collation": {"locale": "simple"}}]
+    assert not reconcile_collection(ListedDatabase("order_event_stream", simple), event_stream_spec("order"),
+                                    check_only=True).problems
+
+
+def test_the_other_modes_uniqueness_is_refused_by_its_keys_whatever_its_name():
+    spec = event_stream_spec("order", "aggregate")
+    renamed = [{"name": "uniq_request", "key": {"requestId": 1}, "unique": True}]
+    [problem] = reconcile_collection(ListedDatabase("order_event_stream", renamed), spec, check_only=True).problems
+    assert "'uniq_request' is not allowed" in problem
+    lookup = [{"name": "requestId_1", "key": {"requestId": 1}}]  # a plain lookup index: not uniqueness
+    assert not reconcile_collection(ListedDatabase("order_event_stream", lookup), spec, check_only=True).problems
+
+
+def test_only_conflict_codes_are_schema_conflicts_when_building_an_index():
+    from pymongo import errors as pymongo_errors
+
+    from wow_django.exceptions import RecoverableStoreError
+
+    spec = event_stream_spec("order")
+    conflicting = ListedDatabase("order_event_stream", [], refuse=pymongo_errors.OperationFailure(
+        "E11000 duplicate key error", code=11000))
+    report = reconcile_collection(conflicting, spec)
+    assert report.problems and "cannot create" in report.problems[0]
+    other = ListedDatabase("order_event_stream", [], refuse=pymongo_errors.OperationFailure(
+        "not authorized to create indexes", code=13))
+    with pytest.raises(RecoverableStoreError, match="creating index"):
+        reconcile_collection(other, spec)

@@ -15,11 +15,15 @@ from datetime import UTC, datetime
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.errors import recoverable_errors
-from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
+from wow_django.exceptions import DatabaseOwnershipError, RecoverableStoreError, SchemaConflictError
 from wow_django.persistence.schema import SchemaReport
 
 METADATA_COLLECTION = "wow_database_metadata"
 NAMESPACE_EXISTS = 48  # server error code when a collection is created twice
+# What the server answers when an index cannot be built as asked because of what is there: a conflict to
+# report (IndexOptionsConflict, IndexKeySpecsConflict, CannotCreateIndex, DuplicateKey — existing data
+# breaks the uniqueness — and InvalidIndexSpecificationOption). Any other failure is not the schema's.
+INDEX_CONFLICT_CODES = {85, 86, 67, 11000, 197}
 OWNERSHIP_ID = "bounded_context"
 
 
@@ -51,8 +55,9 @@ class IndexSpec:
 class CollectionSpec:
     name: str
     indexes: tuple[IndexSpec, ...]
-    # Names that must not exist (e.g. the other request-id index mode).
-    forbidden: tuple[tuple[str, str], ...] = ()  # (index name, why)
+    # Uniqueness that must not exist (the other request-id mode's): refused by its keys when unique,
+    # whatever the index is called; a non-unique index with those keys is only a lookup index.
+    forbidden: tuple[tuple[IndexSpec, str], ...] = ()  # (index, why)
 
 
 def event_stream_collection(aggregate_name: str) -> str:
@@ -92,7 +97,7 @@ def event_stream_spec(aggregate_name: str, request_id_index: str = "aggregate") 
     return CollectionSpec(
         event_stream_collection(aggregate_name),
         (AGGREGATE_ID_HASHED, AGGREGATE_ID_VERSION, request, TENANT_ID_HASHED, OWNER_ID_HASHED, CONTEXT_POSITION),
-        forbidden=((other.name, why + "; drop it or change the setting"),),
+        forbidden=((other, why + "; drop it or change the setting"),),
     )
 
 
@@ -159,6 +164,10 @@ def _option_problems(spec: IndexSpec, existing: dict) -> list[str]:
     for option in ("partialFilterExpression", "sparse"):
         if existing.get(option):
             problems.append(f"{option} is set, expected none")
+    collation = existing.get("collation")
+    if collation and collation.get("locale", "simple") != "simple":
+        problems.append(f"collation {collation.get('locale')!r}, expected the simple (binary) comparison: with "
+                        "another collation ids that differ in case or accents would count as one")
     return problems
 
 
@@ -220,10 +229,12 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
             report.add(db_name, spec.name, index.name, "missing")
         else:
             to_create.append(index)
-    for name, why in spec.forbidden:
-        if name in existing:
-            report.add(db_name, spec.name, name, "conflict")
-            report.conflicts.append(f"{db_name}.{spec.name}: index {name!r} is not allowed: {why}.")
+    for index, why in spec.forbidden:
+        for name, current in existing.items():
+            if _normalise_keys(current["key"]) == index.keys and current.get("unique"):
+                report.add(db_name, spec.name, name, "conflict")
+                report.conflicts.append(f"{db_name}.{spec.name}: index {name!r} is not allowed "
+                                        f"({index.describe()}): {why}.")
     if to_create and not report.conflicts:
         collection = database[spec.name]
         for index in to_create:
@@ -231,6 +242,9 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
                 try:
                     collection.create_index(list(index.keys), **index.create_kwargs())
                 except pymongo_errors.OperationFailure as exc:
+                    if exc.code not in INDEX_CONFLICT_CODES:
+                        raise RecoverableStoreError(
+                            f"creating index {index.name} on {db_name}.{spec.name} failed ({exc}); retry") from exc
                     report.add(db_name, spec.name, index.name, "conflict")
                     report.conflicts.append(f"{db_name}.{spec.name}: cannot create {index.name!r}: {exc}")
                     continue
