@@ -573,6 +573,10 @@ BUS_INDEXES = {
         "traceId_1_occurredAt_1": {"traceId": 1, "occurredAt": 1},
         "initiator.service_1_occurredAt_-1": {"initiator.service": 1, "occurredAt": -1},
         "parentEventId_1": {"parentEventId": 1},
+        "occurredAt_-1_eventId_1": {"occurredAt": -1, "eventId": 1},
+        "status_1_occurredAt_-1_eventId_1": {"status": 1, "occurredAt": -1, "eventId": 1},
+        "topic_1_occurredAt_-1_eventId_1": {"topic": 1, "occurredAt": -1, "eventId": 1},
+        "initiator.service_1_occurredAt_-1_eventId_1": {"initiator.service": 1, "occurredAt": -1, "eventId": 1},
     },
     "topic_consumers": {
         "_id_": {"_id": 1},

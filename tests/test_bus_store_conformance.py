@@ -90,3 +90,32 @@ class TestMongoSequenceRace(EmbeddedMongoDatabase, unittest.TestCase):
 
     def test_a_lower_sequence_is_stale_when_it_loses_the_insert(self):
         self.assertEqual(self.race(theirs=7, ours=5), (False, 7))
+
+
+class TestMongoEventListCosts(EmbeddedMongoDatabase, unittest.TestCase):
+    """The event list on MongoDB (issue 12, item 8): an unfiltered total is the collection's estimate, not
+    a count of every event; a filtered one is counted; each listing order has an index that serves it."""
+
+    def test_counts_and_indexes(self):
+        from wow_django.backends.mongo import bus_schema
+        from wow_django.persistence.bus import EventQuery
+
+        connection, name, guard = self.mongo()
+        store = MongoBusStore(connection, name, schema_guard=guard)
+        real = store.events
+        calls: list[str] = []
+
+        class Counting:
+            def __getattr__(self, attribute):
+                if attribute in ("count_documents", "estimated_document_count"):
+                    calls.append(attribute)
+                return getattr(real, attribute)
+
+        collection = store.collection
+        store.collection = lambda spec: Counting() if spec is bus_schema.EVENTS_SPEC else collection(spec)
+        store.find_events(EventQuery(), skip=0, limit=10)
+        store.find_events(EventQuery(status="FAILED"), skip=0, limit=10)
+        self.assertEqual(calls, ["estimated_document_count", "count_documents"])
+        keys = {tuple(dict(ix["key"]).items()) for ix in real.list_indexes()}
+        for prefix in ((), (("status", 1),), (("topic", 1),), (("initiator.service", 1),)):
+            self.assertIn((*prefix, ("occurredAt", -1), ("eventId", 1)), keys)

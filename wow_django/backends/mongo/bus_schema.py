@@ -38,6 +38,13 @@ EVENTS_SPEC = CollectionSpec(EVENTS, (
     IndexSpec("traceId_1_occurredAt_1", (("traceId", 1), ("occurredAt", 1))),
     IndexSpec("initiator.service_1_occurredAt_-1", (("initiator.service", 1), ("occurredAt", -1))),
     IndexSpec("parentEventId_1", (("parentEventId", 1),)),
+    # The event list's order (occurredAt newest first, eventId as the tie-break) with and without each
+    # filter, so a page (by offset or by cursor) is read from an index instead of sorted in memory.
+    IndexSpec("occurredAt_-1_eventId_1", (("occurredAt", -1), ("eventId", 1))),
+    IndexSpec("status_1_occurredAt_-1_eventId_1", (("status", 1), ("occurredAt", -1), ("eventId", 1))),
+    IndexSpec("topic_1_occurredAt_-1_eventId_1", (("topic", 1), ("occurredAt", -1), ("eventId", 1))),
+    IndexSpec("initiator.service_1_occurredAt_-1_eventId_1",
+              (("initiator.service", 1), ("occurredAt", -1), ("eventId", 1))),
 ))
 TOPIC_CONSUMERS_SPEC = CollectionSpec(TOPIC_CONSUMERS, (
     TOPIC_CONSUMER_UNIQUE,

@@ -248,7 +248,9 @@ class MongoBusStore(BusStore):
         found = event_filter(query)
 
         def read(c):
-            total = c.count_documents(found, maxTimeMS=self.max_time_ms)
+            # Unfiltered, the total comes from the collection's metadata instead of a count of every event.
+            total = (c.count_documents(found, maxTimeMS=self.max_time_ms) if found
+                     else c.estimated_document_count(maxTimeMS=self.max_time_ms))
             docs = list(c.find(found, NO_ID, max_time_ms=self.max_time_ms)
                         .sort([("occurredAt", DESCENDING), ("eventId", ASCENDING)]).skip(skip).limit(limit))
             return total, docs
