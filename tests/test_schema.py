@@ -327,3 +327,23 @@ def test_only_conflict_codes_are_schema_conflicts_when_building_an_index():
         "not authorized to create indexes", code=13))
     with pytest.raises(RecoverableStoreError, match="creating index"):
         reconcile_collection(other, spec)
+
+
+class ShardedDatabase(ListedDatabase):
+    def command(self, command):
+        return {"ns": f"{self.name}.{command['collStats']}", "sharded": True}
+
+
+def test_the_global_request_id_mode_is_refused_on_a_sharded_collection():
+    listed = [{"name": "requestId_1", "key": {"requestId": 1}, "unique": True}]
+    [problem] = reconcile_collection(ShardedDatabase("order_event_stream", listed),
+                                     event_stream_spec("order", "global"), check_only=True).problems
+    assert "is sharded" in problem and "REQUEST_ID_INDEX 'aggregate'" in problem
+    # The default mode shards fine; an unsharded collection in global mode too.
+    aggregate = [{"name": "aggregateId_1_requestId_1", "key": {"aggregateId": 1, "requestId": 1}, "unique": True}]
+    assert not [p for p in reconcile_collection(ShardedDatabase("order_event_stream", aggregate),
+                                                event_stream_spec("order"), check_only=True).problems
+                if "sharded" in p]
+    assert not [p for p in reconcile_collection(ListedDatabase("order_event_stream", listed),
+                                                event_stream_spec("order", "global"), check_only=True).problems
+                if "sharded" in p]

@@ -58,6 +58,8 @@ class CollectionSpec:
     # Uniqueness that must not exist (the other request-id mode's): refused by its keys when unique,
     # whatever the index is called; a non-unique index with those keys is only a lookup index.
     forbidden: tuple[tuple[IndexSpec, str], ...] = ()  # (index, why)
+    # Why the collection must not be sharded, if it must not (a unique index a shard key cannot carry).
+    unshardable: str | None = None
 
 
 def event_stream_collection(aggregate_name: str) -> str:
@@ -98,6 +100,10 @@ def event_stream_spec(aggregate_name: str, request_id_index: str = "aggregate") 
         event_stream_collection(aggregate_name),
         (AGGREGATE_ID_HASHED, AGGREGATE_ID_VERSION, request, TENANT_ID_HASHED, OWNER_ID_HASHED, CONTEXT_POSITION),
         forbidden=((other, why + "; drop it or change the setting"),),
+        unshardable=(
+            "WOW['REQUEST_ID_INDEX'] is 'global': its unique requestId_1 index cannot be built on a collection "
+            "sharded by hashed aggregateId. Use REQUEST_ID_INDEX 'aggregate' (the default) to shard event "
+            "streams" if request_id_index == "global" else None),
     )
 
 
@@ -171,6 +177,16 @@ def _option_problems(spec: IndexSpec, existing: dict) -> list[str]:
     return problems
 
 
+def _is_sharded(database, name: str) -> bool:
+    """Whether the collection is sharded (``collStats`` through mongos says so); False where the engine
+    cannot tell (the embedded one)."""
+    try:
+        with recoverable_errors(f"reading the stats of {database.name}.{name}"):
+            return bool(database.command({"collStats": name}).get("sharded"))
+    except (pymongo_errors.OperationFailure, NotImplementedError, AttributeError, TypeError):
+        return False
+
+
 def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = False) -> SchemaReport:
     """Create or verify ``spec`` in ``database``; raise nothing, report everything."""
     report = SchemaReport()
@@ -229,6 +245,9 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
             report.add(db_name, spec.name, index.name, "missing")
         else:
             to_create.append(index)
+    if spec.unshardable and spec.name in existing_names and _is_sharded(database, spec.name):
+        report.add(db_name, spec.name, "shard key", "conflict")
+        report.conflicts.append(f"{db_name}.{spec.name} is sharded: {spec.unshardable}.")
     for index, why in spec.forbidden:
         for name, current in existing.items():
             if _normalise_keys(current["key"]) == index.keys and current.get("unique"):
