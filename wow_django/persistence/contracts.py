@@ -217,6 +217,26 @@ class PrepareKey(ABC):
     ) -> bool:
         """Replace the value of a live reservation (only if it holds ``old_value`` when given)."""
 
+    def change_key(self, old_key: str, old_value: Any, new_key: str, new_value: Any,
+                   ttl: timedelta | datetime | None = None) -> bool:
+        """Move a reservation to another key (a username change): take ``new_key`` for ``new_value``, then
+        release ``old_key`` if it still holds ``old_value``. True when ``new_key`` is now held.
+
+        - ``new_key`` equal to ``old_key``: the value is replaced in place (:meth:`reprepare` with
+          ``old_value``); False when the key no longer holds ``old_value``.
+        - ``new_key`` taken: False, and ``old_key`` is kept (nothing changes).
+        - ``old_key`` missing, expired or holding another value: ``new_key`` is still taken (there is
+          nothing of ours to release) and the answer is True.
+        """
+        check_key(old_key)
+        check_key(new_key)
+        if old_key == new_key:
+            return self.reprepare(new_key, new_value, old_value=old_value, ttl=ttl)
+        if not self.prepare(new_key, new_value, ttl):
+            return False
+        self.rollback(old_key, old_value)
+        return True
+
     @contextlib.contextmanager
     def using_prepare(self, key: str, value: Any, ttl: timedelta | datetime | None = None) -> Iterator[PreparedValue]:
         """Reserve ``key`` for the block; roll it back if the block raises.

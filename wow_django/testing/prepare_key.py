@@ -111,6 +111,37 @@ class PrepareKeyContract:
         self.assertFalse(self.keys.rollback(key, {"n": 2}))
         self.assertTrue(self.keys.rollback(key, {"n": 1}))  # a document value matches itself
 
+    def test_change_key_moves_a_reservation(self):
+        old, new = self.key(), self.key()
+        self.keys.prepare(old, "customer-1")
+        self.assertTrue(self.keys.change_key(old, "customer-1", new, "customer-1"))
+        self.assertIsNone(self.keys.get(old))
+        self.assertEqual(self.keys.get(new).value, "customer-1")
+
+    def test_change_key_to_a_taken_key_changes_nothing(self):
+        old, taken = self.key(), self.key()
+        self.keys.prepare(old, "customer-1")
+        self.keys.prepare(taken, "customer-2")
+        self.assertFalse(self.keys.change_key(old, "customer-1", taken, "customer-1"))
+        self.assertEqual(self.keys.get(old).value, "customer-1")
+        self.assertEqual(self.keys.get(taken).value, "customer-2")
+
+    def test_change_key_to_the_same_key_replaces_the_value_in_place(self):
+        key = self.key()
+        self.keys.prepare(key, "v1")
+        self.assertTrue(self.keys.change_key(key, "v1", key, "v2"))
+        self.assertEqual(self.keys.get(key).value, "v2")
+        self.assertFalse(self.keys.change_key(key, "v1", key, "v3"))  # no longer holds v1
+        self.assertEqual(self.keys.get(key).value, "v2")
+
+    def test_change_key_from_a_missing_or_foreign_old_key_still_takes_the_new_one(self):
+        missing, foreign, new, newer = self.key(), self.key(), self.key(), self.key()
+        self.assertTrue(self.keys.change_key(missing, "customer-1", new, "customer-1"))
+        self.assertEqual(self.keys.get(new).value, "customer-1")
+        self.keys.prepare(foreign, "customer-9")
+        self.assertTrue(self.keys.change_key(foreign, "customer-1", newer, "customer-1"))
+        self.assertEqual(self.keys.get(foreign).value, "customer-9")  # not ours: kept
+
     def test_reprepare_without_old_value(self):
         key = self.key()
         self.assertFalse(self.keys.reprepare(key, "nothing-there"))
