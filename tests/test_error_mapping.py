@@ -325,11 +325,17 @@ def test_an_ownership_claim_that_loses_the_insert_is_retried_once():
         name = "claims"
         calls = 0
 
+        def list_collection_names(self):
+            return real.list_collection_names()
+
         def __getitem__(self, name):
             collection = real[name]
             outer = self
 
             class Claims:
+                def find_one(self, *args, **kwargs):
+                    return collection.find_one(*args, **kwargs)
+
                 def find_one_and_update(self, *args, **kwargs):
                     outer.calls += 1
                     if outer.calls == 1:  # another process inserted the claim between our filter and insert

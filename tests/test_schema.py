@@ -347,3 +347,20 @@ def test_the_global_request_id_mode_is_refused_on_a_sharded_collection():
     assert not [p for p in reconcile_collection(ListedDatabase("order_event_stream", listed),
                                                 event_stream_spec("order", "global"), check_only=True).problems
                 if "sharded" in p]
+
+
+def test_an_unclaimed_database_with_another_contexts_streams_is_not_claimed():
+    from wow_django.backends.mongo.schema import METADATA_COLLECTION, claim_database
+
+    db = fresh_db()
+    db.client.drop_database(db.name)
+    db["order_event_stream"].insert_one({"_id": "s-1", "contextName": "billing", "aggregateId": "o-1"})
+    for check_only in (True, False):
+        report = claim_database(db, "order-service", check_only=check_only)
+        [problem] = report.ownership
+        assert "streams of bounded context 'billing'" in problem and "order_event_stream" in problem
+    assert db[METADATA_COLLECTION].find_one({}) is None  # nothing claimed
+    db["order_event_stream"].delete_many({})
+    db["order_event_stream"].insert_one({"_id": "s-2", "contextName": "order-service", "aggregateId": "o-2"})
+    assert not claim_database(db, "order-service").ownership  # our own streams: claimed
+    assert db[METADATA_COLLECTION].find_one({})["contextName"] == "order-service"

@@ -271,6 +271,18 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
     return report
 
 
+def _foreign_streams(database, context_name: str) -> tuple[str, str] | None:
+    """``(collection, context)`` of an event stream of another context already in ``database``, or None.
+    Looked at before a first claim: an unclaimed database may still belong to another service."""
+    for name in sorted(database.list_collection_names()):
+        if not name.endswith("_event_stream"):
+            continue
+        other = database[name].find_one({"contextName": {"$ne": context_name}}, {"contextName": 1})
+        if other is not None:
+            return name, str(other.get("contextName"))
+    return None
+
+
 def claim_database(database, context_name: str, *, check_only: bool = False) -> SchemaReport:
     """Claim ``database`` for ``context_name`` in ``wow_database_metadata``.
 
@@ -279,8 +291,19 @@ def claim_database(database, context_name: str, *, check_only: bool = False) -> 
     report = SchemaReport()
     collection = database[METADATA_COLLECTION]
     with recoverable_errors(f"claiming database {database.name}"):
+        existing = collection.find_one({"_id": OWNERSHIP_ID})
+        foreign = None if existing is not None else _foreign_streams(database, context_name)
+        if foreign is not None:
+            name, other = foreign
+            report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
+            report.ownership.append(
+                f"database {database.name!r} has no owner yet but already holds event streams of bounded context "
+                f"{other!r} (in {name}), not {context_name!r}: it is not claimed. Point this context at its own "
+                "database, or set WOW['CONTEXT_NAME'] if this is that context."
+            )
+            return report
         if check_only:
-            claim = collection.find_one({"_id": OWNERSHIP_ID})
+            claim = existing
         else:
             def claim_it():
                 return collection.find_one_and_update(
