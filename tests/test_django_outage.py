@@ -522,20 +522,28 @@ class CuttingProxy:
                 return
             server = socket.create_connection(self.target)
             self._sockets += [client, server]
+            cut = threading.Event()  # this connection's statement was cut: its answer must not reach the client
             for source, sink, watch in ((client, server, True), (server, client, False)):
-                thread = threading.Thread(target=self._pipe, args=(source, sink, watch), daemon=True)
+                thread = threading.Thread(target=self._pipe, args=(source, sink, watch, cut), daemon=True)
                 self._threads.append(thread)
                 thread.start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, watch: bool) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, watch: bool, cut: threading.Event) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if not watch and cut.is_set():
+                    # The answer to the cut statement: the server ran (and committed) it. Only now is the
+                    # client's side closed, so it can neither hear the answer nor ask again before it landed.
+                    with contextlib.suppress(OSError):
+                        sink.shutdown(socket.SHUT_RDWR)
+                    return
                 if watch and self.armed and self.marker in data:
                     self.armed = False
                     self.cuts += 1
-                    source.shutdown(socket.SHUT_RDWR)  # the client's side only: the server goes on
+                    cut.set()  # before the statement is passed on: the answer cannot slip through first
+                    sink.sendall(data)
                     return
+                sink.sendall(data)
         except OSError:
             pass
         with contextlib.suppress(OSError):
