@@ -286,6 +286,27 @@ def test_a_rollup_that_read_before_a_status_write_of_the_same_millisecond_reads_
         "FAILED", frozen, 5, 2)
 
 
+def test_the_resweep_repairs_statuses_a_lost_rollup_left_behind(bus, monkeypatch):
+    """Feedback stored but its rollup lost (a queue that took it and a worker that died): the status stays
+    SENT until the resweep rolls it up; settled and recent events are left alone."""
+    from wow_django.tasks import resweep_statuses
+
+    bus.send("order.purchased", {}, event_id="evt-lost-rollup")
+    bus.send("order.purchased", {}, event_id="evt-untouched")
+    monkeypatch.setattr(bus, "queue_rollup", lambda event_id: None)  # every rollup is lost
+    bus.record_feedback("evt-lost-rollup", "member-service", True)
+    bus.record_feedback("evt-lost-rollup", "message-service", True)
+    assert bus.store.get_event("evt-lost-rollup")["status"] == "SENT"
+    assert bus.resweep(older_than_s=3600)["checked"] == 0  # too recent: its rollup may be in flight
+    later = utcnow() + timedelta(seconds=1)
+    monkeypatch.setattr(bus_service, "utcnow", lambda: later)  # both events are a second old now
+    report = bus.resweep(older_than_s=0.5)
+    assert report["changed"] == {"evt-lost-rollup": "CONSUMED"} and report["checked"] == 2
+    assert bus.store.get_event("evt-lost-rollup")["status"] == "CONSUMED"
+    assert bus.store.get_event("evt-untouched")["status"] == "SENT"
+    assert resweep_statuses.run(older_than_s=0.5) == {"checked": 1, "changed": {}}  # the task: the same call
+
+
 def test_each_feedback_queues_the_rollup_on_its_queue_and_rolls_up_inline_if_it_cannot(bus, monkeypatch):
     from wow_django.tasks import rollup_event
 

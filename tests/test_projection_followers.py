@@ -278,7 +278,8 @@ def test_followers_run_is_validated():
 def test_beat_schedule_has_the_follow_task_only_where_celery_runs_the_followers(memory):
     from wow_django.tasks import beat_schedule
 
-    assert set(beat_schedule()) == {"wow-bus-relay-pending"}
+    assert set(beat_schedule()) == {"wow-bus-relay-pending", "wow-bus-resweep"}
+    assert beat_schedule(resweep_every_s=60)["wow-bus-resweep"]["task"] == "wow_django.bus.resweep"
     with override_settings(WOW={**memory, "FOLLOWERS_RUN": "celery"}):
         schedule = beat_schedule(follow_every_s=3)
         assert schedule["wow-follow"]["task"] == "wow_django.follow"

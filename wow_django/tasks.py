@@ -149,6 +149,13 @@ def relay_pending(limit: int = 500) -> dict:
     return get_runtime().bus.relay_pending(limit=limit).to_json()
 
 
+@shared_task(name="wow_django.bus.resweep", ignore_result=True, **RETRY)
+def resweep_statuses(older_than_s: float = 60.0, limit: int = 500) -> dict:
+    """Roll up again event statuses that may be behind their feedback (a lost rollup); see
+    :meth:`EventBus.resweep`."""
+    return get_runtime().bus.resweep(older_than_s=older_than_s, limit=limit)
+
+
 @shared_task(name="wow_django.bus.repush", **RETRY)
 def repush_event(event_id: str, requested_by: str, consumer_id: str | None = None) -> dict:
     """The re-push result as JSON; a refused re-push raises ``RepushRefused``."""
@@ -166,18 +173,21 @@ def follow(names: list[str] | None = None, budget_s: float = 50.0) -> dict:
     return run_until_caught_up(names, budget_s=budget_s)
 
 
-def beat_schedule(*, follow_every_s: float = 5.0, relay_every_s: float = 30.0) -> dict:
+def beat_schedule(*, follow_every_s: float = 5.0, relay_every_s: float = 30.0, resweep_every_s: float = 300.0) -> dict:
     """The periodic tasks wow_django needs, for ``app.conf.beat_schedule``::
 
         app.conf.beat_schedule = {**wow_django.tasks.beat_schedule(), ...}
 
-    The bus relay (PENDING events the broker did not take) always; the followers when
+    The bus relay (PENDING events the broker did not take) and the status resweep (statuses a lost
+    rollup left behind their feedback) always; the followers when
     ``WOW['FOLLOWERS_RUN'] == "celery"`` (each run's budget is the interval, and a run expires unstarted
     after it, so runs never pile up behind a busy worker).
     """
     schedule = {
         "wow-bus-relay-pending": {"task": "wow_django.bus.relay_pending", "schedule": relay_every_s,
                                   "options": {"expires": relay_every_s}},
+        "wow-bus-resweep": {"task": "wow_django.bus.resweep", "schedule": resweep_every_s,
+                            "options": {"expires": resweep_every_s}},
     }
     if wow_settings.FOLLOWERS_RUN == "celery":
         schedule["wow-follow"] = {"task": "wow_django.follow", "schedule": follow_every_s,

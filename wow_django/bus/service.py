@@ -293,6 +293,39 @@ class EventBus:
         except Exception:
             logger.exception("bus: inline rollup of %s failed", event_id)
 
+    def resweep(self, *, older_than_s: float = 60.0, limit: int = 500) -> dict:
+        """Roll up again events whose status may be stale: not yet settled (SENT, RETRYING, PARTIAL,
+        FAILED) and older than ``older_than_s``, at most ``limit`` per status, newest first.
+
+        A rollup is queued after each feedback; a queue that lost it (a broker outage, a worker killed
+        before the rollup ran, an inline rollup that failed) leaves the status behind the feedback, and
+        nothing else would correct it. Rollups are idempotent, so re-rolling a current status costs a
+        read and changes nothing. Returns ``{"checked": n, "changed": {eventId: status}}``. The Celery
+        task ``wow_django.bus.resweep`` runs it (see :func:`wow_django.tasks.beat_schedule`).
+        """
+        until = utcnow() - timedelta(seconds=older_than_s)
+        checked, changed = 0, {}
+        for status in (EventStatus.SENT, EventStatus.RETRYING, EventStatus.PARTIAL, EventStatus.FAILED):
+            after = None
+            left = limit
+            while left > 0:
+                events = self.store.events_after(EventQuery(status=status.value, until=until), after=after,
+                                                 limit=min(left, 100))
+                if not events:
+                    break
+                for event in events:
+                    checked += 1
+                    now = self.rollup(event["eventId"])
+                    if now is not None and now != status.value:
+                        changed[event["eventId"]] = now
+                left -= len(events)
+                last = events[-1]
+                after = (last["occurredAt"], last["eventId"])
+        if changed:
+            logger.warning("bus: %d event status(es) were behind their feedback and were rolled up: %s",
+                           len(changed), ", ".join(sorted(changed)[:20]))
+        return {"checked": checked, "changed": changed}
+
     def rollup(self, event_id: str) -> str | None:
         """Recompute the status from the latest row per consumer; write only the status if it changed.
 
