@@ -110,6 +110,13 @@ def sample_env(tmp_path):
             client.close()
 
 
+def require_redis_and_rabbitmq() -> None:
+    """The suite runs with the services .ci/run starts; missing ones are a failure that says so, not a skip."""
+    missing = [name for name, port in (("Redis", 6379), ("RabbitMQ", 5672)) if not reachable("127.0.0.1", port)]
+    if missing:
+        pytest.fail(f"{' and '.join(missing)} not running on 127.0.0.1: start them as .ci/run does")
+
+
 def manage(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -278,8 +285,7 @@ def test_a_second_process_sees_the_demo_orders_over_the_api(sample_env):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
 def test_serve_runs_the_workers_and_consumers_and_stops_them_all(sample_env):
     """With Redis and RabbitMQ: two Celery workers and a ``wow_consume`` per consumer, children of the demo."""
-    if not (reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5672)):
-        pytest.skip("needs the Redis and RabbitMQ on 127.0.0.1 (.ci/run)")
+    require_redis_and_rabbitmq()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     served = Served(sample_env, "wow_demo", "--orders", "2", "--serve", "--addrport", f"127.0.0.1:{port}")
@@ -311,8 +317,7 @@ def test_serve_runs_the_workers_and_consumers_and_stops_them_all(sample_env):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_demo_leaves_no_process_behind(sample_env):
     """SIGKILL gives the demo no chance to stop its children: each of them ends with it all the same."""
-    if not (reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5672)):
-        pytest.skip("needs the Redis and RabbitMQ on 127.0.0.1 (.ci/run)")
+    require_redis_and_rabbitmq()
     port = free_port()
     served = Served(sample_env, "wow_demo", "--orders", "2", "--serve", "--addrport", f"127.0.0.1:{port}")
     tree: set[int] = set()

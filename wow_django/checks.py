@@ -147,9 +147,11 @@ def _api_allows_anyone() -> bool:
     from rest_framework.permissions import AllowAny
     from rest_framework.settings import api_settings
 
+    from wow_django.http.base import import_classes
+
     configured = wow_settings.API_PERMISSION_CLASSES
     try:
-        classes = ([import_string(c) if isinstance(c, str) else c for c in configured] if configured is not None
+        classes = (import_classes(configured) if configured is not None
                    else list(api_settings.DEFAULT_PERMISSION_CLASSES))
     except ImportError:
         return False  # reported as an error above

@@ -46,14 +46,14 @@ class Backend(ABC):
     def event_queries(self, store: EventStore, aggregate_name: str) -> QueryService:
         """Event stream queries of one aggregate type over ``store`` (built by this backend)."""
 
+    @abstractmethod
     def stream_feed(self, store: EventStore, context_name: str | None = None) -> StreamFeed:
         """The streams of context ``context_name`` (None: ``WOW['CONTEXT_NAME']``) in ``store`` (built by this
         backend) by position."""
-        raise NotImplementedError(f"the {self.name!r} backend does not serve followers")
 
+    @abstractmethod
     def follower_store(self) -> FollowerStore:
         """A new store of followers' state (checkpoint, lease, pause, poison, skipped gaps)."""
-        raise NotImplementedError(f"the {self.name!r} backend does not serve followers")
 
     def close(self) -> None:
         """Release what the backend holds itself (its stores are closed by the runtime)."""

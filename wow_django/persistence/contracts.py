@@ -155,6 +155,19 @@ def system_clock() -> datetime:
     return datetime.now(UTC)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_micros(moment: datetime) -> int:
+    """An aware datetime as epoch microseconds (exact): how the django and Mongo stores keep times they
+    compare in their statements (leases, expiries)."""
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def from_micros(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
 def resolve_ttl(ttl: timedelta | datetime | None, now: datetime | None = None) -> datetime:
     """The UTC end of a reservation: ``None`` → forever, a timedelta → from ``now`` (default: the real now)."""
     if ttl is None:

@@ -43,9 +43,10 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.persistence.contracts import from_micros, to_micros
 from wow_django.persistence.records import EventStream
 
 
@@ -114,18 +115,6 @@ def poison_time(poison: PoisonEvent | None, now: datetime | None) -> datetime:
     if now is not None:
         return now
     return poison.at if poison is not None else datetime.now(UTC)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def to_micros(moment: datetime) -> int:
-    """An aware datetime as epoch microseconds (exact): how the stores keep followers' times."""
-    return (moment - _EPOCH) // timedelta(microseconds=1)
-
-
-def from_micros(micros: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=micros)
 
 
 def gap_to_json(gap: Gap) -> dict:
@@ -211,10 +200,10 @@ class StreamFeed(ABC):
     def count_between(self, after: int, upto: int) -> int:
         """How many visible streams have ``after`` < position ≤ ``upto``: what a rewind will replay."""
 
+    @abstractmethod
     def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
         """The position of the stream of aggregate ``aggregate_name``/``aggregate_id`` at ``version``, or None
         when it is not stored (or not visible yet): what ``PROJECTED`` waits for the projections to pass."""
-        raise NotImplementedError(f"{type(self).__name__} cannot find a stream's position")
 
     def start_watching(self) -> None:
         """Called by every follower that starts running. A feed that can learn of other processes' appends

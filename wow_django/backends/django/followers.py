@@ -26,7 +26,6 @@ from wow_django.backends.django.connection import database, prepare_database, sq
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.event_store import DjangoEventStore, _decode_json
 from wow_django.backends.django.models import EventStreamRow, FollowerGapRow, FollowerRow, FollowerSkipRow
-from wow_django.backends.django.prepare_key import from_micros, to_micros
 from wow_django.exceptions import LeaseLost, UnknownFollower
 from wow_django.persistence.followers import (
     FollowerState,
@@ -37,11 +36,13 @@ from wow_django.persistence.followers import (
     StreamFeed,
     check_position,
     check_read_args,
+    from_micros,
     gap_from_json,
     gap_to_json,
     poison_from_json,
     poison_time,
     poison_to_json,
+    to_micros,
 )
 from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream
 

@@ -17,26 +17,22 @@ Values compare as JSON: ``jsonb`` equality on PostgreSQL, the canonical text
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from wow_django.backends.django.connection import database, prepare_database
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.models import CanonicalJSONEncoder, PrepareKeyRow
-from wow_django.persistence.contracts import _MISSING, Clock, PrepareKey, check_key, resolve_ttl
+from wow_django.persistence.contracts import (
+    _MISSING,
+    Clock,
+    PrepareKey,
+    check_key,
+    from_micros,
+    resolve_ttl,
+    to_micros,
+)
 from wow_django.persistence.records import PreparedValue
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def to_micros(moment: datetime) -> int:
-    """An aware datetime as epoch microseconds (exact)."""
-    return (moment - _EPOCH) // _MICROSECOND
-
-
-def from_micros(micros: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=micros)
 
 
 class DjangoPrepareKey(PrepareKey):

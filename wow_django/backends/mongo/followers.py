@@ -93,7 +93,11 @@ class MongoStreamFeed(StreamFeed):
             self.watcher.close()
 
     def _collections(self) -> list:
-        """Every event stream collection of the database (one ``listCollections``)."""
+        """Every event stream collection of the database (one ``listCollections``).
+
+        Listed at each read, not cached: positions are global across the collections, so a collection
+        another process created that a cached list missed would look like a gap, and a gap older than
+        ``FOLLOWER_GAP_TIMEOUT_S`` is passed for good. One round trip per batch buys that certainty."""
         with recoverable_errors(f"listing the event stream collections of {self.database.name}"):
             names = self.database.list_collection_names()
         return [self.database[name] for name in sorted(names) if name.endswith(_SUFFIX) and name != _SUFFIX]
