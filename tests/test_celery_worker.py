@@ -74,13 +74,13 @@ def test_sent_commands_are_processed_by_the_worker(worker):
         # Queue the first command again (a redelivery): recognised, nothing appended.
         from wow_django.tasks import process_command
 
-        redelivered = process_command.delay({
+        redelivered = process_command.apply_async(({
             "aggregate_name": "order", "command_name": "place_order",
             "body": {"customer_id": "c-1", "items": [{"sku": "A", "quantity": 2, "unit_price": "5"}],
                      "currency": "CNY"},
             "aggregate_id": sent.aggregate_id, "request_id": "celery-req-1", "command_id": sent.command_id,
             "request_id_given": True, "tenant_id": "(0)", "owner_id": "", "operator": "", "header": {},
-        }).get(timeout=20)
+        },), ignore_result=False).get(timeout=20)
         # The stored events are this very command's (same command id): its first result, nothing appended.
         assert redelivered["aggregateVersion"] == 1 and redelivered["errorCode"] == "Ok"
         assert redelivered["commandId"] == sent.command_id
@@ -89,14 +89,45 @@ def test_sent_commands_are_processed_by_the_worker(worker):
         assert (second.version, second.request_id, second.command_id) == (2, paid.request_id, paid.command_id)
 
 
+def test_tasks_the_application_queues_store_no_result(worker, monkeypatch):
+    """A SENT command and its snapshot request leave nothing in the result backend (nobody reads them)."""
+    import redis
+
+    from wow_django import tasks
+
+    queued = []
+    for task in (tasks.process_command, tasks.save_snapshot):
+        def delay(*args, _task=task):
+            result = _task.apply_async(args)  # what .delay does, keeping the AsyncResult
+            queued.append((_task.name, result))
+            return result
+        monkeypatch.setattr(task, "delay", delay)
+    cache.clear()
+    with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_MODE="celery")):
+        gateway = get_runtime().gateway
+        items = [OrderLine(sku="A", quantity=1, unit_price=Decimal("5"))]
+        sent = gateway.send(PlaceOrder(customer_id="c-1", items=items), wait=WaitStage.SENT)
+        key = AggregateId("order", sent.aggregate_id)
+        wait_for(lambda: get_runtime().snapshot_store.load(key), what="the queued command's snapshot")
+    assert [name for name, _ in queued] == ["wow_django.process_command", "wow_django.save_snapshot"]
+    backend = redis.Redis.from_url(REDIS_URL)
+    for name, result in queued:
+        assert not backend.exists(worker.app.backend.get_key_for_task(result.id)), name
+    # The tasks an operator queues keep theirs (checked by test_rebuild_task_on_the_worker's .get()).
+    assert tasks.rebuild_snapshots.ignore_result is False and tasks.repush_event.ignore_result is False
+    assert all(t.ignore_result for t in (tasks.process_command, tasks.save_snapshot, tasks.rollup_event,
+                                         tasks.relay_pending, tasks.resweep_statuses, tasks.follow))
+    cache.clear()
+
+
 def test_refused_queued_command_reports_its_error(worker):
     with override_settings(WOW=fresh_wow("mongo")):
         from wow_django.tasks import process_command
 
-        result = process_command.delay({
+        result = process_command.apply_async(({
             "aggregate_name": "order", "command_name": "pay_order", "body": {"amount": "1", "payment_id": "p"},
             "aggregate_id": "missing-order", "request_id": "r-x", "command_id": "c-x", "request_id_given": True,
-        }).get(timeout=20)
+        },), ignore_result=False).get(timeout=20)
         assert result["errorCode"] == "NOT_FOUND" and "does not exist" in result["errorMsg"]
 
 
@@ -104,7 +135,9 @@ def test_snapshot_tasks_run_on_the_worker_and_coalesce(worker, monkeypatch):
     """Snapshot requests for one aggregate while its task is pending queue one task; the worker runs it."""
     from wow_django import tasks
 
-    send_to_worker = tasks.save_snapshot.delay
+    def send_to_worker(*args):  # the gateway's requests store no result: this one asks for it
+        return tasks.save_snapshot.apply_async(args, ignore_result=False)
+
     held: list[tuple] = []  # queued tasks, held back until every request was made
     monkeypatch.setattr(tasks.save_snapshot, "delay", lambda *args: held.append(args))
     cache.clear()
@@ -158,7 +191,7 @@ def test_recoverable_store_errors_are_retried_by_the_worker(worker, monkeypatch)
     monkeypatch.setattr(tasks.save_snapshot, "default_retry_delay", 0)
     with override_settings(WOW=fresh_wow("mongo", SNAPSHOT_STRATEGY="none")):
         customer = get_runtime().gateway.send(RegisterCustomer(username="flaky", display_name="f")).aggregate_id
-        assert tasks.save_snapshot.delay("customer", customer).get(timeout=20) == 1
+        assert tasks.save_snapshot.apply_async(("customer", customer), ignore_result=False).get(timeout=20) == 1
         assert len(calls) == 3
         assert get_runtime().snapshot_store.load(AggregateId("customer", customer)).version == 1
 

@@ -19,6 +19,14 @@ runtime's services) and are idempotent:
   celery beat where ``WOW['FOLLOWERS_RUN'] == "celery"`` (:func:`beat_schedule`).
 
 Transient store errors (``RecoverableStoreError``) are retried with backoff.
+
+Tasks the application queues by itself (commands, snapshots, rollups, the relay,
+the resweep, followers) are fire-and-forget: nobody waits on them, so they store
+no result (``ignore_result``), and a result backend does not fill up with one
+entry per command. Their effects are in the stores (a command's outcome: its
+events, or the request's status). ``rebuild_snapshots`` and ``repush`` keep
+their results for the operator who queued them; a test or a script that wants
+one of the others' results asks for it: ``apply_async(args, ignore_result=False)``.
 """
 
 from __future__ import annotations
@@ -94,7 +102,8 @@ def close_runtime_in_pool_process(**kwargs) -> None:
 # Acknowledged after the task ran; a pool process killed meanwhile (OOM, a deploy) has the message
 # redelivered, not acknowledged as failed: the command was answered SENT and must still run. Both tasks
 # are idempotent (request ids; the rollup recomputes).
-@shared_task(name="wow_django.process_command", acks_late=True, reject_on_worker_lost=True, **RETRY)
+@shared_task(name="wow_django.process_command", acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             **RETRY)
 def process_command(message: dict) -> dict:
     """Process a queued command; returns the command result as JSON."""
     queued = CommandMessage.from_dict(message)
@@ -113,7 +122,7 @@ def process_command(message: dict) -> dict:
     return result.to_json()
 
 
-@shared_task(name="wow_django.save_snapshot", **RETRY)
+@shared_task(name="wow_django.save_snapshot", ignore_result=True, **RETRY)
 def save_snapshot(aggregate_name: str, aggregate_id: str) -> int | None:
     """Save the latest snapshot of one aggregate; returns its version (None if unknown)."""
     # Clear the marker first: events appended from now on queue a new task.
@@ -143,7 +152,7 @@ def rollup_event(event_id: str) -> str | None:
     return get_runtime().bus.rollup(event_id)
 
 
-@shared_task(name="wow_django.bus.relay_pending", **RETRY)
+@shared_task(name="wow_django.bus.relay_pending", ignore_result=True, **RETRY)
 def relay_pending(limit: int = 500) -> dict:
     """``{"published": [...], "failed": [...]}`` event ids."""
     return get_runtime().bus.relay_pending(limit=limit).to_json()
