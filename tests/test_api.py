@@ -46,7 +46,6 @@ from wow_django.exceptions import (
 from wow_django.http.errors import InvalidRequest, ResourceNotFound, error_response
 from wow_django.http.tenancy import UserTenantResolver
 from wow_django.http.urls import aggregate_urlpatterns
-from wow_django.persistence.records import AggregateId
 from wow_django.query.errors import QueryValidationError
 
 # Wait stage SENT queues through the queued_commands fixture, not Celery.
@@ -105,7 +104,10 @@ def assert_error(response, status: int, code: str, names=None) -> dict:
 
 
 def versions(order_id, name="order"):
-    return [s.version for s in get_runtime().event_store.load(AggregateId(name, order_id))]
+    """The stored versions of an aggregate, whatever its tenant."""
+    store = get_runtime().event_store
+    key = store.locate(name, order_id)
+    return [s.version for s in store.load(key)] if key is not None else []
 
 
 # --- commands ----------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from wow_django.exceptions import (
     UnknownAggregate,
     UnknownCommand,
 )
-from wow_django.persistence.records import AggregateId
+from wow_django.persistence.records import DEFAULT_TENANT_ID, AggregateId
 
 
 def place(gateway=None, amount="9.99", quantity=2, **kwargs):
@@ -41,8 +41,8 @@ def place(gateway=None, amount="9.99", quantity=2, **kwargs):
     return gateway.send(PlaceOrder(customer_id="c-1", items=items), **kwargs)
 
 
-def versions(aggregate_id, name="order"):
-    return [s.version for s in get_runtime().event_store.load(AggregateId(name, aggregate_id))]
+def versions(aggregate_id, name="order", tenant=DEFAULT_TENANT_ID):
+    return [s.version for s in get_runtime().event_store.load(AggregateId(name, aggregate_id, tenant_id=tenant))]
 
 
 def test_place_pay_ship(wow):
@@ -132,8 +132,10 @@ def test_tenants_cannot_reach_each_others_aggregates(wow):
     with pytest.raises(AggregateNotFound):
         gateway.send(CancelOrder(reason="x"), aggregate_id=order, tenant_id="tenant-b")
     gateway.send(CancelOrder(reason="x"), aggregate_id=order, tenant_id="tenant-a")
-    stream = get_runtime().event_store.last(AggregateId("order", order))
-    assert stream.aggregate_id.tenant_id == "tenant-a"
+    store = get_runtime().event_store
+    assert store.last(AggregateId("order", order, "order-service", "tenant-b")) is None
+    stream = store.last(store.locate("order", order))
+    assert stream.aggregate_id.tenant_id == "tenant-a" and stream.version == 2
 
 
 def test_owner_and_operator_are_recorded(wow):
@@ -379,19 +381,40 @@ def test_bad_wait_stage_and_ids_are_validation_errors(wow):
         place(aggregate_id="bad\nid")
 
 
+def test_the_repository_reads_an_aggregate_only_under_its_tenant(wow):
+    from sample_project.orders.aggregates import Order
+    from wow_django.application.snapshotting import refresh_snapshot
+
+    gateway = get_runtime().gateway
+    order = place(tenant_id="t-owner", wait=WaitStage.PROCESSED).aggregate_id
+    repository = gateway.repository
+    assert repository.load(Order, order, tenant_id="t-other") is None
+    assert repository.load(Order, order, tenant_id="t-other", use_snapshot=False) is None
+    assert repository.load(Order, order, tenant_id="t-owner").tenant_id == "t-owner"
+    assert repository.locate(Order, order) == AggregateId("order", order, "order-service", "t-owner")
+    # Another tenant's command on it is refused as not found, and appends nothing.
+    with pytest.raises(AggregateNotFound):
+        gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=order, tenant_id="t-other")
+    assert versions(order, tenant="t-owner") == [1]
+    # Code that serves every tenant (the snapshot task) finds the owner's tenant first.
+    gateway.send(CancelOrder(reason="x"), aggregate_id=order, tenant_id="t-owner", wait=WaitStage.PROCESSED)
+    assert refresh_snapshot(repository, Order, order) == 2
+    assert get_runtime().snapshot_store.load(AggregateId("order", order, "order-service", "t-owner")).version == 2
+
+
 def test_load_uses_the_snapshot_and_later_events(wow):
     gateway = get_runtime().gateway
     order = place(wait=WaitStage.SNAPSHOT).aggregate_id
     repository = gateway.repository
     from sample_project.orders.aggregates import Order
 
-    loaded = repository.load(Order, order)
+    loaded = repository.load(Order, order, tenant_id=DEFAULT_TENANT_ID)
     assert (loaded.version, loaded.snapshot_version) == (1, 1)
     # An event appended behind the snapshot's back is applied on top of it.
     other = CommandGateway(get_runtime().event_store, None, context_name="order-service", prepare_keys=get_runtime().prepare_key)
     other.send(CancelOrder(reason="late"), aggregate_id=order)
     other.close()
-    loaded = repository.load(Order, order)
+    loaded = repository.load(Order, order, tenant_id=DEFAULT_TENANT_ID)
     assert (loaded.version, loaded.snapshot_version, loaded.state.status) == (2, 1, "CANCELLED")
 
 

@@ -76,7 +76,8 @@ def configure_topic_consumers(bus=None) -> None:
 def publish_purchase(message) -> None:
     """``order_paid`` → ``order.purchased``."""
     # The order as of this event, not as of now.
-    order = get_runtime().gateway.repository.load(Order, message.aggregate_id.id, tail_version=message.version)
+    key = message.aggregate_id
+    order = get_runtime().gateway.repository.load(Order, key.id, tenant_id=key.tenant_id, tail_version=message.version)
     state = order.state if order is not None else None
     event: OrderPaid = message.event
     header = message.header or {}

@@ -445,7 +445,7 @@ class CommandGateway:
 
     def _attempt(self, cls, command, message: CommandMessage, ctx: CommandContext):
         name = command.command_name
-        aggregate = self.repository.load(cls, message.aggregate_id)
+        aggregate = self.repository.load(cls, message.aggregate_id, tenant_id=message.tenant_id)
         handler = cls.handlers.get(name)
         if handler is not None and handler.create:
             if aggregate is not None:

@@ -139,10 +139,22 @@ class AggregateRepository:
         aggregate.event_time = snapshot.event_time
         return aggregate
 
-    def load(self, cls: type[Aggregate], aggregate_id: str, *, use_snapshot: bool = True,
+    def locate(self, cls: type[Aggregate], aggregate_id: str) -> AggregateId | None:
+        """The full id (tenant included) an aggregate is stored under; ``None`` if it has no events.
+
+        For code that serves every tenant (a snapshot task, the console, a script): request paths
+        know the tenant and give it to ``load``.
+        """
+        return self.event_store.locate(cls.aggregate_name, aggregate_id)
+
+    def load(self, cls: type[Aggregate], aggregate_id: str, *, tenant_id: str, use_snapshot: bool = True,
              tail_version: int | None = None) -> Aggregate | None:
-        """The aggregate at its latest version (or ``tail_version``); ``None`` if it has no events."""
-        key = AggregateId(cls.aggregate_name, aggregate_id, self.context_name)
+        """The tenant's aggregate at its latest version (or ``tail_version``).
+
+        ``None`` if it has no events, or is another tenant's: the stores filter on ``tenant_id``.
+        Code that serves every tenant finds the tenant with ``locate`` first.
+        """
+        key = AggregateId(cls.aggregate_name, aggregate_id, self.context_name, tenant_id)
         aggregate = None
         if use_snapshot and self.snapshot_store is not None and tail_version is None:
             snapshot = self.snapshot_store.load(key)

@@ -33,7 +33,8 @@ def should_snapshot(strategy: str, aggregate: Aggregate, *, version_offset: int,
 
 def refresh_snapshot(repository: AggregateRepository, cls: type[Aggregate], aggregate_id: str) -> int | None:
     """Load the aggregate (snapshot + later events) and save it; the version saved, or None."""
-    aggregate = repository.load(cls, aggregate_id)
+    key = repository.locate(cls, aggregate_id)  # a task serves every tenant: the one the aggregate is stored under
+    aggregate = repository.load(cls, aggregate_id, tenant_id=key.tenant_id) if key is not None else None
     if aggregate is None or repository.snapshot_store is None:
         return None
     if aggregate.version == aggregate.snapshot_version:
@@ -53,7 +54,7 @@ def rebuild_snapshots(repository: AggregateRepository, cls: type[Aggregate], *,
         raise ValueError("no snapshot store configured")
     done = 0
     for key in repository.event_store.iter_all(cls.aggregate_name, batch=batch):
-        aggregate = repository.load(cls, key.id, use_snapshot=False)
+        aggregate = repository.load(cls, key.id, tenant_id=key.tenant_id, use_snapshot=False)
         if aggregate is not None:
             repository.snapshot_store.save(snapshot_of(aggregate, repository.context_name))
         done += 1

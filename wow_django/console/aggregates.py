@@ -147,10 +147,12 @@ def aggregate_detail(request, name: str, aggregate_id: str):
     cls = _aggregate_or_404(name)
     runtime = get_runtime()
     try:
-        key = AggregateId(name, aggregate_id, wow_settings.CONTEXT_NAME)
+        AggregateId(name, aggregate_id, wow_settings.CONTEXT_NAME)
     except ValueError:
         raise Http404(f"{aggregate_id!r} is not an aggregate id.")
-    streams = runtime.event_store.load(key, 1, MAX_STREAMS_SHOWN)
+    # The console serves every tenant: it reads the aggregate under the tenant it is stored under.
+    key = runtime.event_store.locate(name, aggregate_id)
+    streams = runtime.event_store.load(key, 1, MAX_STREAMS_SHOWN) if key is not None else []
     if not streams:
         raise Http404(f"{name} {aggregate_id!r} has no events.")
     repository = runtime.gateway.repository
@@ -169,7 +171,7 @@ def aggregate_detail(request, name: str, aggregate_id: str):
             messages.error(request, f"version: must be a whole number from 1 to {head} (the aggregate's version)")
         else:
             at = int(raw)
-            loaded = repository.load(cls, aggregate_id, tail_version=at)
+            loaded = repository.load(cls, aggregate_id, tenant_id=key.tenant_id, tail_version=at)
             state_at = pretty(loaded.state.model_dump(mode="json")) if loaded is not None else None
     snapshot = runtime.snapshot_store.load(key)
     return page(request, "aggregate_detail.html", f"{name} {aggregate_id}", name=name, aggregate_id=aggregate_id,

@@ -197,7 +197,7 @@ class StateView(WowAPIView):
 
     def load_aggregate(self, aggregate_id: str) -> Aggregate:
         check_aggregate_id(aggregate_id)
-        aggregate = self.get_gateway().repository.load(self.aggregate, aggregate_id)
+        aggregate = self.get_gateway().repository.load(self.aggregate, aggregate_id, tenant_id=self.get_tenant_id())
         if aggregate is None or aggregate.tenant_id != self.get_tenant_id():
             raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} does not exist.")
         if aggregate.deleted:
@@ -245,7 +245,8 @@ class EventRangeView(WowAPIView):
         if tail < head:
             raise InvalidRequest("tail", f"tail ({tail}) must be at least head ({head})")
         store = get_runtime().event_store
-        key = AggregateId(self.aggregate.aggregate_name, aggregate_id, wow_settings.CONTEXT_NAME)
+        key = AggregateId(self.aggregate.aggregate_name, aggregate_id, wow_settings.CONTEXT_NAME,
+                          self.get_tenant_id())
         # Versions are contiguous: reading up to head + limit loads at most limit + 1 streams, whatever the tail.
         limit = wow_settings.QUERY_MAX_LIMIT
         streams = store.load(key, head, min(tail, head + limit))

@@ -158,6 +158,9 @@ class BatchingEventStore(EventStore):
     def get_by_request_id(self, aggregate_id, request_id):
         return self.inner.get_by_request_id(aggregate_id, request_id)
 
+    def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
+        return self.inner.locate(aggregate_name, aggregate_id)
+
     def close(self) -> None:
         """Flush what is queued, stop the lanes, close the inner store."""
         for lane in self._lanes:

@@ -74,6 +74,9 @@ class EventStore(ABC):
                 results.append(None)
         return results
 
+    # Reads of one aggregate (load, load_by_time, last, get_by_request_id) find its streams only under the
+    # tenant of ``aggregate_id``: another tenant's aggregate id finds nothing, whatever the caller checks.
+
     @abstractmethod
     def load(
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
@@ -81,7 +84,7 @@ class EventStore(ABC):
         """Streams with ``head_version ≤ version ≤ tail_version`` in version order.
 
         ``ValueError`` when ``head_version < 1`` or ``tail_version < head_version``;
-        an unknown aggregate gives an empty list.
+        an unknown aggregate (or another tenant's) gives an empty list.
         """
 
     @abstractmethod
@@ -91,6 +94,14 @@ class EventStore(ABC):
     @abstractmethod
     def last(self, aggregate_id: AggregateId) -> EventStream | None:
         """The stream with the highest version, or ``None``."""
+
+    @abstractmethod
+    def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
+        """The full id (context, tenant) an aggregate id is stored under, or ``None``.
+
+        For system callers that are given a bare id (a snapshot task, the console, a
+        rebuild); request paths know the tenant and pass it instead.
+        """
 
     @abstractmethod
     def scan_aggregate_ids(
@@ -131,7 +142,7 @@ class SnapshotStore(ABC):
 
     @abstractmethod
     def load(self, aggregate_id: AggregateId) -> Snapshot | None:
-        """The stored snapshot, or ``None``."""
+        """The stored snapshot, or ``None`` (also when it is another tenant's than ``aggregate_id`` says)."""
 
     @abstractmethod
     def save(self, snapshot: Snapshot) -> None:

@@ -228,6 +228,26 @@ class EventStoreContract:
         self.assertEqual(self.store.get_by_request_id(agg, "req-z"), stream)
         self.assertIsNone(self.store.get_by_request_id(agg, "req-other"))
 
+    def test_reads_of_one_aggregate_find_nothing_under_another_tenant(self):
+        agg = self.agg(tenant="tenant-a")
+        streams = [make_stream(agg, v, request_id=f"req-{v}", create_time=1_000 * v) for v in (1, 2)]
+        for stream in streams:
+            self.store.append(stream)
+        intruder = self.agg(agg.id, tenant="tenant-b")
+        self.assertEqual(self.store.load(intruder), [])
+        self.assertEqual(self.store.load(intruder, 1, 2), [])
+        self.assertEqual(self.store.load_by_time(intruder, 0, 10_000), [])
+        self.assertIsNone(self.store.last(intruder))
+        self.assertIsNone(self.store.get_by_request_id(intruder, "req-1"))
+        # The owner still reads everything; locate names the owner, for code that serves every tenant.
+        self.assertEqual(self.store.load(agg), streams)
+        self.assertEqual(self.store.load_by_time(agg, 0, 10_000), streams)
+        self.assertEqual(self.store.last(agg), streams[1])
+        self.assertEqual(self.store.get_by_request_id(agg, "req-2"), streams[1])
+        self.assertEqual(self.store.locate(self.aggregate_name, agg.id), agg)
+        self.assertIsNone(self.store.locate(self.aggregate_name, "nobody"))
+        self.assertIsNone(self.store.locate("customer", agg.id))
+
     def test_append_many_gives_each_stream_its_own_result(self):
         agg, other = self.agg(), self.agg()
         self.store.append(make_stream(agg, 1, request_id="taken"))

@@ -47,6 +47,14 @@ class SnapshotStoreContract:
         self.store.save(snapshot)
         self.assertEqual(self.store.load(agg), snapshot)
 
+    def test_another_tenant_finds_no_snapshot(self):
+        agg = self.agg()
+        snapshot = make_snapshot(agg, 2, status="PAID")
+        self.store.save(snapshot)
+        intruder = AggregateId(agg.aggregate_name, agg.id, agg.context_name, "tenant-b")
+        self.assertIsNone(self.store.load(intruder))
+        self.assertEqual(self.store.load(agg), snapshot)
+
     def test_deleted_flag_round_trips(self):
         agg = self.agg()
         snapshot = Snapshot(aggregate_id=agg, version=4, state={}, deleted=True)

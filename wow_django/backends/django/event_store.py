@@ -135,7 +135,9 @@ class DjangoEventStore(EventStore):
         self._names = {field.name: quote(field.column) for field in EventStreamRow._meta.concrete_fields}
         self._select_sql = (
             f"SELECT {', '.join('{' + column + '}' for column in _COLUMNS)} "
-            f"FROM {quote(EventStreamRow._meta.db_table)} WHERE {{aggregate_name}} = %s AND {{aggregate_id}} = %s"
+            f"FROM {quote(EventStreamRow._meta.db_table)} "
+            # The tenant too: another tenant's aggregate id finds nothing (defence in depth behind the callers).
+            f"WHERE {{aggregate_name}} = %s AND {{aggregate_id}} = %s AND {{tenant_id}} = %s"
         )
         self._insert_head = (f"INSERT INTO {quote(EventStreamRow._meta.db_table)} "
                              f"({', '.join(quote(field.column) for field in _INSERT_FIELDS)})")
@@ -417,7 +419,7 @@ class DjangoEventStore(EventStore):
             sql = self._read_sql[condition, order] = f"{self._select_sql} {condition} {order}".format_map(self._names)
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
             with connection.cursor() as cursor:
-                cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, *params))
+                cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id, *params))
                 found = cursor.fetchall()
         return _streams_of(aggregate_id, found)
 
@@ -478,3 +480,12 @@ class DjangoEventStore(EventStore):
     def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
         found = self._streams(aggregate_id, "AND {request_id} = %s", (request_id,), order="LIMIT 1")
         return found[0] if found else None
+
+    def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
+        rows = self._rows().filter(aggregate_name=aggregate_name, aggregate_id=aggregate_id, version=1)
+        connection = database(self.using)
+        with store_errors(connection, f"locating {aggregate_name} {aggregate_id!r}"):
+            found = rows.values_list("context_name", "tenant_id").first()
+        if found is None:
+            return None
+        return AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=found[0], tenant_id=found[1])

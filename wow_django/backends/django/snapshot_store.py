@@ -70,7 +70,9 @@ class DjangoSnapshotStore(SnapshotStore):
         # Raw, as the event store's reads: compiling this through the ORM costs more than the query.
         self._load_sql = (f"SELECT {', '.join(column[name] for name in _COLUMNS)} "
                           f"FROM {quote(SnapshotRow._meta.db_table)} "
-                          f"WHERE {column['aggregate_name']} = %s AND {column['aggregate_id']} = %s")
+                          f"WHERE {column['aggregate_name']} = %s AND {column['aggregate_id']} = %s "
+                          # another tenant's aggregate id finds nothing (defence in depth behind the callers)
+                          f"AND {column['tenant_id']} = %s")
         self._fields = [SnapshotRow._meta.get_field(name) for name in _COLUMNS]
 
     def queryset(self, aggregate_name: str):
@@ -82,7 +84,7 @@ class DjangoSnapshotStore(SnapshotStore):
         with store_errors(connection, f"loading the snapshot of {aggregate_id.aggregate_name} "
                                             f"{aggregate_id.id!r}"):
             with connection.cursor() as cursor:  # one row at most: (aggregate_name, aggregate_id) is unique
-                cursor.execute(self._load_sql, (aggregate_id.aggregate_name, aggregate_id.id))
+                cursor.execute(self._load_sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id))
                 found = cursor.fetchone()
         return _snapshot(found) if found is not None else None
 

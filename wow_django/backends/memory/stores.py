@@ -145,8 +145,12 @@ class InMemoryEventStore(EventStore):
             return list(self._positioned.get(context_name, []))
 
     def _record(self, aggregate_id: AggregateId) -> _Aggregate | None:
+        """One aggregate's record, if it is the tenant's of ``aggregate_id`` (another tenant's id finds nothing)."""
         by_id = self._aggregates.get(aggregate_id.aggregate_name)
-        return by_id.get(aggregate_id.id) if by_id else None
+        record = by_id.get(aggregate_id.id) if by_id else None
+        if record is None or not record.streams or record.streams[0].aggregate_id.tenant_id != aggregate_id.tenant_id:
+            return None
+        return record
 
     def load(
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
@@ -210,6 +214,12 @@ class InMemoryEventStore(EventStore):
             record = self._record(aggregate_id)
             return record.request_ids.get(request_id) if record else None
 
+    def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
+        with self._lock:
+            by_id = self._aggregates.get(aggregate_name)
+            record = by_id.get(aggregate_id) if by_id else None
+            return record.streams[0].aggregate_id if record and record.streams else None
+
     def all_streams(self, aggregate_name: str) -> list[EventStream]:
         """Every stream of one aggregate type (for the in-memory query service)."""
         with self._lock:
@@ -222,7 +232,9 @@ class InMemorySnapshotStore(SnapshotStore):
         self._snapshots: dict[tuple[str, str], Snapshot] = {}
 
     def load(self, aggregate_id: AggregateId) -> Snapshot | None:
-        return self._snapshots.get((aggregate_id.aggregate_name, aggregate_id.id))
+        found = self._snapshots.get((aggregate_id.aggregate_name, aggregate_id.id))
+        # Another tenant's aggregate id finds nothing (defence in depth behind the callers).
+        return found if found is not None and found.aggregate_id.tenant_id == aggregate_id.tenant_id else None
 
     def save(self, snapshot: Snapshot) -> None:
         key = (snapshot.aggregate_id.aggregate_name, snapshot.aggregate_id.id)

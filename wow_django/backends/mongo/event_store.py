@@ -236,6 +236,14 @@ class MongoEventStore(EventStore):
 
     # --- reads ------------------------------------------------------------------
 
+    @staticmethod
+    def _owned(aggregate_id: AggregateId) -> dict:
+        """The filter of one aggregate's streams: its id *and* its tenant (another tenant's id finds nothing).
+
+        ``aggregateId_1_version_1`` still serves it: ids are unique per type, the tenant only confirms.
+        """
+        return {"aggregateId": aggregate_id.id, "tenantId": aggregate_id.tenant_id}
+
     def _find(self, aggregate_name: str, query: dict, sort=None, limit: int = 0) -> list[EventStream]:
         collection = self.collection(aggregate_name)
         with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
@@ -251,18 +259,18 @@ class MongoEventStore(EventStore):
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
     ) -> list[EventStream]:
         check_version_range(head_version, tail_version)
-        query = {"aggregateId": aggregate_id.id}
+        query = self._owned(aggregate_id)
         if head_version > 1 or tail_version < MAX_VERSION:
             query["version"] = {"$gte": head_version, "$lte": tail_version}
         return self._find(aggregate_id.aggregate_name, query, [("version", ASCENDING)])
 
     def load_by_time(self, aggregate_id: AggregateId, start_time: int, end_time: int) -> list[EventStream]:
         check_time_range(start_time, end_time)
-        query = {"aggregateId": aggregate_id.id, "createTime": {"$gte": start_time, "$lte": end_time}}
+        query = {**self._owned(aggregate_id), "createTime": {"$gte": start_time, "$lte": end_time}}
         return self._find(aggregate_id.aggregate_name, query, [("version", ASCENDING)])
 
     def last(self, aggregate_id: AggregateId) -> EventStream | None:
-        found = self._find(aggregate_id.aggregate_name, {"aggregateId": aggregate_id.id}, [("version", -1)], 1)
+        found = self._find(aggregate_id.aggregate_name, self._owned(aggregate_id), [("version", -1)], 1)
         return found[0] if found else None
 
     def scan_aggregate_ids(
@@ -302,7 +310,17 @@ class MongoEventStore(EventStore):
             return collection.find_one(query, {"_id": 1}, max_time_ms=self.max_time_ms) is not None
 
     def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
-        found = self._find(
-            aggregate_id.aggregate_name, {"aggregateId": aggregate_id.id, "requestId": request_id}, limit=1
-        )
+        found = self._find(aggregate_id.aggregate_name, {**self._owned(aggregate_id), "requestId": request_id},
+                           limit=1)
         return found[0] if found else None
+
+    def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
+        collection = self.collection(aggregate_name)
+        projection = {"aggregateId": 1, "aggregateName": 1, "contextName": 1, "tenantId": 1}
+        with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
+            doc = collection.find_one({"aggregateId": aggregate_id, "version": 1}, projection,
+                                      max_time_ms=self.max_time_ms)
+        if doc is None:
+            return None
+        return AggregateId(aggregate_name=aggregate_name, id=doc["aggregateId"], context_name=doc["contextName"],
+                           tenant_id=doc["tenantId"])

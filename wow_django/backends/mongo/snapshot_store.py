@@ -57,7 +57,9 @@ class MongoSnapshotStore(SnapshotStore):
     def load(self, aggregate_id: AggregateId) -> Snapshot | None:
         collection = self.collection(aggregate_id.aggregate_name)
         with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
-            doc = collection.find_one({"_id": aggregate_id.id}, max_time_ms=self.max_time_ms)
+            # The tenant too: another tenant's aggregate id finds nothing (defence in depth behind the callers).
+            doc = collection.find_one({"_id": aggregate_id.id, "tenantId": aggregate_id.tenant_id},
+                                      max_time_ms=self.max_time_ms)
         return document_to_snapshot(doc) if doc else None
 
     def save(self, snapshot: Snapshot) -> None:

@@ -171,7 +171,7 @@ class Command(BaseCommand):
 
         counts: Counter[str] = Counter()
         for key in gateway.event_store.iter_all("order"):
-            aggregate = gateway.repository.load(Order, key.id)
+            aggregate = gateway.repository.load(Order, key.id, tenant_id=key.tenant_id)
             counts[aggregate.state.status] += 1
         write("  orders by status: " + ", ".join(f"{status} {n}" for status, n in sorted(counts.items())))
         summaries = Counter(OrderSummary.objects.values_list("status", flat=True))
