@@ -10,7 +10,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from wow_django.backends.mongo.client import disconnect
@@ -307,6 +307,56 @@ def test_the_resweep_repairs_statuses_a_lost_rollup_left_behind(bus, monkeypatch
     assert resweep_statuses.run(older_than_s=0.5) == {"checked": 1, "changed": {}}  # the task: the same call
 
 
+def test_retention_purges_settled_and_expired_events_with_their_history(bus_store, monkeypatch):
+    """BUS_RETENTION_DAYS / BUS_EXPIRED_RETENTION_DAYS: the purge (Python API, Celery task, management
+    command) deletes CONSUMED events and expired ones past retention, with their feedback and re-push
+    audit; events in flight or failed stay. No retention set: nothing is purged and the command says so."""
+    from wow_django.tasks import beat_schedule, purge_events
+
+    settings = bus_settings(bus_store, BUS_RETENTION_DAYS=7, BUS_EXPIRED_RETENTION_DAYS=1)
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer in CONSUMERS:
+            bus.set_topic_consumer("order.purchased", consumer)
+        start = utcnow()
+        bus.send("order.purchased", {}, event_id="evt-done")
+        bus.send("order.purchased", {}, event_id="evt-waiting")
+        bus.send("order.purchased", {}, event_id="evt-failed")
+        bus.send("order.purchased", {}, event_id="evt-expires", expire_at=start + timedelta(hours=1))
+        for consumer in CONSUMERS:
+            bus.record_feedback("evt-done", consumer, True)
+            bus.record_feedback("evt-failed", consumer, False, error="boom")
+        bus.repush("evt-failed", requested_by="alice")
+        assert [bus.store.get_event(e)["status"] for e in ("evt-done", "evt-waiting", "evt-failed")] == [
+            "CONSUMED", "SENT", "RETRYING"]
+        assert bus.purge() == []  # nothing is old enough yet
+        assert "wow-bus-purge" in beat_schedule()
+
+        monkeypatch.setattr(bus_service, "utcnow", lambda: start + timedelta(days=1, hours=2))
+        assert purge_events.run() == 1  # the task: the expired event only (1 day after its expireAt)
+        assert bus.store.get_event("evt-expires") is None and bus.store.consumption_rows(["evt-expires"]) == []
+
+        monkeypatch.setattr(bus_service, "utcnow", lambda: start + timedelta(days=8))
+        out = StringIO()
+        call_command("wow_bus_purge", stdout=out)
+        assert out.getvalue().strip() == "purged 1 event(s)"
+        assert bus.store.get_event("evt-done") is None and bus.store.consumption_rows(["evt-done"]) == []
+        for event_id in ("evt-waiting", "evt-failed"):  # in flight or failed: kept, with their history
+            assert bus.store.get_event(event_id) is not None and bus.store.consumption_rows([event_id])
+        assert len(bus.store.repush_history("evt-failed")) == 1
+
+        # The command's options override the settings for one run; bad ones are refused.
+        with pytest.raises(CommandError, match="is not a number of days"):
+            call_command("wow_bus_purge", "--retention-days", "soon")
+    with override_settings(WOW=bus_settings(bus_store)):
+        assert get_bus().purge() == [] and "wow-bus-purge" not in beat_schedule()
+        with pytest.raises(CommandError, match="no retention is set"):
+            call_command("wow_bus_purge")
+        out = StringIO()
+        call_command("wow_bus_purge", "--retention-days", "0", stdout=out)
+        assert out.getvalue().strip() == "purged 0 event(s)"  # nothing settled here
+
+
 def test_each_feedback_queues_the_rollup_on_its_queue_and_rolls_up_inline_if_it_cannot(bus, monkeypatch):
     from wow_django.tasks import rollup_event
 
@@ -594,6 +644,8 @@ BUS_INDEXES = {
         "traceId_1_occurredAt_1": {"traceId": 1, "occurredAt": 1},
         "initiator.service_1_occurredAt_-1": {"initiator.service": 1, "occurredAt": -1},
         "parentEventId_1": {"parentEventId": 1},
+        "status_1_statusAt_1": {"status": 1, "statusAt": 1},
+        "expireAt_1": {"expireAt": 1},
         "occurredAt_-1_eventId_1": {"occurredAt": -1, "eventId": 1},
         "status_1_occurredAt_-1_eventId_1": {"status": 1, "occurredAt": -1, "eventId": 1},
         "topic_1_occurredAt_-1_eventId_1": {"topic": 1, "occurredAt": -1, "eventId": 1},
@@ -611,7 +663,8 @@ BUS_INDEXES = {
         "eventId_1_consumerId_1_consumedAt_-1": {"eventId": 1, "consumerId": 1, "consumedAt": -1},
         "consumerId_1_consumedAt_-1": {"consumerId": 1, "consumedAt": -1},
     },
-    "consumer_inbox": {"_id_": {"_id": 1}, "consumerId_1_eventId_1": {"consumerId": 1, "eventId": 1}},
+    "consumer_inbox": {"_id_": {"_id": 1}, "consumerId_1_eventId_1": {"consumerId": 1, "eventId": 1},
+                       "eventId_1": {"eventId": 1}},
     "consumer_sequences": {"_id_": {"_id": 1}, "consumerId_1_partitionKey_1": {"consumerId": 1, "partitionKey": 1}},
     "event_repushes": {"_id_": {"_id": 1}, "eventId_1_requestedAt_-1": {"eventId": 1, "requestedAt": -1}},
 }

@@ -72,6 +72,8 @@ def test_malformed_value_is_an_error_naming_the_key():
         ({"FOLLOWER_MAX_WAIT_S": "1"}, "FOLLOWER_MAX_WAIT_S"),
         ({"FOLLOWER_MIN_BATCH": 2000}, "FOLLOWER_MIN_BATCH"),  # above the default maximum, 1000
         ({"FOLLOWER_MIN_BATCH": 8, "FOLLOWER_MAX_BATCH": 4}, "FOLLOWER_MIN_BATCH"),
+        ({"BUS_RETENTION_DAYS": -1}, "BUS_RETENTION_DAYS"),
+        ({"BUS_EXPIRED_RETENTION_DAYS": "30"}, "BUS_EXPIRED_RETENTION_DAYS"),
     ],
 )
 def test_each_malformed_setting_is_reported_by_key(user, key):

@@ -120,6 +120,13 @@ DEFAULTS: dict[str, Any] = {
     "BUS_PUBLISH_TIMEOUT_S": 5.0,
     # Unacknowledged messages a consumer worker holds at once.
     "BUS_CONSUMER_PREFETCH": 16,
+    # Retention (the bus purge: Celery task wow_django.bus.purge, manage.py wow_bus_purge). None keeps
+    # events forever. BUS_RETENTION_DAYS: CONSUMED events are deleted, with their feedback, inbox entries
+    # and re-push audit, this many days after they settled. BUS_EXPIRED_RETENTION_DAYS: events whose
+    # expireAt passed are deleted this many days after it, whatever their status. Events still in flight
+    # or failed (PENDING, SENT, RETRYING, PARTIAL, FAILED) are kept until they settle or expire.
+    "BUS_RETENTION_DAYS": None,
+    "BUS_EXPIRED_RETENTION_DAYS": None,
     # --- followers (wow_follow) ---------------------------------------------
     # How long a follower waits for a position missing below a visible one
     # (a late commit) before it passes it and records the gap. Backends whose
@@ -216,6 +223,12 @@ def _non_negative_num(value: Any) -> str | None:
     return None
 
 
+def _optional_non_negative_num(value: Any) -> str | None:
+    if value is None:
+        return None
+    return "must be None or a number ≥ 0" if _non_negative_num(value) else None
+
+
 def _optional_class_list(value: Any) -> str | None:
     if value is None:
         return None
@@ -284,6 +297,8 @@ VALIDATORS = {
     "BUS_INBOX_LEASE_S": _pos_num,
     "BUS_PUBLISH_TIMEOUT_S": _pos_num,
     "BUS_CONSUMER_PREFETCH": _pos_int,
+    "BUS_RETENTION_DAYS": _optional_non_negative_num,
+    "BUS_EXPIRED_RETENTION_DAYS": _optional_non_negative_num,
     "FOLLOWER_GAP_TIMEOUT_S": _non_negative_num,
     "FOLLOWER_LEASE_S": _pos_num,
     "FOLLOWER_MIN_BATCH": _pos_int,

@@ -14,6 +14,7 @@ runtime's services) and are idempotent:
 - ``wow_django.bus.relay_pending``: publish PENDING events older than
   ``WOW['BUS_RELAY_AFTER_S']``; schedule it periodically (celery beat).
 - ``wow_django.bus.repush``: re-push an event (whole, or to one consumer).
+- ``wow_django.bus.purge``: delete events past their retention (``WOW['BUS_RETENTION_DAYS']``).
 - ``wow_django.follow``: run followers (projections, event processors,
   ``@follower``) until caught up, within a time budget; schedule it with
   celery beat where ``WOW['FOLLOWERS_RUN'] == "celery"`` (:func:`beat_schedule`).
@@ -165,6 +166,13 @@ def resweep_statuses(older_than_s: float = 60.0, limit: int = 500) -> dict:
     return get_runtime().bus.resweep(older_than_s=older_than_s, limit=limit)
 
 
+@shared_task(name="wow_django.bus.purge", ignore_result=True, **RETRY)
+def purge_events() -> int:
+    """Delete bus events past their retention (``WOW['BUS_RETENTION_DAYS']``,
+    ``WOW['BUS_EXPIRED_RETENTION_DAYS']``); how many. See :meth:`EventBus.purge`."""
+    return len(get_runtime().bus.purge())
+
+
 @shared_task(name="wow_django.bus.repush", **RETRY)
 def repush_event(event_id: str, requested_by: str, consumer_id: str | None = None) -> dict:
     """The re-push result as JSON; a refused re-push raises ``RepushRefused``."""
@@ -182,13 +190,15 @@ def follow(names: list[str] | None = None, budget_s: float = 50.0) -> dict:
     return run_until_caught_up(names, budget_s=budget_s)
 
 
-def beat_schedule(*, follow_every_s: float = 5.0, relay_every_s: float = 30.0, resweep_every_s: float = 300.0) -> dict:
+def beat_schedule(*, follow_every_s: float = 5.0, relay_every_s: float = 30.0, resweep_every_s: float = 300.0,
+                  purge_every_s: float = 3600.0) -> dict:
     """The periodic tasks wow_django needs, for ``app.conf.beat_schedule``::
 
         app.conf.beat_schedule = {**wow_django.tasks.beat_schedule(), ...}
 
     The bus relay (PENDING events the broker did not take) and the status resweep (statuses a lost
-    rollup left behind their feedback) always; the followers when
+    rollup left behind their feedback) always; the bus purge when a retention is set
+    (``WOW['BUS_RETENTION_DAYS']`` or ``WOW['BUS_EXPIRED_RETENTION_DAYS']``); the followers when
     ``WOW['FOLLOWERS_RUN'] == "celery"`` (each run's budget is the interval, and a run expires unstarted
     after it, so runs never pile up behind a busy worker).
     """
@@ -198,6 +208,9 @@ def beat_schedule(*, follow_every_s: float = 5.0, relay_every_s: float = 30.0, r
         "wow-bus-resweep": {"task": "wow_django.bus.resweep", "schedule": resweep_every_s,
                             "options": {"expires": resweep_every_s}},
     }
+    if wow_settings.BUS_RETENTION_DAYS is not None or wow_settings.BUS_EXPIRED_RETENTION_DAYS is not None:
+        schedule["wow-bus-purge"] = {"task": "wow_django.bus.purge", "schedule": purge_every_s,
+                                     "options": {"expires": purge_every_s}}
     if wow_settings.FOLLOWERS_RUN == "celery":
         schedule["wow-follow"] = {"task": "wow_django.follow", "schedule": follow_every_s,
                                   "kwargs": {"budget_s": follow_every_s}, "options": {"expires": follow_every_s}}

@@ -223,6 +223,8 @@ class Runtime:
             repush_timeout_s=wow_settings.BUS_REPUSH_TIMEOUT_S,
             repush_max_count=wow_settings.BUS_REPUSH_MAX_COUNT,
             max_page_size=wow_settings.QUERY_MAX_PAGE_SIZE,
+            retention_days=wow_settings.BUS_RETENTION_DAYS,
+            expired_retention_days=wow_settings.BUS_EXPIRED_RETENTION_DAYS,
         )
 
     # --- life cycle ----------------------------------------------------------------------------------

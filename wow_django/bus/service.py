@@ -140,7 +140,8 @@ def _text_or_none(value: Any, name: str, limit: int) -> str | None:
 class EventBus:
     def __init__(self, store: BusStore, transport: BusTransport, *, service_name: str,
                  rollup_queue: Callable[[str], bool] | None = None, relay_after_s: float = 30.0,
-                 repush_timeout_s: float = 300.0, repush_max_count: int = 5, max_page_size: int = 200):
+                 repush_timeout_s: float = 300.0, repush_max_count: int = 5, max_page_size: int = 200,
+                 retention_days: float | None = None, expired_retention_days: float | None = None):
         """``rollup_queue(event_id)`` queues a rollup (the runtime's task queue) and says whether it did;
         None, or False from it: this bus rolls up inline."""
         self.store = store
@@ -152,6 +153,8 @@ class EventBus:
         self.relay_after_s = relay_after_s
         self.repush_timeout_s = repush_timeout_s
         self.repush_max_count = repush_max_count
+        self.retention_days = retention_days
+        self.expired_retention_days = expired_retention_days
 
     # --- send (§3.2) -----------------------------------------------------------------
 
@@ -325,6 +328,33 @@ class EventBus:
             logger.warning("bus: %d event status(es) were behind their feedback and were rolled up: %s",
                            len(changed), ", ".join(sorted(changed)[:20]))
         return {"checked": checked, "changed": changed}
+
+    def purge(self, *, batch: int = 500, max_events: int = 50_000, now: datetime | None = None) -> list[str]:
+        """Delete the events retention is over for, with every row about them; their eventIds.
+
+        CONSUMED events ``retention_days`` after they settled (``statusAt``), and
+        events of any status ``expired_retention_days`` after their ``expireAt``
+        (``WOW['BUS_RETENTION_DAYS']`` / ``WOW['BUS_EXPIRED_RETENTION_DAYS']``;
+        None keeps them). In batches of ``batch``, at most ``max_events`` per call
+        (the next call goes on). Run by the Celery task ``wow_django.bus.purge``
+        (see :func:`wow_django.tasks.beat_schedule`) and ``manage.py wow_bus_purge``.
+        """
+        if self.retention_days is None and self.expired_retention_days is None:
+            return []
+        now = now or utcnow()
+        consumed_before = now - timedelta(days=self.retention_days) if self.retention_days is not None else None
+        expired_before = (now - timedelta(days=self.expired_retention_days)
+                          if self.expired_retention_days is not None else None)
+        purged: list[str] = []
+        while len(purged) < max_events:
+            deleted = self.store.purge_events(consumed_before=consumed_before, expired_before=expired_before,
+                                              limit=min(batch, max_events - len(purged)))
+            purged.extend(deleted)
+            if not deleted:
+                break
+        if purged:
+            logger.info("bus: purged %d event(s) past their retention", len(purged))
+        return purged
 
     def rollup(self, event_id: str) -> str | None:
         """Recompute the status from the latest row per consumer; write only the status if it changed.

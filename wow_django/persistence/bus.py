@@ -211,6 +211,18 @@ class EventRecords(ABC):
         left out (every envelope has one)."""
 
     @abstractmethod
+    def purge_events(self, *, consumed_before: datetime | None, expired_before: datetime | None,
+                     limit: int) -> list[str]:
+        """Delete up to ``limit`` events the bus is done with, and every row about them; their eventIds.
+
+        Done with: CONSUMED with ``statusAt`` ≤ ``consumed_before``, or (any status)
+        ``expireAt`` ≤ ``expired_before``; ``None`` turns a rule off (both off: nothing).
+        Each event is deleted only if it still matches when it is deleted (an event
+        re-pushed meanwhile is kept, with its history); then its consumption rows,
+        inbox entries and re-push audit go. Oldest ``statusAt`` first.
+        """
+
+    @abstractmethod
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         """Up to ``limit`` events of ``trace_id``, oldest ``occurredAt`` first, then by eventId."""
 

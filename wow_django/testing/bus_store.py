@@ -2,7 +2,7 @@
 
 One mixin per concern of the store (``TopicConsumerRecordsContract``,
 ``EventRecordsContract``, ``ConsumptionRecordsContract``, ``InboxRecordsContract``,
-``SequenceRecordsContract``, ``RepushAuditContract``); :class:`BusStoreContract`
+``SequenceRecordsContract``, ``RepushAuditContract``, and ``PurgeContract`` across them); :class:`BusStoreContract`
 is all of them. Mix into ``unittest.TestCase`` and implement ``make_store``.
 """
 
@@ -663,7 +663,80 @@ class RepushAuditContract(BusStoreCase):
         self.assertEqual(self.store.repush_history("evt-none"), [])
 
 
+class PurgeContract(BusStoreCase):
+    """:meth:`~wow_django.persistence.bus.EventRecords.purge_events`: retention, across every record kind."""
+
+    DAY = timedelta(days=1)
+
+    def history(self, event_id: str) -> None:
+        """Feedback, an inbox entry and a re-push record about ``event_id``."""
+        self.store.init_consumptions(event_id, ["member-service"], T0)
+        self.store.insert_feedback(event_id, "member-service", feedback_fields(True))
+        self.store.inbox_insert("member-service", event_id, owner="w-1", now=T0, lease_until=T0 + self.DAY)
+        self.store.insert_repush({"eventId": event_id, "consumerId": None, "requestedBy": "ops", "requestedAt": T0,
+                                  "retryCount": 1, "previousStatus": "FAILED", "outcome": "published",
+                                  "error": None})
+
+    def kept(self, event_id: str) -> tuple[bool, int, bool, int]:
+        return (self.store.get_event(event_id) is not None, len(self.store.consumption_rows([event_id])),
+                self.store.inbox_state("member-service", event_id) is not None,
+                len(self.store.repush_history(event_id)))
+
+    def test_purge_deletes_the_events_done_with_and_every_row_about_them(self):
+        for event in (
+            make_event("evt-consumed-old", status="CONSUMED", statusAt=T0 + timedelta(hours=2)),
+            make_event("evt-consumed-older", status="CONSUMED", statusAt=T0 + timedelta(hours=1)),
+            make_event("evt-consumed-young", status="CONSUMED", statusAt=T0 + 3 * self.DAY),
+            make_event("evt-failed-old", status="FAILED", statusAt=T0),
+            make_event("evt-sent-old", status="SENT", statusAt=T0),
+            make_event("evt-expired", status="FAILED", statusAt=T0 + timedelta(hours=3), expireAt=T0 + self.DAY),
+            make_event("evt-expiring", status="FAILED", statusAt=T0, expireAt=T0 + 2 * self.DAY),
+        ):
+            self.store.insert_event(event)
+            self.history(event["eventId"])
+        now = T0 + 4 * self.DAY
+        deleted = self.store.purge_events(consumed_before=now - 2 * self.DAY, expired_before=now - 3 * self.DAY,
+                                          limit=100)
+        self.assertEqual(deleted, ["evt-consumed-older", "evt-consumed-old", "evt-expired"])  # oldest statusAt first
+        for event_id in deleted:
+            self.assertEqual(self.kept(event_id), (False, 0, False, 0), event_id)
+        for event_id in ("evt-consumed-young", "evt-failed-old", "evt-sent-old", "evt-expiring"):
+            self.assertEqual(self.kept(event_id), (True, 2, True, 1), event_id)
+        self.assertEqual(self.store.purge_events(consumed_before=now - 2 * self.DAY,
+                                                 expired_before=now - 3 * self.DAY, limit=100), [])
+
+    def test_each_rule_alone_and_none(self):
+        self.store.insert_event(make_event("evt-c", status="CONSUMED", statusAt=T0))
+        self.store.insert_event(make_event("evt-x", status="SENT", statusAt=T0, expireAt=T0))
+        later = T0 + self.DAY
+        self.assertEqual(self.store.purge_events(consumed_before=None, expired_before=None, limit=100), [])
+        self.assertEqual(self.store.purge_events(consumed_before=None, expired_before=later, limit=100), ["evt-x"])
+        self.assertIsNotNone(self.store.get_event("evt-c"))
+        self.assertEqual(self.store.purge_events(consumed_before=T0 - timedelta(seconds=1), expired_before=None,
+                                                 limit=100), [])  # statusAt ≤ the cutoff only
+        self.assertEqual(self.store.purge_events(consumed_before=T0, expired_before=None, limit=100), ["evt-c"])
+
+    def test_purge_takes_at_most_limit_events_oldest_first(self):
+        for n in range(5):
+            self.store.insert_event(make_event(f"evt-{n}", status="CONSUMED", statusAt=T0 + timedelta(minutes=5 - n)))
+        later = T0 + self.DAY
+        self.assertEqual(self.store.purge_events(consumed_before=later, expired_before=None, limit=2),
+                         ["evt-4", "evt-3"])
+        self.assertEqual(self.store.purge_events(consumed_before=later, expired_before=None, limit=0), [])
+        self.assertEqual(self.store.purge_events(consumed_before=later, expired_before=None, limit=10),
+                         ["evt-2", "evt-1", "evt-0"])
+
+    def test_concurrent_purges_delete_each_event_once(self):
+        for n in range(20):
+            self.store.insert_event(make_event(f"evt-p{n:02}", status="CONSUMED", statusAt=T0))
+        results, errors = run_together(4, lambda i: self.store.purge_events(
+            consumed_before=T0 + self.DAY, expired_before=None, limit=100))
+        self.assertEqual(errors, [])
+        everything = [event_id for result in results for event_id in result]
+        self.assertEqual(sorted(everything), [f"evt-p{n:02}" for n in range(20)])  # each once, by one purge
+
+
 class BusStoreContract(TopicConsumerRecordsContract, EventRecordsContract, ConsumptionRecordsContract,
-                       InboxRecordsContract, SequenceRecordsContract, RepushAuditContract):
+                       InboxRecordsContract, SequenceRecordsContract, RepushAuditContract, PurgeContract):
     """Every mixin above: mix into ``unittest.TestCase`` and implement :meth:`make_store` (a whole
     :class:`~wow_django.persistence.bus.BusStore`)."""

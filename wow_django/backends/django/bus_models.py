@@ -89,7 +89,8 @@ class EventRecord(RecordFields):
         constraints = [models.UniqueConstraint(fields=["eventId"], name="wow_bus_event_id_uniq")]
         # The listing indexes (by status, topic, initiator.service, traceId, parentEventId, and none,
         # each then by occurredAt and eventId) are made by migration 0002 in SQL of the database.
-        indexes = [models.Index(fields=["status", "statusAt"], name="wow_bus_event_status_at")]  # the relay
+        indexes = [models.Index(fields=["status", "statusAt"], name="wow_bus_event_status_at"),  # relay, purge
+                   models.Index(fields=["expireAt"], name="wow_bus_event_expire_at")]  # the purge
 
     def __str__(self) -> str:
         return f"bus event {self.eventId}"
@@ -163,6 +164,7 @@ class InboxEntry(models.Model):
         db_table = "wow_bus_inbox"
         default_permissions = ()
         constraints = [models.UniqueConstraint(fields=["consumerId", "eventId"], name="wow_bus_inbox_uniq")]
+        indexes = [models.Index(fields=["eventId"], name="wow_bus_inbox_event")]  # the purge
 
     def __str__(self) -> str:
         return f"{self.consumerId} inbox: {self.eventId} ({self.state})"

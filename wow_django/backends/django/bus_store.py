@@ -438,6 +438,30 @@ class DjangoBusStore(BusStore):
                         .order_by(self.time_order("occurredAt"), self.text_order("eventId"))
                         .values_list("eventId", flat=True)[:limit])
 
+    def purge_events(self, *, consumed_before: datetime | None, expired_before: datetime | None,
+                     limit: int) -> list[str]:
+        rules = Q(pk__in=[])
+        if consumed_before is not None:  # served by wow_bus_event_status_at
+            rules |= Q(status=EventStatus.CONSUMED.value, statusAt__lte=db_time(consumed_before))
+        if expired_before is not None:  # served by wow_bus_event_expire_at
+            rules |= Q(expireAt__lte=db_time(expired_before))
+        if limit <= 0 or (consumed_before is None and expired_before is None):
+            return []
+        with self.errors("finding events to purge"):
+            candidates = list(self.events().filter(rules).order_by("statusAt", self.text_order("eventId"))
+                              .values_list("eventId", flat=True)[:limit])
+        deleted = []
+        for event_id in candidates:
+            # One transaction per event, opened by its (conditional) delete: an event re-pushed since it was
+            # listed is kept with its history, and no transaction reads before it writes (SQLite cannot
+            # upgrade a reading transaction that another writer overtook).
+            with self.errors(f"purging {event_id}"), self.atomic():
+                if self.events().filter(rules, eventId=event_id).delete()[0]:
+                    for model in (ConsumptionRecord, InboxEntry, RepushRecord):
+                        self.rows(model).filter(eventId=event_id).delete()
+                    deleted.append(event_id)
+        return deleted
+
     def lease_for_relay(self, event_id: str, now: datetime, until: datetime) -> dict | None:
         now, until = db_time(now), db_time(until)
         with self.errors(f"leasing {event_id} for the relay"), self.atomic():

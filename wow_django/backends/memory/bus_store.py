@@ -290,6 +290,39 @@ class InMemoryBusStore(BusStore):
 
     # --- consumptions ------------------------------------------------------------------
 
+    def purge_events(self, *, consumed_before: datetime | None, expired_before: datetime | None,
+                     limit: int) -> list[str]:
+        consumed_before, expired_before = _time(consumed_before), _time(expired_before)
+
+        def done_with(event: dict) -> bool:
+            expire_at, status_at = event.get("expireAt"), event.get("statusAt")
+            if expired_before is not None and isinstance(expire_at, datetime) and expire_at <= expired_before:
+                return True
+            return (consumed_before is not None and event.get("status") == EventStatus.CONSUMED.value
+                    and isinstance(status_at, datetime) and status_at <= consumed_before)
+
+        if limit <= 0 or (consumed_before is None and expired_before is None):
+            return []
+        with self._lock:
+            found = [e for e in self._events.values() if done_with(e)]
+            found.sort(key=lambda e: (e.get("statusAt") or EARLIEST, e["eventId"]))
+            deleted = [e["eventId"] for e in found[:limit]]
+            for event_id in deleted:
+                event = self._events.pop(event_id)
+                self._by_status.get(event.get("status"), {}).pop(event_id, None)
+                for index, key in ((self._by_trace, event.get("traceId")), (self._by_parent, event.get("parentEventId"))):
+                    if key in index and event_id in index[key]:
+                        index[key].remove(event_id)
+                        if not index[key]:
+                            del index[key]
+                for consumer_id in self._consumers_of.pop(event_id, set()):
+                    self._attempts.pop((event_id, consumer_id), None)
+                self._repushes.pop(event_id, None)
+            gone = set(deleted)
+            for key in [key for key in self._inbox if key[1] in gone]:
+                del self._inbox[key]
+        return deleted
+
     def _add_row(self, row: dict) -> bool:
         """Store ``row`` unless its (eventId, consumerId, attemptNo) is taken. Call with the lock held."""
         key = (row["eventId"], row["consumerId"])

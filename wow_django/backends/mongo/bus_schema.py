@@ -8,8 +8,13 @@ distinct numbers without a read-modify-write race.
 Besides the seed's three collections the bus keeps: ``consumer_inbox`` (the
 consumers' idempotent inbox), ``consumer_sequences`` (last sequence seen per
 consumer and partition) and ``event_repushes`` (who re-pushed what, when).
-The seed's optional TTL index on ``expireAt`` is not created: ``expireAt``
-only stops re-pushes; expired events stay visible.
+The seed's optional TTL index on ``expireAt`` is not created: the server
+would delete the event and leave its consumption rows, inbox entries and
+re-push audit behind (a TTL index cannot cascade). Retention is the bus purge
+instead (``EventBus.purge``, ``WOW['BUS_RETENTION_DAYS']`` and
+``WOW['BUS_EXPIRED_RETENTION_DAYS']``), which deletes an event and everything
+about it, the same way on every backend; ``status_1_statusAt_1``,
+``expireAt_1`` and the inbox's ``eventId_1`` serve its reads and deletes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ EVENTS_SPEC = CollectionSpec(EVENTS, (
     IndexSpec("traceId_1_occurredAt_1", (("traceId", 1), ("occurredAt", 1))),
     IndexSpec("initiator.service_1_occurredAt_-1", (("initiator.service", 1), ("occurredAt", -1))),
     IndexSpec("parentEventId_1", (("parentEventId", 1),)),
+    # The purge: settled events by age, expired events by expireAt.
+    IndexSpec("status_1_statusAt_1", (("status", 1), ("statusAt", 1))),
+    IndexSpec("expireAt_1", (("expireAt", 1),)),
     # The event list's order (occurredAt newest first, eventId as the tie-break) with and without each
     # filter, so a page (by offset or by cursor) is read from an index instead of sorted in memory.
     IndexSpec("occurredAt_-1_eventId_1", (("occurredAt", -1), ("eventId", 1))),
@@ -56,7 +64,7 @@ EVENT_CONSUMPTIONS_SPEC = CollectionSpec(EVENT_CONSUMPTIONS, (
     IndexSpec("eventId_1_consumerId_1_consumedAt_-1", (("eventId", 1), ("consumerId", 1), ("consumedAt", -1))),
     IndexSpec("consumerId_1_consumedAt_-1", (("consumerId", 1), ("consumedAt", -1))),
 ))
-CONSUMER_INBOX_SPEC = CollectionSpec(CONSUMER_INBOX, (INBOX_UNIQUE,))
+CONSUMER_INBOX_SPEC = CollectionSpec(CONSUMER_INBOX, (INBOX_UNIQUE, IndexSpec("eventId_1", (("eventId", 1),))))
 CONSUMER_SEQUENCES_SPEC = CollectionSpec(CONSUMER_SEQUENCES, (SEQUENCE_UNIQUE,))
 EVENT_REPUSHES_SPEC = CollectionSpec(EVENT_REPUSHES, (
     IndexSpec("eventId_1_requestedAt_-1", (("eventId", 1), ("requestedAt", -1))),

@@ -203,6 +203,32 @@ class MongoBusStore(BusStore):
                    max_time_ms=self.max_time_ms).sort([("occurredAt", ASCENDING)]).limit(limit)))
         return [d["eventId"] for d in docs]
 
+    def purge_events(self, *, consumed_before: datetime | None, expired_before: datetime | None,
+                     limit: int) -> list[str]:
+        rules: list[dict] = []
+        if consumed_before is not None:  # served by status_1_statusAt_1
+            rules.append({"status": EventStatus.CONSUMED.value, "statusAt": {"$lte": to_bson_time(consumed_before)}})
+        if expired_before is not None:  # served by expireAt_1 (no null matches $lte)
+            rules.append({"expireAt": {"$lte": to_bson_time(expired_before)}})
+        if limit <= 0 or not rules:
+            return []
+        match = rules[0] if len(rules) == 1 else {"$or": rules}
+        docs = self.run(self.events, "finding events to purge", lambda c: list(
+            c.find(match, {"eventId": 1, "_id": 0}, max_time_ms=self.max_time_ms)
+            .sort([("statusAt", ASCENDING), ("eventId", ASCENDING)]).limit(limit)))
+        deleted = []
+        for doc in docs:  # one by one, each still matching: a re-push in between keeps the event
+            result = self.run(self.events, f"purging {doc['eventId']}",
+                              lambda c, d=doc: c.delete_one({"eventId": d["eventId"], **match}))
+            if result.deleted_count:
+                deleted.append(doc["eventId"])
+        if deleted:  # its rows after the event: a purge stopped in between leaves rows nobody shows, not an
+            # event without its history
+            for collection, what in ((self.consumptions, "consumption rows"), (self.inbox, "inbox entries"),
+                                     (self.repushes, "re-push audit")):
+                self.run(collection, f"purging {what}", lambda c: c.delete_many({"eventId": {"$in": deleted}}))
+        return deleted
+
     # Conditional find-and-modify returns the document *before* the update and
     # the caller applies the (known) change: the embedded engine looks the
     # updated document up again with the original filter, which no longer
