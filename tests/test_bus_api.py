@@ -66,6 +66,29 @@ def test_send_over_http_then_list_and_detail(bus_http_env, operator, viewer):
     assert [c["consumerId"] for c in detail["consumers"]] == list(CONSUMERS)
 
 
+def test_the_event_list_pages_by_cursor(bus_http_env, operator, viewer):
+    """``?cursor=`` (empty: the first page) pages by key: every event once, in the listing's order, the
+    filters applied, no total; a bad cursor or a page number with it is a 400."""
+    for n in range(5):
+        sent = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"n": n},
+                                              "eventId": f"evt-page-{n}"}, format="json")
+        assert sent.status_code == 201
+    by_number = viewer.get("/bus/events/", {"size": 50}).json()
+    seen, cursor, pages = [], "", 0
+    while cursor is not None:
+        page = viewer.get("/bus/events/", {"cursor": cursor, "size": 2, "topic": "order.purchased"}).json()
+        assert set(page) == {"size", "list", "next"} and page["size"] == 2 and len(page["list"]) <= 2
+        seen += [item["eventId"] for item in page["list"]]
+        cursor, pages = page["next"], pages + 1
+    assert seen == [item["eventId"] for item in by_number["list"]] and len(seen) == 5 and pages == 3
+    assert viewer.get("/bus/events/", {"cursor": "", "topic": "order.other"}).json() == {
+        "size": 20, "list": [], "next": None}
+    for params, name in (({"cursor": "not-a-cursor"}, "cursor"), ({"cursor": "", "page": 2}, "page"),
+                         ({"cursor": "", "size": 0}, "size"), ({"cursor": "", "status": "LOST"}, "status")):
+        response = viewer.get("/bus/events/", params)
+        assert response.status_code == 400 and [e["name"] for e in error(response)["bindingErrors"]] == [name]
+
+
 def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_http_env, operator, viewer):
     response = operator.post("/bus/events/", {"topic": "order purchased", "payload": {"$bad": 1},
                                               "initiator": {"service": 5}}, format="json")

@@ -224,6 +224,18 @@ class DjangoBusStoreOnPostgreSQLTests(ValuesAndTables, StoreCase):
     alias = "wow_pg"
     databases = {"wow_pg"}
 
+    def test_an_unfiltered_list_of_a_large_table_is_counted_by_the_planners_estimate(self):
+        for n in range(3):
+            self.store.insert_event(make_event(f"evt-est-{n}", status="SENT" if n else "PENDING"))
+        with self.cursor() as cursor:
+            cursor.execute("ANALYZE wow_bus_event")
+        self.assertEqual(self.store._estimated_events(), 3)
+        self.assertEqual(self.store.find_events(EventQuery(), skip=0, limit=2)[0], 3)  # small: exact
+        self.store._estimated_events = lambda: 2_000_000  # as the planner says of a large table
+        total, page = self.store.find_events(EventQuery(), skip=0, limit=2)
+        self.assertEqual((total, len(page)), (2_000_000, 2))  # no count of every row
+        self.assertEqual(self.store.find_events(EventQuery(status="SENT"), skip=0, limit=2)[0], 2)  # filtered: exact
+
     def other_connection(self):
         """A connection of its own to the test database, outside Django's handler."""
         connection = connections[self.alias]

@@ -67,14 +67,20 @@ class EventListView(BusView):
         return [CanSendEvents()] if self.request.method == "POST" else [CanViewBus()]
 
     def get(self, request):
+        """By page number (``page``, with ``total``), or by cursor (``cursor``: empty for the first page,
+        then each answer's ``next``; no total): a deep page by cursor costs what the first does."""
         params = request.query_params
-        result = self.bus.list_events(
-            status=params.get("status") or None, topic=params.get("topic") or None,
-            service=params.get("service") or None, since=params.get("since") or None,
-            until=params.get("until") or None, trace_id=params.get("traceId") or None,
-            page=self.int_param(request, "page", 1), size=self.int_param(request, "size", 20),
-        )
-        return Response(result)
+        filters = {"status": params.get("status") or None, "topic": params.get("topic") or None,
+                   "service": params.get("service") or None, "since": params.get("since") or None,
+                   "until": params.get("until") or None, "trace_id": params.get("traceId") or None}
+        size = self.int_param(request, "size", 20)
+        if "cursor" not in params:
+            return Response(self.bus.list_events(**filters, page=self.int_param(request, "page", 1), size=size))
+        if "page" in params:
+            raise EnvelopeValidationError.from_errors("event query", [
+                {"name": "page", "msg": "page and cursor are two ways of paging: give one of them"}])
+        page = self.bus.events_page(self.bus.query_of(**filters), cursor=params.get("cursor") or None, size=size)
+        return Response({"size": size, **page})
 
     def post(self, request):
         data = self.body(request)
