@@ -275,7 +275,8 @@ def test_unknown_aggregates_commands_and_routes_answer_json_404(api):
     assert_error(post(api, "order/some-id/register_customer", {}), 404, "UNKNOWN_COMMAND")
     body = assert_error(post(api, "order/refund_order", {}), 404, "UNKNOWN_COMMAND")
     assert body["errorMsg"] == "'refund_order' is not a command of aggregate 'order'."
-    for path in ("", "order", "order/x/y/z/w/v", "order/x//state", "order/x/event/a/b", "order/x/event/-1/2"):
+    for path in ("", "order", "order/x/y/z/w/v", "order/x//state", "order/x/event/a/b", "order/x/event/-1/2",
+                 "order/x%0Ay/event/-1/2", "order/x/event/%0A/2"):  # line breaks too (found by fuzzing)
         assert_error(get(api, path), 404, "NOT_FOUND")
 
 

@@ -105,7 +105,8 @@ def build_urlpatterns(view_classes: ViewClasses | None = None) -> list:
     patterns = []
     for _, cls in sorted(aggregates().items()):
         patterns.extend(aggregate_urlpatterns(cls, view_classes))
-    patterns.append(re_path(r"^(?P<path>.*)$", view_classes.not_found.as_view(), name="not-found"))
+    # Any character, line breaks included ("." would not match a %0A in an id, and Django's HTML 404 would answer).
+    patterns.append(re_path(r"^(?P<path>[\s\S]*)\Z", view_classes.not_found.as_view(), name="not-found"))
     return patterns
 
 
