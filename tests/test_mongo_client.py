@@ -194,6 +194,77 @@ def test_an_unreachable_server_is_one_503_not_a_retried_wait():
             assert len(attempts) == calls, type(error).__name__
 
 
+def test_a_commands_storage_work_is_bounded_by_one_deadline():
+    """COMMAND_STORAGE_TIMEOUT_S: each attempt's load and append run inside the store's deadline (what is
+    left of it), and a transient error past it is not retried: the request and its aggregate's lock are
+    not held across a failover's worth of retries."""
+    import contextlib
+    import time
+    from decimal import Decimal
+
+    from sample_project.orders.aggregates import OrderLine, PlaceOrder
+    from wow_django.application.runtime import get_runtime
+    from wow_django.exceptions import RecoverableStoreError
+
+    from .support import fresh_wow
+
+    command = PlaceOrder(customer_id="c", items=[OrderLine(sku="A", quantity=1, unit_price=Decimal(1))])
+    with override_settings(WOW=fresh_wow("in_memory", COMMAND_RETRY_LIMIT=5, COMMAND_RETRY_BACKOFF_MS=0.1,
+                                         COMMAND_STORAGE_TIMEOUT_S=0.2)):
+        store = get_runtime().gateway.event_store
+        inside, deadlines, seen = [], [], []
+
+        @contextlib.contextmanager
+        def deadline(seconds):
+            deadlines.append(seconds)
+            inside.append(True)
+            try:
+                yield
+            finally:
+                inside.pop()
+
+        load, append = store.load, store.append
+        store.deadline = deadline
+        store.load = lambda *a, **k: (seen.append(("load", bool(inside))), load(*a, **k))[1]
+        store.append = lambda *a, **k: (seen.append(("append", bool(inside))), append(*a, **k))[1]
+        get_runtime().gateway.send(command)
+        assert seen == [("load", True), ("append", True)] and 0 < deadlines[0] <= 0.2
+
+        attempts = []
+
+        def slow_failure(*args, **kwargs):  # a failover: each attempt fails transiently after a while
+            attempts.append(1)
+            time.sleep(0.15)
+            raise RecoverableStoreError("no primary")
+
+        store.append = slow_failure
+        with pytest.raises(RecoverableStoreError):
+            get_runtime().gateway.send(command)
+        assert len(attempts) == 2  # the second attempt ends past the deadline: no third (the limit is 5)
+        assert deadlines[-1] < deadlines[-2]  # each attempt gets what is left
+
+
+def test_the_mongo_store_deadline_is_pymongos_operation_timeout():
+    from pymongo import _csot  # pymongo's own record of the block's deadline (what its operations obey)
+
+    from wow_django.backends.mongo.client import MongoConnection
+    from wow_django.backends.mongo.event_store import MongoEventStore
+
+    server = MongoConnection("mongodb://127.0.0.1:1/deadline")  # lazy: nothing is contacted
+    embedded = MongoConnection("mongomock://localhost/deadline")
+    try:
+        for connection, expected in ((server, 2.5), (embedded, None)):
+            store = MongoEventStore.__new__(MongoEventStore)  # only its connection matters here
+            store.connection = connection
+            with store.deadline(2.5):
+                assert _csot.get_timeout() == expected
+            with store.deadline(None):
+                assert _csot.get_timeout() is None
+    finally:
+        server.close()
+        embedded.close()
+
+
 def test_stores_read_the_primary_and_only_queries_follow_the_uris_read_preference():
     from pymongo import ReadPreference
 

@@ -73,6 +73,7 @@ def test_malformed_value_is_an_error_naming_the_key():
         ({"FOLLOWER_MIN_BATCH": 2000}, "FOLLOWER_MIN_BATCH"),  # above the default maximum, 1000
         ({"FOLLOWER_MIN_BATCH": 8, "FOLLOWER_MAX_BATCH": 4}, "FOLLOWER_MIN_BATCH"),
         ({"BUS_RETENTION_DAYS": -1}, "BUS_RETENTION_DAYS"),
+        ({"COMMAND_STORAGE_TIMEOUT_S": 0}, "COMMAND_STORAGE_TIMEOUT_S"),
         ({"BUS_EXPIRED_RETENTION_DAYS": "30"}, "BUS_EXPIRED_RETENTION_DAYS"),
     ],
 )

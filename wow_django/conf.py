@@ -84,6 +84,11 @@ DEFAULTS: dict[str, Any] = {
     "COMMAND_RETRY_LIMIT": 8,
     "COMMAND_RETRY_BACKOFF_MS": 5.0,
     "COMMAND_WAIT_TIMEOUT_S": 30.0,
+    # The storage work of one command attempt (load, prepared keys, append) on MongoDB must finish within
+    # this (pymongo's client-side operation timeout), and no retry starts after it: a failover cannot hold
+    # a request, and its aggregate's lock, for minutes. None: unbounded (each operation still has
+    # MONGO_MAX_TIME_MS server-side and the server-selection timeout).
+    "COMMAND_STORAGE_TIMEOUT_S": 10.0,
     # --- snapshots ----------------------------------------------------------
     "SNAPSHOT_STRATEGY": "all",
     "SNAPSHOT_VERSION_OFFSET": 5,
@@ -223,6 +228,10 @@ def _non_negative_num(value: Any) -> str | None:
     return None
 
 
+def _optional_pos_num(value: Any) -> str | None:
+    return None if value is None else _pos_num(value) and "must be None or a number > 0"
+
+
 def _optional_non_negative_num(value: Any) -> str | None:
     if value is None:
         return None
@@ -272,6 +281,7 @@ VALIDATORS = {
     "COMMAND_RETRY_LIMIT": _pos_int,
     "COMMAND_RETRY_BACKOFF_MS": _non_negative_num,
     "COMMAND_WAIT_TIMEOUT_S": _pos_num,
+    "COMMAND_STORAGE_TIMEOUT_S": _optional_pos_num,
     "SNAPSHOT_STRATEGY": _choice(SNAPSHOT_STRATEGIES),
     "SNAPSHOT_VERSION_OFFSET": _pos_int,
     "SNAPSHOT_TIME_OFFSET_S": _pos_num,

@@ -180,6 +180,7 @@ class CommandGateway:
         retry_limit: int = 8,
         retry_backoff_ms: float = 5.0,
         wait_timeout_s: float = 30.0,
+        storage_timeout_s: float | None = 10.0,
         snapshot_strategy: str = "all",
         snapshot_version_offset: int = 5,
         snapshot_time_offset_s: float = 60.0,
@@ -204,6 +205,8 @@ class CommandGateway:
         self.retry_limit = retry_limit
         self.retry_backoff_ms = retry_backoff_ms
         self.wait_timeout_s = wait_timeout_s
+        #: One attempt's storage work ends within this (EventStore.deadline), and no retry starts past it.
+        self.storage_timeout_s = storage_timeout_s
         self.snapshot_strategy = snapshot_strategy if snapshot_store is not None else "none"
         self.snapshot_version_offset = snapshot_version_offset
         self.snapshot_time_offset_s = snapshot_time_offset_s
@@ -377,6 +380,8 @@ class CommandGateway:
         self._started()
         lock = self._lock((cls.aggregate_name, message.aggregate_id))
         attempt = 0
+        limit = self.storage_timeout_s
+        deadline = time.monotonic() + limit if limit is not None else None
         # Compensations of attempts whose outcome is unknown (a transient error
         # after the write may have landed): run only once we know it did not.
         carried: list = []
@@ -401,7 +406,10 @@ class CommandGateway:
                         stored = self._stored(message, wait, timeout)
                         if stored is not None:
                             return stored
-                    stream, tracker = self._attempt(cls, command, message, ctx)
+                    # What is left of the command's storage time (never 0: to pymongo, that is no limit).
+                    left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                    with self.event_store.deadline(left):
+                        stream, tracker = self._attempt(cls, command, message, ctx)
                 break
             except (DuplicateRequestId, DuplicateAggregateId):
                 stored = self._stored(message, wait, timeout)
@@ -423,9 +431,9 @@ class CommandGateway:
                     if stored is not None:
                         return stored  # the write had landed before the error
                     ctx.compensate()
-                if attempt >= self.retry_limit:
-                    logger.warning("%s on %s %r: giving up after %d retries", type(exc).__name__,
-                                   cls.aggregate_name, message.aggregate_id, attempt)
+                if attempt >= self.retry_limit or (deadline is not None and time.monotonic() >= deadline):
+                    logger.warning("%s on %s %r: giving up after %d retries (%.1f s storage timeout)",
+                                   type(exc).__name__, cls.aggregate_name, message.aggregate_id, attempt, limit or 0)
                     raise  # carried reservations stay: the write may have landed
                 self._backoff(attempt)
                 attempt += 1

@@ -200,6 +200,7 @@ class Runtime:
             retry_limit=wow_settings.COMMAND_RETRY_LIMIT,
             retry_backoff_ms=wow_settings.COMMAND_RETRY_BACKOFF_MS,
             wait_timeout_s=wow_settings.COMMAND_WAIT_TIMEOUT_S,
+            storage_timeout_s=wow_settings.COMMAND_STORAGE_TIMEOUT_S,
             snapshot_strategy=wow_settings.SNAPSHOT_STRATEGY,
             snapshot_version_offset=wow_settings.SNAPSHOT_VERSION_OFFSET,
             snapshot_time_offset_s=wow_settings.SNAPSHOT_TIME_OFFSET_S,

@@ -161,6 +161,10 @@ class BatchingEventStore(EventStore):
     def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
         return self.inner.locate(aggregate_name, aggregate_id)
 
+    def deadline(self, seconds: float | None):
+        # Bounds this thread's reads; a batched append runs on the lane's thread, which its waiter bounds.
+        return self.inner.deadline(seconds)
+
     def close(self) -> None:
         """Flush what is queued, stop the lanes, close the inner store."""
         for lane in self._lanes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -122,6 +123,15 @@ class EventStore(ABC):
     @abstractmethod
     def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
         """The stream one aggregate stored for ``request_id``, or ``None``."""
+
+    def deadline(self, seconds: float | None) -> AbstractContextManager:
+        """A block whose storage work (this store's and the other stores' of the same engine) must end
+        within ``seconds``, or raise a timeout (a ``RecoverableStoreError``); None: unbounded.
+
+        MongoDB: pymongo's client-side operation timeout. Engines without one: no bound here (their
+        own statement timeouts apply).
+        """
+        return contextlib.nullcontext()
 
     def iter_all(self, aggregate_name: str, *, batch: int = 500) -> Iterator[AggregateId]:
         """Every aggregate id of a type, by repeated scans."""

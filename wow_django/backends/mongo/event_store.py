@@ -12,6 +12,7 @@ When an insert is refused (a duplicate key) its position is recorded in
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from bson import errors as bson_errors
@@ -235,6 +236,13 @@ class MongoEventStore(EventStore):
         return None
 
     # --- reads ------------------------------------------------------------------
+
+    def deadline(self, seconds: float | None):
+        if seconds is None or self.connection.embedded:  # the embedded engine has no operation timeout
+            return contextlib.nullcontext()
+        import pymongo
+
+        return pymongo.timeout(seconds)
 
     @staticmethod
     def _owned(aggregate_id: AggregateId) -> dict:
