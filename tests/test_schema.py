@@ -360,7 +360,14 @@ def test_an_unclaimed_database_with_another_contexts_streams_is_not_claimed():
         [problem] = report.ownership
         assert "streams of bounded context 'billing'" in problem and "order_event_stream" in problem
     assert db[METADATA_COLLECTION].find_one({}) is None  # nothing claimed
+    # This context's streams, as a Wow (Kotlin) service writes them: no position (Wow leaves no marker).
     db["order_event_stream"].delete_many({})
     db["order_event_stream"].insert_one({"_id": "s-2", "contextName": "order-service", "aggregateId": "o-2"})
+    for check_only in (True, False):
+        [problem] = claim_database(db, "order-service", check_only=check_only).ownership
+        assert "wow_django did not write" in problem and "'s-2' has no position" in problem
+        assert "Wow (Kotlin)" in problem
+    assert db[METADATA_COLLECTION].find_one({}) is None
+    db["order_event_stream"].update_one({"_id": "s-2"}, {"$set": {"position": 1}})
     assert not claim_database(db, "order-service").ownership  # our own streams: claimed
     assert db[METADATA_COLLECTION].find_one({})["contextName"] == "order-service"

@@ -271,15 +271,26 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
     return report
 
 
-def _foreign_streams(database, context_name: str) -> tuple[str, str] | None:
-    """``(collection, context)`` of an event stream of another context already in ``database``, or None.
-    Looked at before a first claim: an unclaimed database may still belong to another service."""
+def _foreign_streams(database, context_name: str) -> str | None:
+    """Why ``database`` already belongs to another service, or None. Looked at before a first claim: an
+    unclaimed database may still be another service's.
+
+    Two signs: event streams of another bounded context; or event streams without a ``position``, which
+    every wow_django append writes and Wow's own (Kotlin) services do not — Wow leaves no marker document,
+    so its streams are what recognises a database a Wow service writes to.
+    """
     for name in sorted(database.list_collection_names()):
         if not name.endswith("_event_stream"):
             continue
         other = database[name].find_one({"contextName": {"$ne": context_name}}, {"contextName": 1})
         if other is not None:
-            return name, str(other.get("contextName"))
+            return f"already holds event streams of bounded context {other.get('contextName')!r} (in {name})"
+        unpositioned = database[name].find_one({"position": {"$exists": False}}, {"_id": 1})
+        if unpositioned is not None:
+            return (f"already holds event streams that wow_django did not write (in {name}: stream "
+                    f"{unpositioned['_id']!r} has no position) — another service writes here, e.g. a Wow "
+                    "(Kotlin) service of this bounded context; two services appending to one database would "
+                    "race each other's versions and request ids unseen")
     return None
 
 
@@ -294,12 +305,11 @@ def claim_database(database, context_name: str, *, check_only: bool = False) -> 
         existing = collection.find_one({"_id": OWNERSHIP_ID})
         foreign = None if existing is not None else _foreign_streams(database, context_name)
         if foreign is not None:
-            name, other = foreign
             report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
             report.ownership.append(
-                f"database {database.name!r} has no owner yet but already holds event streams of bounded context "
-                f"{other!r} (in {name}), not {context_name!r}: it is not claimed. Point this context at its own "
-                "database, or set WOW['CONTEXT_NAME'] if this is that context."
+                f"database {database.name!r} has no owner yet but {foreign}; it is not claimed for "
+                f"{context_name!r}. Point this context at its own database, or set WOW['CONTEXT_NAME'] if "
+                "this is that context."
             )
             return report
         if check_only:
