@@ -650,6 +650,8 @@ ERRORS = [
         "unknown operator 'CONTAIN'. Did you mean 'CONTAINS'?",
     ),
     ("lower-case operator", C("eq", "a", 1), "condition.operator", "Did you mean 'EQ'?"),
+    ("operator by its English name", C("GREATER", "a", 1), "condition.operator", "Did you mean 'GT'?"),
+    ("operator by SQL's name", C("like", "a", "x"), "condition.operator", "Did you mean 'CONTAINS'?"),
     ("unknown key", {"operator": "ALL", "opts": {}}, "condition.opts", "unknown key"),
     ("field required", C("EQ", value=1), "condition.field", "EQ needs a field"),
     ("field with $", C("EQ", "$where", 1), "condition.field", "not a valid field path"),

@@ -66,8 +66,8 @@ def place(api, tenant="t1") -> str:
     return response.json()["aggregateId"]
 
 
-def stored_versions(order_id: str) -> list[int]:
-    return [s.version for s in get_runtime().event_store.load(AggregateId("order", order_id))]
+def stored_versions(order_id: str, tenant: str = "t1") -> list[int]:
+    return [s.version for s in get_runtime().event_store.load(AggregateId("order", order_id, tenant_id=tenant))]
 
 
 # --- 15: deep field paths and deeply nested values are 400s, not RecursionErrors ----------------------------
@@ -245,8 +245,8 @@ def test_long_keys_are_not_echoed_whole(api, backend):
 # --- 16: JSON numbers of command bodies are decimals, judged by the model ------------------------------------
 
 
-def stored_bodies(order_id: str) -> list[dict]:
-    return [event.body for stream in get_runtime().event_store.load(AggregateId("order", order_id))
+def stored_bodies(order_id: str, tenant: str = "t1") -> list[dict]:
+    return [event.body for stream in get_runtime().event_store.load(AggregateId("order", order_id, tenant_id=tenant))
             for event in stream.body]
 
 

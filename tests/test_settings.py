@@ -93,6 +93,10 @@ def test_unknown_key_suggests_the_close_one():
 def test_wow_must_be_a_dict():
     with override_settings(WOW=["nope"]):
         assert "must be a dict" in check_settings()[0].msg
+    with override_settings(WOW="bank-service"):  # a context name where the dict goes
+        [error] = check_settings()
+        assert error.msg == "settings.WOW must be a dict of wow_django settings, not str ('bank-service')"
+        assert "CONTEXT_NAME" in error.hint and "WOW['WOW']" not in error.msg
 
 
 def test_storage_defaults_to_the_project_database_unless_a_mongo_uri_is_set():

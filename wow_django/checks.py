@@ -19,6 +19,11 @@ def check_settings(app_configs=None, **kwargs):
 
     user = getattr(settings, "WOW", None)
     problems = validate_user_settings(user)
+    if not isinstance(user, dict | None):  # the whole setting, not one key of it
+        return [checks.Error(
+            f"settings.WOW must be a dict of wow_django settings, not {type(user).__name__} ({_short(user)})",
+            hint="e.g. WOW = {\"CONTEXT_NAME\": \"bank-service\"}; every key is optional (see the README).",
+            id="wow_django.E001")]
     messages: list[checks.CheckMessage] = [
         checks.Error(f"WOW[{key!r}] {problem}", hint=f"Fix WOW[{key!r}] in your settings.", id="wow_django.E001")
         for key, problem in problems
@@ -191,3 +196,8 @@ def _cache_is_process_local() -> bool:
         "BACKEND", "django.core.cache.backends.locmem.LocMemCache"
     )
     return backend.rsplit(".", 1)[-1] in ("LocMemCache", "DummyCache")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

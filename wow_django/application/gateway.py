@@ -150,8 +150,10 @@ class CommandMessage:
 
 def _check_id(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else \
+            f"{value[:40]!r}… ({len(value)} characters)"
         raise CommandValidationError(
-            f"{name} must be a printable string of 1 to {MAX_ID_LENGTH} characters, got {value!r}",
+            f"{name} must be a printable string of 1 to {MAX_ID_LENGTH} characters, got {shown}",
             [{"name": name, "msg": f"must be a printable string of 1 to {MAX_ID_LENGTH} characters"}],
         )
     return value

@@ -29,7 +29,7 @@ from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
 from wow_django.domain.messages import Command, DeleteAggregate, RecoverAggregate
-from wow_django.exceptions import AggregateIsDeleted, UnknownAggregate, UnknownCommand
+from wow_django.exceptions import AggregateIsDeleted, CommandValidationError, UnknownAggregate, UnknownCommand
 from wow_django.http.base import WowView, default_authentication_classes, import_classes
 from wow_django.http.errors import InvalidRequest, ResourceNotFound
 from wow_django.http.headers import REQUEST_ID_HEADER, WAIT_STAGE_HEADER
@@ -117,7 +117,12 @@ class CommandSenderView(WowAPIView):
     parser_classes = [CommandJSONParser]
 
     def get_request_id(self) -> str | None:
-        return self.request.headers.get(REQUEST_ID_HEADER) or None
+        value = self.request.headers.get(REQUEST_ID_HEADER) or None
+        if value is not None and (len(value) > MAX_ID_LENGTH or not value.isprintable()):
+            # Named as the client sent it (the header), not as the gateway's argument; never echoed in full.
+            rule = f"must be a printable string of 1 to {MAX_ID_LENGTH} characters (got {len(value)} characters)"
+            raise CommandValidationError(f"{REQUEST_ID_HEADER} {rule}", [{"name": REQUEST_ID_HEADER, "msg": rule}])
+        return value
 
     def get_wait_stage(self) -> WaitStage:
         return WaitStage.parse(self.request.headers.get(WAIT_STAGE_HEADER))

@@ -122,6 +122,8 @@ CHILD_OPERATORS = frozenset({*LOGICAL_OPERATORS, Op.ELEM_MATCH})
 DOCUMENT_OPERATORS = frozenset({*FIXED_FIELDS, Op.MATCH, Op.RAW})
 
 OPTION_KEYS = ("ignoreCase", "zoneId", "datePattern")
+#: Keys of a query body, never of a condition.
+QUERY_KEYS = ("condition", "sort", "projection", "pagination", "limit")
 IGNORE_CASE_OPERATORS = frozenset({Op.EQ, Op.NE, *TEXT_OPERATORS})
 
 FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
@@ -303,6 +305,19 @@ def _fail(path: str, rule: str) -> QueryValidationError:
     return QueryValidationError(path, rule)
 
 
+#: What people write for an operator, and the operator they mean (spelling suggestions miss these:
+#: GREATER is closer to AGGREGATE_ID than to GT).
+OPERATOR_SYNONYMS = {
+    "GREATER": "GT", "GREATER_THAN": "GT", "GT_E": "GTE", "GE": "GTE", "GREATER_OR_EQUAL": "GTE",
+    "GREATER_THAN_OR_EQUAL": "GTE", "LESS": "LT", "LESS_THAN": "LT", "LE": "LTE", "LESS_OR_EQUAL": "LTE",
+    "LESS_THAN_OR_EQUAL": "LTE", "EQUAL": "EQ", "EQUALS": "EQ", "EQUAL_TO": "EQ", "IS": "EQ", "NOT_EQUAL": "NE",
+    "NOT_EQUALS": "NE", "NEQ": "NE", "LIKE": "CONTAINS", "INCLUDES": "CONTAINS", "STARTSWITH": "STARTS_WITH",
+    "PREFIX": "STARTS_WITH", "ENDSWITH": "ENDS_WITH", "SUFFIX": "ENDS_WITH", "NIN": "NOT_IN", "NOTIN": "NOT_IN",
+    "RANGE": "BETWEEN", "ISNULL": "NULL", "IS_NULL": "NULL", "NOTNULL": "NOT_NULL", "IS_NOT_NULL": "NOT_NULL",
+    "NOT": "NOR", "REGEX": "MATCH",
+}
+
+
 def _suggest(name: str, candidates) -> str:
     if len(name) > MAX_OPTION_LENGTH:  # no name is that long; spare difflib a client's megabyte
         return ""
@@ -465,7 +480,9 @@ class _ConditionParser:
         try:
             return Operator(raw)
         except ValueError:
-            raise _fail(path, f"unknown operator {_describe(raw)}.{_suggest(raw, [o.value for o in Operator])}") from None
+            meant = OPERATOR_SYNONYMS.get(raw.upper().replace("-", "_").replace(" ", "_")) if len(raw) < 64 else None
+            hint = f" Did you mean {meant!r}?" if meant else _suggest(raw, [o.value for o in Operator])
+            raise _fail(path, f"unknown operator {_describe(raw)}.{hint}") from None
 
     def _field(self, operator: Operator, raw: Any, path: str) -> str:
         if operator in FIELD_OPERATORS:
@@ -892,4 +909,10 @@ def parse_count_query(data: Any, *, allow_raw: bool = False, max_depth: int = 16
     """The count body is a bare condition (error paths still start at ``condition``); null or {} means ALL."""
     if data is None or data == {}:
         return ALL_CONDITION
+    if isinstance(data, dict):
+        wrapped = next((key for key in data if key in QUERY_KEYS), None)
+        if wrapped is not None:  # a list/paged query's body sent to count
+            raise _fail(_key_path("condition", wrapped),
+                        f"count takes a bare condition (the body is the condition itself, as Wow's count), not a "
+                        f"query: send {{\"operator\": …}} without {wrapped!r}")
     return parse_condition(data, allow_raw=allow_raw, max_depth=max_depth)
