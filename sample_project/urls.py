@@ -2,7 +2,10 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from sample_project.orders.views import home
+
 urlpatterns = [
+    path("", home, name="home"),  # links to what follows
     path("admin/wow/", include("wow_django.console.urls")),  # the operators' console, before the admin's own
     path("admin/", admin.site.urls),
     path("bus/", include("wow_django.http.bus_urls")),

@@ -240,10 +240,23 @@ def test_the_readme_demo_command_serves_the_site(sample_env):
         assert "Django administration" in body or "Log in" in body
         status, _ = get(f"http://127.0.0.1:{port}/api/docs/")
         assert status == 200
+        status, home = get(f"http://127.0.0.1:{port}/")  # what the demo prints first: a page, not a 404
+        assert status == 200
+        for link in ('href="/api/docs/"', 'href="/api/schema/"', 'href="/admin/wow/"', 'href="/admin/"'):
+            assert link in home, link
     finally:
         served.stop()
     assert "orders by status:" in served.output
     assert "did not settle" not in served.output
+
+
+def test_the_home_page_links_the_docs_the_console_and_the_admin(client):
+    response = client.get("/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    for link in ('href="/api/docs/"', 'href="/api/schema/"', 'href="/admin/wow/"', 'href="/admin/"'):
+        assert link in page, link
+    assert client.get(page.split('href="')[1].split('"')[0]).status_code == 200  # the API docs
 
 
 def test_rerunning_the_demo_adds_nothing(sample_env):

@@ -217,6 +217,7 @@ class Command(BaseCommand):
             write("Each part on its own, as in production (see README.md):")
             for line in separately():
                 write(f"  {line}")
+            write(f"Home: http://{addrport}/ (links to the API docs, the console and the admin)")
             if settings.DEBUG:
                 write(f"Admin: http://{addrport}/admin/ (user admin, password admin — demo only)")
             write(f"API docs: http://{addrport}/api/docs/")
