@@ -201,6 +201,17 @@ def test_wait_stage_header_is_validated(api):
     assert_error(response, 400, "COMMAND_VALIDATION", ["Wow-Wait-Stage"])
 
 
+def test_a_request_id_reused_with_another_body_is_a_422(api):
+    first = post(api, "order/place_order", ORDER, request_id="idem-http")
+    again = post(api, "order/place_order", ORDER, request_id="idem-http")
+    assert again.status_code == 200 and again.json()["duplicate"]
+    assert again.json()["commandId"] == first.json()["commandId"]
+    other = {**ORDER, "items": [{"sku": "A-1", "quantity": 3, "unit_price": "3.50"}]}
+    body = assert_error(post(api, "order/place_order", other, request_id="idem-http"), 422, "REQUEST_ID_REUSED")
+    assert "new request id" in body["errorMsg"]
+    assert versions(first.json()["aggregateId"]) == [1]
+
+
 @pytest.mark.parametrize("request_id", ["x" * 129, "tab\there"])
 def test_request_id_header_is_validated(api, request_id):
     response = post(api, "order/place_order", ORDER, request_id=request_id)

@@ -126,6 +126,27 @@ def test_repeated_request_returns_the_first_result_and_appends_nothing(wow):
     assert versions(first.aggregate_id) == [1, 2]
 
 
+def test_a_request_id_repeats_one_request_and_names_no_new_one(wow):
+    """The same request id with the same command and body: the first result, its command id included. With
+    another body or another command: refused (REQUEST_ID_REUSED), nothing appended."""
+    from wow_django.exceptions import RequestIdReused
+
+    gateway = get_runtime().gateway
+    first = place(request_id="idem-1")
+    again = place(request_id="idem-1")
+    assert again.duplicate and again.command_id == first.command_id and again.aggregate_version == 1
+    with pytest.raises(RequestIdReused, match="a different 'place_order' body"):
+        place(request_id="idem-1", amount="1.00")  # same key, another amount
+    order = first.aggregate_id
+    paid = gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=order, request_id="idem-2")
+    repeat = gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=order,
+                          request_id="idem-2")
+    assert repeat.duplicate and repeat.command_id == paid.command_id
+    with pytest.raises(RequestIdReused, match="command 'pay_order'"):
+        gateway.send(CancelOrder(reason="changed my mind"), aggregate_id=order, request_id="idem-2")
+    assert versions(order) == [1, 2]
+
+
 def test_tenants_cannot_reach_each_others_aggregates(wow):
     gateway = get_runtime().gateway
     order = place(tenant_id="tenant-a").aggregate_id

@@ -203,6 +203,13 @@ class AggregateIsDeleted(CommandError):
     error_code = "AGGREGATE_DELETED"
 
 
+class RequestIdReused(CommandError):
+    """A request id (idempotency key) already answered another command or another body: refused, nothing
+    appended. The same key with the same command and body gets the first command's result instead."""
+
+    error_code = "REQUEST_ID_REUSED"
+
+
 class DomainError(CommandError):
     """Raised by a command handler when a business rule forbids the command.
 

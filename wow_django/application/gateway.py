@@ -16,8 +16,10 @@ result with ``duplicate=True`` and appends nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
+import json
 import logging
 import random
 import threading
@@ -52,6 +54,7 @@ from wow_django.exceptions import (
     DuplicateRequestId,
     EventVersionConflict,
     RecoverableStoreError,
+    RequestIdReused,
     StoreUnreachable,
     UnknownAggregate,
     UnknownCommand,
@@ -157,6 +160,17 @@ def _check_id(value: Any, name: str) -> str:
             [{"name": name, "msg": f"must be a printable string of 1 to {MAX_ID_LENGTH} characters"}],
         )
     return value
+
+
+#: The stream header key of :func:`command_digest`: what a repeated request id is compared with.
+COMMAND_DIGEST = "commandDigest"
+
+
+def command_digest(message: CommandMessage) -> str:
+    """A fingerprint of what a request asked: its command and validated body (canonical JSON, SHA-256)."""
+    canonical = json.dumps({"command": message.command_name, "body": message.body}, sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
 def derived_aggregate_id(aggregate_name: str, tenant_id: str, request_id: str) -> str:
@@ -363,9 +377,20 @@ class CommandGateway:
         original = self.event_store.get_by_request_id(key, message.request_id)
         if original is None or original.aggregate_id.tenant_id != message.tenant_id:
             return None  # another tenant's command is never answered with, nor revealed
+        stored_command, stored_digest = original.header.get("command"), original.header.get(COMMAND_DIGEST)
+        if (stored_command is not None and stored_command != message.command_name) or (
+                stored_digest is not None and stored_digest != command_digest(message)):
+            what = (f"command {stored_command!r}" if stored_command != message.command_name
+                    else f"a different {message.command_name!r} body")
+            raise RequestIdReused(
+                f"request id {message.request_id!r} was already used for {what} on {message.aggregate_name} "
+                f"{message.aggregate_id!r}: a request id repeats one request, it does not name a new one. "
+                "Send this command with a new request id.")
         # Our own earlier attempt (same command id) is this command's first result, not a repeat.
         duplicate = original.command_id != message.command_id
         names = [e.name for e in original.body]
+        # The first request's result, its command id included: a repeat is the same command, answered again.
+        message = dataclasses.replace(message, command_id=original.command_id)
         if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
             # The first request's projections may not have run yet (its process died after the append).
             limit = self.wait_timeout_s if timeout is None else timeout
@@ -488,7 +513,8 @@ class CommandGateway:
             request_id=message.request_id,
             command_id=message.command_id,
             owner_id=aggregate.owner_id,
-            header={**message.header, "operator": message.operator, "command": name},
+            header={**message.header, "operator": message.operator, "command": name,
+                    COMMAND_DIGEST: command_digest(message)},
             create_time=now_ms(),
         )
         self.event_store.append(stream)

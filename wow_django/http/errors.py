@@ -20,6 +20,7 @@ status  when                                                errorCode
 403     a consumer reports on an event it was not sent      CONSUMER_NOT_EXPECTED
 410     a deleted aggregate: its state, or a command        AGGREGATE_DELETED
         other than recover_aggregate
+422     a request id reused with another command or body    REQUEST_ID_REUSED
 405     wrong method                                        METHOD_NOT_ALLOWED
 406     Accept excludes application/json                    NOT_ACCEPTABLE
 409     DomainError                                         the handler's code (ORDER_CANCELLED...)
@@ -68,6 +69,7 @@ from wow_django.exceptions import (
     KeyAlreadyPrepared,
     RecoverableStoreError,
     RepushRefused,
+    RequestIdReused,
     TraceNotFound,
     TransportUnavailable,
     UnknownAggregate,
@@ -132,6 +134,7 @@ _WOW_STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (AggregateNotFound, status.HTTP_404_NOT_FOUND),
     (ResourceNotFound, status.HTTP_404_NOT_FOUND),
     (AggregateIsDeleted, status.HTTP_410_GONE),
+    (RequestIdReused, status.HTTP_422_UNPROCESSABLE_ENTITY),
     (RecoverableStoreError, status.HTTP_503_SERVICE_UNAVAILABLE),
     (KeyAlreadyPrepared, status.HTTP_409_CONFLICT),
     (EnvelopeValidationError, status.HTTP_400_BAD_REQUEST),
