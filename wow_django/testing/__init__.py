@@ -8,6 +8,8 @@ Conformance: mix a contract into ``unittest.TestCase`` and say how to build the 
 
 pytest and ``manage.py test`` both run them. Harness:
 
+* :class:`AggregateSpec` — given events, when a command, expect events or an
+  error and the resulting state, through a real gateway on stores of its own;
 * :func:`isolated_registry` — declarations made in a test vanish after it;
 * :class:`FakeClock` — a clock the test moves, for stores that take a ``clock``;
 * :mod:`wow_django.testing.followers` — the follower contracts (feed, store,
@@ -34,8 +36,10 @@ from wow_django.testing.mongo import (
 from wow_django.testing.prepare_key import PrepareKeyContract
 from wow_django.testing.registry import isolated_registry
 from wow_django.testing.snapshot_store import SnapshotStoreContract, make_snapshot
+from wow_django.testing.spec import AggregateSpec
 
 __all__ = [
+    "AggregateSpec",
     "BusStoreContract",
     "EmbeddedMongoDatabase",
     "EventStoreContract",
