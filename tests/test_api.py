@@ -76,8 +76,9 @@ def post(api, path, body=None, **kw):
     return api.post(f"/api/{path}", body, format="json", **headers(**kw))
 
 
-def get(api, path, **kw):
-    return api.get(f"/api/{path}", **headers(**kw))
+def get(api, path, HTTP_ACCEPT=None, **kw):
+    extra = {"HTTP_ACCEPT": HTTP_ACCEPT} if HTTP_ACCEPT else {}
+    return api.get(f"/api/{path}", **headers(**kw), **extra)
 
 
 def place(api, tenant="t1", request_id=None, stage="SNAPSHOT", body=None) -> str:
@@ -619,7 +620,26 @@ def test_non_json_and_oversized_bodies(api):
                        "value": ["x" * 50] * 5}}), content_type="application/json")
         assert_error(big, 413, "REQUEST_TOO_LARGE")
     assert_error(api.post("/api/order/snapshot/list", data=b"{}", content_type="application/json",
-                          HTTP_ACCEPT="text/html"), 406, "NOT_ACCEPTABLE")
+                          HTTP_ACCEPT="image/png"), 406, "NOT_ACCEPTABLE")
+
+
+def test_a_browser_gets_the_browsable_api_and_clients_get_json(api):
+    """The aggregate endpoints offer DRF's browsable API to what asks for text/html (a browser); JSON stays
+    what every other client gets."""
+    order_id = place(api)
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    page = get(api, f"order/{order_id}/state", tenant="t1", HTTP_ACCEPT=browser)
+    assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
+    assert b"PLACED" in page.content and b"Django REST framework" in page.content
+    listed = api.post("/api/order/snapshot/list", data=b"{}", content_type="application/json",
+                      HTTP_WOW_TENANT_ID="t1", HTTP_ACCEPT=browser)
+    assert listed.status_code == 200 and listed["Content-Type"].startswith("text/html")
+    missing = get(api, "order/nobody/state", tenant="t1", HTTP_ACCEPT=browser)
+    assert missing.status_code == 404 and b"NOT_FOUND" in missing.content  # errors too, with their status
+    for accept in (None, "*/*", "application/json"):
+        extra = {"HTTP_ACCEPT": accept} if accept else {}
+        response = get(api, f"order/{order_id}/state", tenant="t1", **extra)
+        assert response["Content-Type"] == "application/json" and response.json()["status"] == "PLACED"
 
 
 # --- authentication, permissions, operator, tenant resolver -------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.http.request import MediaType
 from django.utils.module_loading import import_string
 from rest_framework.exceptions import UnsupportedMediaType
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
@@ -38,7 +38,9 @@ class WowView(APIView):
     # JSON only: numbers checked (finite, 64-bit), size capped, and no form
     # posts, so a cross-site HTML form cannot act with a browser's credentials.
     parser_classes = [WowJSONParser]
-    renderer_classes = [JSONRenderer]
+    # JSON first: what a client gets unless it asks for text/html, as a browser does (DRF's browsable API,
+    # whose forms post JSON too).
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
 
     def get_exception_handler(self):
         return exception_handler

@@ -286,7 +286,11 @@ class QueryView(WowAPIView):
 
     @property
     def action(self) -> str:
-        return "snapshot_query" if self.kind == SNAPSHOT else "event_query"
+        return self.__dict__.get("_action") or ("snapshot_query" if self.kind == SNAPSHOT else "event_query")
+
+    @action.setter
+    def action(self, value: str | None) -> None:  # DRF's browsable API sets it while it renders its forms
+        self.__dict__["_action"] = value
 
     def post(self, request):
         query = self.parse_query(request.data)
