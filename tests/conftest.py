@@ -22,6 +22,22 @@ def wow(request):
     disconnect(settings["MONGO_URI"])
 
 
+ON_SQLITE = pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+
+
+@pytest.fixture(params=["in_memory", "mongo", pytest.param("django", marks=ON_SQLITE)])
+def every_backend(request):
+    """Settings with a fresh store on each backend: in-memory, mongomock:// and django (the wow_sqlite
+    database)."""
+    if request.param == "django":
+        settings = fresh_wow("django", DATABASE_ALIAS="wow_sqlite")
+    else:
+        settings = fresh_wow(request.param)
+    with override_settings(WOW=settings):
+        yield settings
+    disconnect(settings["MONGO_URI"])
+
+
 @pytest.fixture(params=["mongo", "in_memory"])
 def bus_store(request):
     """WOW['BUS_STORE'] of a bus test: the Mongo store (on mongomock://) and the in-memory store."""

@@ -16,7 +16,6 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
-from django.test import override_settings
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -26,9 +25,6 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from sample_project.orders.aggregates import PlaceOrder
-from wow_django.backends.mongo.client import disconnect
-
-from .support import fresh_wow
 
 # Wait stage SENT queues through the queued_commands fixture, not Celery.
 pytestmark = pytest.mark.usefixtures("queued_commands")
@@ -156,21 +152,6 @@ def wsgi_requests():
         yield
 
 
-ON_SQLITE = pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
-
-
-@pytest.fixture(params=["in_memory", "mongo", pytest.param("django", marks=ON_SQLITE)])
-def fuzzed(request):
-    """A fresh store on each backend (the django one on the wow_sqlite database), shared by one operation's cases."""
-    if request.param == "django":
-        wow = fresh_wow("django", DATABASE_ALIAS="wow_sqlite")
-    else:
-        wow = fresh_wow(request.param)
-    with override_settings(WOW=wow):
-        yield wow
-    disconnect(wow["MONGO_URI"])
-
-
 # A few hundred cases per operation and backend (WOW_FUZZ_EXAMPLES changes it for a quick local run). Every
 # health check is on but the fixture one: the store is meant to be shared by the cases of one operation (state
 # left by one case is what the next may meet in production too).
@@ -180,6 +161,7 @@ FUZZ_EXAMPLES = int(os.environ.get("WOW_FUZZ_EXAMPLES", "300"))
 @api_schema.parametrize()
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_api_conforms_to_its_schema(case, fuzzed, wsgi_requests):
+def test_api_conforms_to_its_schema(case, every_backend, wsgi_requests):
+    """Each operation's cases share one fresh store on each backend."""
     case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
                                    response_schema_conformance])

@@ -12,29 +12,17 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from wow_django.application.runtime import get_runtime
-from wow_django.backends.mongo.client import disconnect
 from wow_django.persistence.records import AggregateId
-
-from .support import fresh_wow
 
 pytestmark = pytest.mark.usefixtures("queued_commands")
 
 ORDER = {"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 2, "unit_price": "3.50"}]}
 
 
-ON_SQLITE = pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
-
-
-@pytest.fixture(params=["in_memory", "mongo", pytest.param("django", marks=ON_SQLITE)])
-def backend(request):
-    """Settings on each backend; the django one on the wow_sqlite database."""
-    if request.param == "django":
-        settings = fresh_wow("django", DATABASE_ALIAS="wow_sqlite")
-    else:
-        settings = fresh_wow(request.param)
-    with override_settings(WOW=settings):
-        yield settings
-    disconnect(settings["MONGO_URI"])
+@pytest.fixture
+def backend(every_backend):
+    """Settings on each backend (the django one on the wow_sqlite database)."""
+    return every_backend
 
 
 @pytest.fixture
