@@ -14,3 +14,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/", include("wow_django.http.urls")),
 ]
+
+# What Django refuses before a view runs (e.g. a Host it does not allow) is a JSON 400 on the API's routes.
+handler400 = "wow_django.http.errors.bad_request"

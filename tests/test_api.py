@@ -623,6 +623,18 @@ def test_non_json_and_oversized_bodies(api):
                           HTTP_ACCEPT="image/png"), 406, "NOT_ACCEPTABLE")
 
 
+def test_a_request_django_refuses_before_the_api_is_a_json_400_on_api_routes(api):
+    """A Host header Django does not allow (found by the schema fuzzing): the sample's handler400
+    (wow_django.http.errors.bad_request) answers the API's JSON error on the API's routes, Django's page
+    elsewhere."""
+    response = api.post("/api/customer/event/paged", data=b"{}", content_type="application/json",
+                        HTTP_HOST="oJ4{}fk[}V~^a")
+    body = assert_error(response, 400, "BAD_REQUEST")
+    assert "DisallowedHost" in body["errorMsg"]
+    elsewhere = api.get("/admin/login/", HTTP_HOST="oJ4{}fk[}V~^a")
+    assert elsewhere.status_code == 400 and elsewhere["Content-Type"].startswith("text/html")
+
+
 def test_a_browser_gets_the_browsable_api_and_clients_get_json(api):
     """The aggregate endpoints offer DRF's browsable API to what asks for text/html (a browser); JSON stays
     what every other client gets."""
