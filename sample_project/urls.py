@@ -16,4 +16,4 @@ urlpatterns = [
 ]
 
 # What Django refuses before a view runs (e.g. a Host it does not allow) is a JSON 400 on the API's routes.
-handler400 = "wow_django.http.errors.bad_request"
+handler400 = "wow_django.http.handlers.bad_request"

@@ -625,7 +625,7 @@ def test_non_json_and_oversized_bodies(api):
 
 def test_a_request_django_refuses_before_the_api_is_a_json_400_on_api_routes(api):
     """A Host header Django does not allow (found by the schema fuzzing): the sample's handler400
-    (wow_django.http.errors.bad_request) answers the API's JSON error on the API's routes, Django's page
+    (wow_django.http.handlers.bad_request) answers the API's JSON error on the API's routes, Django's page
     elsewhere."""
     response = api.post("/api/customer/event/paged", data=b"{}", content_type="application/json",
                         HTTP_HOST="oJ4{}fk[}V~^a")

@@ -103,6 +103,9 @@ def test_query_bodies_results_and_errors(openapi):
     paged = ops["order_snapshot_paged"][2]["responses"]["200"]["content"]["application/json"]["schema"]
     assert paged == {"$ref": "#/components/schemas/WowPagedSnapshotList"}
     assert "409" in ops["order_pay_order"][2]["responses"]
+    reused = ops["order_place_order"][2]["responses"]["422"]
+    assert "REQUEST_ID_REUSED" in reused["description"]
+    assert reused["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/WowError"}
 
 
 def test_headers_are_documented(openapi):

@@ -393,6 +393,7 @@ class WowAutoSchema(AutoSchema):
             responses[code] = error
         if self.view.action in ("command", "delete", "recover"):
             responses["409"] = error
+            responses["422"] = error  # a request id reused with another command or body
         if self.view.action in ("command", "delete", "state"):
             responses["410"] = error
         return responses
@@ -405,6 +406,9 @@ class WowAutoSchema(AutoSchema):
             response["description"] = "Refused in the aggregate's current state (a business rule or a conflict)."
         elif status_code == "410":
             response["description"] = "The aggregate is deleted (AGGREGATE_DELETED); recover it first."
+        elif status_code == "422":
+            response["description"] = ("The request id was already used for another command or body "
+                                       "(REQUEST_ID_REUSED); send this command with a new one.")
         elif status_code == "202":
             response["description"] = "Queued, or stored without the asked stage confirmed."
         return response
