@@ -151,8 +151,14 @@ class CommandMessage:
         return cls(**data)
 
 
+def is_valid_id(value: Any) -> bool:
+    """Whether ``value`` can be an id (aggregate, request, tenant): a printable string of 1 to MAX_ID_LENGTH
+    characters."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and value.isprintable()
+
+
 def _check_id(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+    if not is_valid_id(value):
         shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else \
             f"{value[:40]!r}… ({len(value)} characters)"
         raise CommandValidationError(

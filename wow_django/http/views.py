@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from wow_django.application import queries
-from wow_django.application.gateway import MAX_ID_LENGTH, CommandGateway, CommandResult, WaitStage
+from wow_django.application.gateway import MAX_ID_LENGTH, CommandGateway, CommandResult, WaitStage, is_valid_id
 from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
@@ -44,7 +44,7 @@ ID_RULE = f"an aggregate id is a printable string of 1 to {MAX_ID_LENGTH} charac
 
 
 def check_aggregate_id(value: str, name: str = "id") -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+    if not is_valid_id(value):
         raise InvalidRequest(name, ID_RULE)
     return value
 
@@ -118,7 +118,7 @@ class CommandSenderView(WowAPIView):
 
     def get_request_id(self) -> str | None:
         value = self.request.headers.get(REQUEST_ID_HEADER) or None
-        if value is not None and (len(value) > MAX_ID_LENGTH or not value.isprintable()):
+        if value is not None and not is_valid_id(value):
             # Named as the client sent it (the header), not as the gateway's argument; never echoed in full.
             rule = f"must be a printable string of 1 to {MAX_ID_LENGTH} characters (got {len(value)} characters)"
             raise CommandValidationError(f"{REQUEST_ID_HEADER} {rule}", [{"name": REQUEST_ID_HEADER, "msg": rule}])

@@ -440,13 +440,13 @@ class DjangoBusStore(BusStore):
 
     def purge_events(self, *, consumed_before: datetime | None, expired_before: datetime | None,
                      limit: int) -> list[str]:
-        rules = Q(pk__in=[])
+        if limit <= 0 or (consumed_before is None and expired_before is None):
+            return []
+        rules = Q()
         if consumed_before is not None:  # served by wow_bus_event_status_at
             rules |= Q(status=EventStatus.CONSUMED.value, statusAt__lte=db_time(consumed_before))
         if expired_before is not None:  # served by wow_bus_event_expire_at
             rules |= Q(expireAt__lte=db_time(expired_before))
-        if limit <= 0 or (consumed_before is None and expired_before is None):
-            return []
         with self.errors("finding events to purge"):
             candidates = list(self.events().filter(rules).order_by("statusAt", self.text_order("eventId"))
                               .values_list("eventId", flat=True)[:limit])

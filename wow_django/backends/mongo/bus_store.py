@@ -205,13 +205,13 @@ class MongoBusStore(BusStore):
 
     def purge_events(self, *, consumed_before: datetime | None, expired_before: datetime | None,
                      limit: int) -> list[str]:
+        if limit <= 0 or (consumed_before is None and expired_before is None):
+            return []
         rules: list[dict] = []
         if consumed_before is not None:  # served by status_1_statusAt_1
             rules.append({"status": EventStatus.CONSUMED.value, "statusAt": {"$lte": to_bson_time(consumed_before)}})
         if expired_before is not None:  # served by expireAt_1 (no null matches $lte)
             rules.append({"expireAt": {"$lte": to_bson_time(expired_before)}})
-        if limit <= 0 or not rules:
-            return []
         match = rules[0] if len(rules) == 1 else {"$or": rules}
         docs = self.run(self.events, "finding events to purge", lambda c: list(
             c.find(match, {"eventId": 1, "_id": 0}, max_time_ms=self.max_time_ms)

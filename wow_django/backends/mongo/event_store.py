@@ -41,6 +41,9 @@ from wow_django.persistence.documents import document_to_stream, stream_to_docum
 from wow_django.persistence.followers import AppendNotifier
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
 
+#: What an aggregate's full id is read from (scans, locate).
+_IDENTITY_FIELDS = {"aggregateId": 1, "aggregateName": 1, "contextName": 1, "tenantId": 1}
+
 
 class MongoEventStore(EventStore):
     """``{aggregateName}_event_stream`` collections in one database.
@@ -299,9 +302,8 @@ class MongoEventStore(EventStore):
         if tenant_id is not None:
             query["tenantId"] = tenant_id
         collection = self.collection(aggregate_name)
-        projection = {"aggregateId": 1, "aggregateName": 1, "contextName": 1, "tenantId": 1}
         with recoverable_errors(f"scanning {collection.name}"), self.connection.guard(collection):
-            cursor = collection.find(query, projection, max_time_ms=self.max_time_ms)
+            cursor = collection.find(query, _IDENTITY_FIELDS, max_time_ms=self.max_time_ms)
             docs = list(cursor.sort([("aggregateId", ASCENDING)]).limit(limit))
         return [
             AggregateId(aggregate_name=d["aggregateName"], id=d["aggregateId"],
@@ -324,9 +326,8 @@ class MongoEventStore(EventStore):
 
     def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
         collection = self.collection(aggregate_name)
-        projection = {"aggregateId": 1, "aggregateName": 1, "contextName": 1, "tenantId": 1}
         with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
-            doc = collection.find_one({"aggregateId": aggregate_id, "version": 1}, projection,
+            doc = collection.find_one({"aggregateId": aggregate_id, "version": 1}, _IDENTITY_FIELDS,
                                       max_time_ms=self.max_time_ms)
         if doc is None:
             return None
