@@ -56,7 +56,7 @@ def test_place_pay_ship(wow):
     assert (paid.aggregate_version, shipped.aggregate_version) == (2, 3)
     snapshot = get_runtime().snapshot_store.load(AggregateId("order", placed.aggregate_id))
     assert snapshot.version == 3
-    assert snapshot.state["status"] == "SHIPPED" and snapshot.state["total_amount"] == "19.98"
+    assert snapshot.state["status"] == "SHIPPED" and snapshot.state["total_amount"] == Decimal("19.98")
 
 
 def test_json_commands_are_validated_with_field_errors_and_nothing_appended(wow):

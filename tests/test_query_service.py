@@ -539,15 +539,18 @@ def test_authorization_failures_are_not_reported_as_bad_queries(wow_mongo, monke
         MongoSnapshotQueryService(store, "order").list(ListQuery(), tenant_id="t1")
 
 
-def test_bson_values_written_by_other_tools_become_json():
+def test_bson_values_written_by_other_tools_become_python_values():
     import datetime as dt
+    from decimal import Decimal
 
     from bson import Binary, Decimal128, ObjectId
 
     oid = ObjectId("65f000000000000000000000")
     value = {"a": [oid, Decimal128("1.5")], "b": dt.datetime(2024, 1, 2, 3, 4, 5), "c": Binary(b"\x00\x01"),
              "d": {"e": 1}}
-    assert jsonable(value) == {"a": [str(oid), "1.5"], "b": "2024-01-02T03:04:05", "c": "AAE=", "d": {"e": 1}}
+    # Decimal128 as the Decimal it holds; a BSON date (naive, UTC) as canonical time text, as states hold times.
+    assert jsonable(value) == {"a": [str(oid), Decimal("1.5")], "b": "2024-01-02T03:04:05.000000Z", "c": "AAE=",
+                               "d": {"e": 1}}
 
 
 def test_present_renames_the_id_first():

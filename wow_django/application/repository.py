@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from wow_django.domain.aggregate import Aggregate
 from wow_django.domain.ids import generate_id
 from wow_django.domain.messages import Event, event_type
+from wow_django.domain.values import stored
 from wow_django.persistence.contracts import EventStore, SnapshotStore
 from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream, Snapshot, now_ms
 
@@ -43,7 +44,7 @@ def encode_events(events: Sequence[Event]) -> tuple[DomainEventRecord, ...]:
             name=e.event_name,
             revision=str(e.revision),
             body_type=e.body_type(),
-            body=e.model_dump(mode="json"),
+            body=stored(e),
         )
         for e in events
     )
@@ -103,7 +104,7 @@ def snapshot_of(aggregate: Aggregate, context_name: str) -> Snapshot:
     return Snapshot(
         aggregate_id=AggregateId(aggregate.aggregate_name, aggregate.id, context_name, aggregate.tenant_id),
         version=aggregate.version,
-        state=aggregate.state.model_dump(mode="json"),
+        state=stored(aggregate.state),
         event_id=aggregate.event_id,
         owner_id=aggregate.owner_id,
         first_operator=aggregate.first_operator,

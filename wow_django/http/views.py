@@ -30,6 +30,7 @@ from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
 from wow_django.domain.messages import Command, DeleteAggregate, RecoverAggregate
 from wow_django.exceptions import AggregateIsDeleted, CommandValidationError, UnknownAggregate, UnknownCommand
+from wow_django.domain.values import stored
 from wow_django.http.base import WowView, default_authentication_classes, import_classes
 from wow_django.http.errors import InvalidRequest, ResourceNotFound
 from wow_django.http.headers import REQUEST_ID_HEADER, WAIT_STAGE_HEADER
@@ -198,7 +199,8 @@ class StateView(WowAPIView):
     action = "state"
 
     def get(self, request, id: str):
-        return Response(self.load_aggregate(id).state.model_dump(mode="json"))
+        # As stored and as queries answer: Decimals as JSON numbers, times as canonical UTC text.
+        return Response(stored(self.load_aggregate(id).state))
 
     def load_aggregate(self, aggregate_id: str) -> Aggregate:
         check_aggregate_id(aggregate_id)

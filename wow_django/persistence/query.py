@@ -18,6 +18,10 @@ What every backend guarantees, whatever the client's condition says:
 * Snapshot queries see only live aggregates (``deleted == false``) unless the
   condition itself mentions deletion: a DELETED operator, a ``deleted``
   field, or a RAW filter naming ``deleted``.
+* Values compared with a field the aggregate's model declares as ``Decimal``
+  or ``datetime`` are brought to the stored type first (numeric text to a
+  Decimal, ISO-8601 or epoch milliseconds to canonical time text, the date
+  operators to time bounds): :mod:`wow_django.query.typed`.
 * ``id`` and ``aggregateId`` name ``_id`` for snapshots; ``id`` names ``_id``
   for event streams.
 * Results are JSON-ready dicts in Wow's shape: a snapshot carries
@@ -37,6 +41,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from wow_django.domain.aggregate import aggregate_type
+from wow_django.domain.messages import event_type
 from wow_django.query.condition import (
     ALL_CONDITION,
     Condition,
@@ -52,6 +58,7 @@ from wow_django.query.condition import (
 )
 from wow_django.query.errors import QueryValidationError
 from wow_django.query.semantics import map_field
+from wow_django.query.typed import Resolver, event_stream_resolver, snapshot_resolver, type_condition
 
 SNAPSHOT = "snapshot"
 EVENT_STREAM = "event_stream"
@@ -213,8 +220,20 @@ class QueryService(ABC):
 
     # --- the operations ------------------------------------------------------------------
 
+    def value_types(self) -> Resolver | None:
+        """What the aggregate's model declares its fields to hold (its state; its events' bodies)."""
+        cls = aggregate_type(self.aggregate_name)
+        if cls is None:
+            return None
+        if self.kind == SNAPSHOT:
+            return snapshot_resolver(cls.state_class)
+        events = [event_type(name) for name in cls.state_class.sourcing_handlers]
+        return event_stream_resolver([event for event in events if event is not None])
+
     def scope(self, condition: Condition, tenant_id: str | None, scope: Condition | None) -> Condition:
-        return scoped_condition(self.kind, condition, tenant_id=tenant_id, scope=scope)
+        """The client's ``condition`` with typed values (:mod:`wow_django.query.typed`), scoped."""
+        typed = type_condition(condition, self.value_types())
+        return scoped_condition(self.kind, typed, tenant_id=tenant_id, scope=scope)
 
     def _find(self, query: SingleQuery, tenant_id, scope, *, skip: int, limit: int) -> list[dict]:
         documents = self.find_documents(

@@ -25,6 +25,8 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -398,7 +400,7 @@ def _key_path(path: str, key: str) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
 
 def _is_blank(value: Any) -> bool:
@@ -656,7 +658,7 @@ class _ConditionParser:
 
     @staticmethod
     def _comparable(raw: Any, path: str, operator: Operator) -> int | float | str:
-        if isinstance(raw, str):
+        if isinstance(raw, str | datetime):  # a datetime (from Python code) compares as canonical time text
             return raw
         if _is_number(raw) and math.isfinite(raw):
             return raw
@@ -684,13 +686,13 @@ class _ConditionParser:
                 raise _fail(path, f"lists hold at most {MAX_LIST_SIZE} values (got {len(value)})")
             for i, item in enumerate(value):
                 self._json(item, f"{path}[{i}]", depth=depth + 1)
-        elif isinstance(value, float):
+        elif isinstance(value, float | Decimal):
             if not math.isfinite(value):
                 raise _fail(path, "numbers must be finite (no NaN or Infinity)")
         elif isinstance(value, int) and not isinstance(value, bool):
             if not -(2**63) <= value < 2**63:
                 raise _fail(path, "integers must fit in 64 bits")
-        elif value is not None and not isinstance(value, str | bool):
+        elif value is not None and not isinstance(value, str | bool | datetime):
             raise _fail(path, f"values must be JSON (got {type(value).__name__})")
 
     def _raw(self, raw: Any, path: str, node_path: str) -> dict:

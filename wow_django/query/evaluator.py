@@ -29,6 +29,7 @@ import copy
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from wow_django.query import dates
@@ -91,7 +92,7 @@ def _candidates(leaves: Iterable[Any]) -> Iterable[Any]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
 
 def mongo_equal(left: Any, right: Any) -> bool:

@@ -9,8 +9,10 @@ are copied through as the parser validated them.
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
+from bson import Decimal128
 from pymongo import ASCENDING, DESCENDING
 
 from wow_django.query import dates
@@ -129,7 +131,18 @@ def compile_filter(
     element. ID and IDS always use ``_id``. ``now`` (aware datetime, default
     the current time) anchors the date operators.
     """
-    return _Compiler(field_map, dates.resolve_now(now)).compile(condition, top_level=True)
+    return _decimal128(_Compiler(field_map, dates.resolve_now(now)).compile(condition, top_level=True))
+
+
+def _decimal128(value: Any) -> Any:
+    """The filter with each Decimal value (a typed condition's) as ``Decimal128``, which compares numerically."""
+    if isinstance(value, Decimal):
+        return Decimal128(value)
+    if isinstance(value, dict):
+        return {key: _decimal128(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_decimal128(item) for item in value]
+    return value
 
 
 def compile_projection(projection: Projection, *, field_map: dict[str, str] | None = None) -> dict | None:

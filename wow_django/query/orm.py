@@ -98,6 +98,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -105,6 +106,7 @@ from django.db import NotSupportedError
 from django.db.models import BooleanField, F, FloatField, IntegerField, Q, TextField
 from django.db.models.expressions import Expression, OrderBy
 
+from wow_django.domain.values import dumps as exact_json
 from wow_django.query import dates
 from wow_django.query.condition import (
     COMPARISON_OPERATORS,
@@ -299,7 +301,7 @@ def _not(part: Any) -> Any:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
 
 def _scalar_column(path: _Path) -> bool:
@@ -370,7 +372,7 @@ def _elem_match(path: _Path | None, child: Any, condition: Condition, now: datet
         return FALSE
     relative = Condition(operator=Op.ELEM_MATCH, field=".".join(("r", *path.segments)),
                          children=condition.children)
-    return _ElemMatch(path, child, json.dumps(condition_data(relative)), now.isoformat())
+    return _ElemMatch(path, child, exact_json(condition_data(relative)), now.isoformat())
 
 
 _COMPARISON = {Op.GT: "gt", Op.LT: "lt", Op.GTE: "gte", Op.LTE: "lte"}
@@ -417,6 +419,11 @@ def check_query_size(size: int, where: str, what: str) -> None:
             where, f"the {what} is too large for an SQL database: size {size}, at most {MAX_QUERY_SIZE} "
                    f"(each condition and value counts 1, each step through JSON {STEP_COST}; long field paths "
                    "and their numeric segments take the most steps)")
+
+
+def _lite_number(value: Any) -> Any:
+    """A number as SQLite binds it: its JSON numbers with a fraction are REALs, so a Decimal compares as a float."""
+    return float(value) if isinstance(value, Decimal) else value
 
 
 def _plain(value: Any) -> Any:
@@ -697,7 +704,7 @@ class _SQLite:
         numbers = [v for v in values if _is_number(v)]
         strings = [v for v in values if isinstance(v, str)]
         if numbers:
-            parts.append(_sql(f"({n.t} IN {self.NUMBER_TYPES} AND {n.v} IN (", _join(", ", [_sql(_P(v)) for v in numbers]),
+            parts.append(_sql(f"({n.t} IN {self.NUMBER_TYPES} AND {n.v} IN (", _join(", ", [_sql(_P(_lite_number(v))) for v in numbers]),
                               "))"))
         if strings:
             parts.append(_sql(f"({n.t} = 'text' AND {n.v} COLLATE BINARY IN (",
@@ -709,7 +716,7 @@ class _SQLite:
             if isinstance(value, list | tuple | dict):
                 # Arrays and objects compare in Python (one flat call, whatever the nesting): see _json_equal.
                 parts.append(_sql(f"({n.t} IN ('array','object') AND {SQLITE_JSON_EQUALS_FUNCTION}({n.v}, ",
-                                  _P(json.dumps(value)), "))"))
+                                  _P(exact_json(value)), "))"))
         return _sql("(", _join(" OR ", parts), ")") if parts else ("FALSE", [])
 
     def is_null(self, n: _LiteNode) -> tuple[str, list]:
@@ -719,7 +726,7 @@ class _SQLite:
         symbol = _SYMBOLS[op]
         if isinstance(bound, str):
             return _sql(f"({n.t} = 'text' AND {n.v} COLLATE BINARY {symbol} ", _P(bound), ")")
-        return _sql(f"({n.t} IN {self.NUMBER_TYPES} AND {n.v} {symbol} ", _P(bound), ")")
+        return _sql(f"({n.t} IN {self.NUMBER_TYPES} AND {n.v} {symbol} ", _P(_lite_number(bound)), ")")
 
     def text(self, n: _LiteNode, test: _Text) -> tuple[str, list]:
         # Django registers REGEXP (Python's re.search) on every SQLite connection: the evaluator's own
@@ -869,7 +876,7 @@ class _Postgres:
 
     def equals(self, n: _PgNode, values: tuple, fresh) -> tuple[str, list]:
         # jsonb equality: typed, numbers as numerics, arrays in order, objects in any key order.
-        params = [_sql(_P(json.dumps(value)), "::jsonb") for value in values]
+        params = [_sql(_P(exact_json(value)), "::jsonb") for value in values]
         return _sql(f"({n.j} IN (", _join(", ", params), "))")
 
     def is_null(self, n: _PgNode) -> tuple[str, list]:
@@ -880,7 +887,7 @@ class _Postgres:
         if isinstance(bound, str):
             return _sql(f"(jsonb_typeof({n.j}) = 'string' AND ({n.j} #>> '{{}}') COLLATE \"C\" {symbol} ",
                         _P(bound), ")")
-        return _sql(f"(jsonb_typeof({n.j}) = 'number' AND {n.j} {symbol} ", _P(json.dumps(bound)), "::jsonb)")
+        return _sql(f"(jsonb_typeof({n.j}) = 'number' AND {n.j} {symbol} ", _P(exact_json(bound)), "::jsonb)")
 
     def text(self, n: _PgNode, test: _Text) -> tuple[str, list]:
         value = f"({n.j} #>> '{{}}')"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from decimal import Decimal
 
 from wow_django.domain.ids import generate_id
 from wow_django.exceptions import DuplicateAggregateId, DuplicateRequestId, EventVersionConflict
@@ -76,6 +77,18 @@ class EventStoreContract:
         self.assertEqual(loaded, streams)
         self.assertEqual([s.size for s in loaded], [1, 2, 3])
         self.assertEqual(loaded[0].header, {"upstream_id": "saga-1"})
+
+    def test_event_bodies_keep_their_decimals(self):
+        """A Decimal in an event body comes back a Decimal with its digits (wow_django.domain.values)."""
+        agg = self.agg()
+        stream = make_stream(agg, 1)
+        stream.body[0].body.update(amount=Decimal("19.90"), rates=[Decimal("0.125"), Decimal("1E+3")])
+        self.store.append(stream)
+        body = self.store.load(agg)[0].body[0].body
+        self.assertEqual(body, stream.body[0].body)
+        # Digits and scale as written; an exponent may come back written out (PostgreSQL's jsonb: 1E+3 is 1000).
+        self.assertEqual([str(body["amount"]), str(body["rates"][0])], ["19.90", "0.125"])
+        self.assertIsInstance(body["amount"], Decimal)
 
     def test_load_of_unknown_aggregate_is_empty(self):
         self.assertEqual(self.store.load(self.agg("nobody")), [])

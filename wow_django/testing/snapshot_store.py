@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from decimal import Decimal
 
 from wow_django.persistence.contracts import SnapshotStore
 from wow_django.persistence.records import AggregateId, Snapshot
@@ -46,6 +47,24 @@ class SnapshotStoreContract:
         snapshot = make_snapshot(agg, 3, status="PAID", lines=[{"sku": "a", "qty": 2}], nested={"x": {"y": 1}})
         self.store.save(snapshot)
         self.assertEqual(self.store.load(agg), snapshot)
+
+    def test_decimals_and_times_keep_their_types(self):
+        """Stored values keep their types (wow_django.domain.values): a Decimal comes back a Decimal with its
+        digits (scale included) wherever it sits; canonical time text comes back as the same text."""
+        agg = self.agg()
+        amounts = {"total": Decimal("100.00"), "tiny": Decimal("0.000000000000000000000000000001"),
+                   "big": Decimal("12345678901234567890.123456789"), "negative": Decimal("-7.5"),
+                   "integral": Decimal("42")}
+        snapshot = make_snapshot(agg, 1, **amounts, lines=[{"price": Decimal("3.50")}],
+                                 due_at="2026-03-01T09:30:00.000000Z")
+        self.store.save(snapshot)
+        state = self.store.load(agg).state
+        for name, amount in amounts.items():
+            self.assertEqual(state[name], amount, name)
+            self.assertEqual(str(state[name]), str(amount), name)
+        self.assertIsInstance(state["total"], Decimal)
+        self.assertEqual((state["lines"][0]["price"], str(state["lines"][0]["price"])), (Decimal("3.50"), "3.50"))
+        self.assertEqual(state["due_at"], "2026-03-01T09:30:00.000000Z")
 
     def test_another_tenant_finds_no_snapshot(self):
         agg = self.agg()

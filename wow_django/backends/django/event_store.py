@@ -10,7 +10,6 @@ statement skips conflicts instead of failing).
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections.abc import Sequence
 
@@ -19,6 +18,7 @@ from django.db import DataError, IntegrityError, transaction
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow, StreamContextRow
+from wow_django.domain.values import loads
 from wow_django.exceptions import (
     DuplicateAggregateId,
     DuplicateEventStreamId,
@@ -69,7 +69,7 @@ def _conflict_error(kind: str, stream: EventStream) -> EventStoreError:
 
 def _json(value):
     """A JSON column's value: Django's connections hand JSON to the ORM as text."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
+    return loads(value) if isinstance(value, str | bytes) else value
 
 
 def _decode_json(found: list[tuple]) -> list:
@@ -81,7 +81,7 @@ def _decode_json(found: list[tuple]) -> list:
     """
     texts = [text for row in found for text in row[7:9]]
     if all(isinstance(text, str) for text in texts):
-        return json.loads("[" + ",".join(texts) + "]")
+        return loads("[" + ",".join(texts) + "]")
     return [_json(text) for text in texts]
 
 

@@ -61,22 +61,35 @@ JSON columns (``header``, ``body``, ``state``, ``value``) are written with
 sorted keys and no spaces, so equal values are equal text on SQLite too.
 
 The migrations refer to :class:`CodePointTextField` and
-:class:`CanonicalJSONEncoder` by their import path: keep both here.
+:class:`CanonicalJSONEncoder` and :class:`ExactJSONDecoder` by their import path: keep them here.
+Decimals are JSON numbers with their exact digits, read back as ``Decimal``
+(:mod:`wow_django.domain.values`).
 """
 
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 from django.db import models
 
+from wow_django.domain.values import ExactJSONEncoder
 
-class CanonicalJSONEncoder(json.JSONEncoder):
-    """JSON with sorted keys and compact separators: one text per value."""
+
+class CanonicalJSONEncoder(ExactJSONEncoder):
+    """JSON with sorted keys and compact separators: one text per value. Decimals keep their exact digits."""
 
     def __init__(self, *args, **kwargs):
         kwargs["sort_keys"] = True
         kwargs["separators"] = (",", ":")
+        super().__init__(*args, **kwargs)
+
+
+class ExactJSONDecoder(json.JSONDecoder):
+    """JSON with every number that has a fraction or an exponent read as an exact ``Decimal``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("parse_float", Decimal)
         super().__init__(*args, **kwargs)
 
 
@@ -90,7 +103,10 @@ class CodePointTextField(models.TextField):
         return params
 
 
-def _json(**options) -> models.JSONField:
+def _json(*, exact: bool = False, **options) -> models.JSONField:
+    """A JSON column; ``exact`` ones (states, event bodies and headers) read fractions back as Decimal."""
+    if exact:
+        options["decoder"] = ExactJSONDecoder
     return models.JSONField(encoder=CanonicalJSONEncoder, **options)
 
 
@@ -109,8 +125,8 @@ class EventStreamRow(models.Model):
     request_scope = CodePointTextField(blank=True, default="")
     command_id = CodePointTextField()
     version = models.IntegerField()
-    header = _json(default=dict)
-    body = _json()  # [{id, name, revision, bodyType, body}, ...]
+    header = _json(exact=True, default=dict)
+    body = _json(exact=True)  # [{id, name, revision, bodyType, body}, ...]
     size = models.IntegerField()
     create_time = models.BigIntegerField()  # epoch milliseconds
 
@@ -150,7 +166,7 @@ class SnapshotRow(models.Model):
     event_time = models.BigIntegerField(default=0)
     snapshot_time = models.BigIntegerField(default=0)
     deleted = models.BooleanField(default=False)
-    state = _json(default=dict)
+    state = _json(exact=True, default=dict)
 
     class Meta:
         app_label = "wow_django"

@@ -16,11 +16,10 @@ integer column: a stored version is never missing or of another type.
 
 from __future__ import annotations
 
-import json
-
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.models import SnapshotRow
+from wow_django.domain.values import loads
 from wow_django.persistence.contracts import SnapshotStore
 from wow_django.persistence.records import AggregateId, Snapshot
 
@@ -33,7 +32,7 @@ def _snapshot(values: tuple) -> Snapshot:
     (aggregate_name, aggregate_id, context_name, tenant_id, owner_id, version, event_id, first_operator, operator,
      first_event_time, event_time, snapshot_time, deleted, state) = values
     if isinstance(state, str | bytes):  # Django's connections hand JSON columns over as text
-        state = json.loads(state)
+        state = loads(state)
     return Snapshot(
         aggregate_id=AggregateId(aggregate_name=aggregate_name, id=aggregate_id, context_name=context_name,
                                  tenant_id=tenant_id),

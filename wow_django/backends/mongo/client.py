@@ -73,6 +73,8 @@ class MongoConnection:
         self.embedded, self.default_database = parse_uri(uri)
         self._guards: dict[tuple[str, str], threading.RLock] = {}
         self._guards_lock = threading.Lock()
+        # Embedded engine: the collections this process wrote a Decimal128 into (see note_decimals).
+        self._decimal_collections: set[tuple[str, str]] = set()
         if self.embedded:
             try:
                 import mongomock
@@ -134,6 +136,22 @@ class MongoConnection:
                 lock = self._guards.setdefault(key, threading.RLock())
         with lock:
             yield
+
+    def note_decimals(self, collection) -> None:
+        """Record that ``collection`` now holds ``Decimal128`` values (embedded engine only).
+
+        mongomock cannot compare or sort ``Decimal128`` (and its equality with
+        other numbers is false, where MongoDB's is numeric), so the query
+        services evaluate queries over such a collection in Python with the
+        evaluator. The embedded engine lives in this process, so what this
+        process wrote is all it holds.
+        """
+        if self.embedded:
+            self._decimal_collections.add((collection.database.name, collection.name))
+
+    def holds_decimals(self, collection) -> bool:
+        """Whether the embedded engine's ``collection`` was given a ``Decimal128`` (always False on a server)."""
+        return self.embedded and (collection.database.name, collection.name) in self._decimal_collections
 
     def close(self) -> None:
         self.client.close()

@@ -20,6 +20,7 @@ from pymongo import ASCENDING, ReturnDocument
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.client import MongoConnection
+from wow_django.backends.mongo.codec import from_bson, holds_decimal, to_bson
 from wow_django.backends.mongo.errors import (
     RECOVERABLE_CODES,
     duplicate_key_kind,
@@ -112,9 +113,17 @@ class MongoEventStore(EventStore):
 
     # --- writes ---------------------------------------------------------------
 
+    def _document(self, collection, stream: EventStream) -> dict:
+        """The stream's document, its Decimals as ``Decimal128`` (see :mod:`~wow_django.backends.mongo.codec`)."""
+        document = stream_to_document(stream)
+        if any(holds_decimal(event["body"]) for event in document["body"]):
+            document["body"] = to_bson(document["body"])
+            self.connection.note_decimals(collection)
+        return document
+
     def append(self, stream: EventStream) -> None:
         collection = self.collection(stream.aggregate_name)
-        document = stream_to_document(stream)
+        document = self._document(collection, stream)
         document["position"] = self.allocate_positions(stream.aggregate_id.context_name, 1)
         error = self._append_one(collection, stream, document)
         if error is not None:
@@ -198,7 +207,7 @@ class MongoEventStore(EventStore):
 
     def _positioned(self, streams: Sequence[EventStream]) -> list[dict]:
         """The streams' documents with positions: one allocation per context of the batch."""
-        documents = [stream_to_document(stream) for stream in streams]
+        documents = [self._document(self.collection(stream.aggregate_name), stream) for stream in streams]
         by_context: dict[str, list[dict]] = {}
         for document in documents:
             by_context.setdefault(document["contextName"], []).append(document)
@@ -264,7 +273,7 @@ class MongoEventStore(EventStore):
             if limit:
                 cursor = cursor.limit(limit)
             docs = list(cursor)
-        return [document_to_stream(doc) for doc in docs]
+        return [document_to_stream(from_bson(doc)) for doc in docs]
 
     def load(
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION

@@ -25,6 +25,7 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.changes import ChangeWatcher
+from wow_django.backends.mongo.codec import from_bson
 from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.schema import (
@@ -114,7 +115,7 @@ class MongoStreamFeed(StreamFeed):
         merged = heapq.merge(*answers, key=lambda item: item[0])
         found = []
         for position, _, document in merged:
-            found.append(PositionedStream(position, document_to_stream(document)))
+            found.append(PositionedStream(position, document_to_stream(from_bson(document))))
             if len(found) == limit:
                 break
         return found

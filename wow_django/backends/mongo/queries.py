@@ -27,6 +27,7 @@ from bson import errors as bson_errors
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.errors import recoverable_errors
+from wow_django.domain.values import canonical_time
 from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.query import (
     EVENT_STREAM,
@@ -47,15 +48,17 @@ NOT_THE_QUERY = {13, 18, 8000}  # Unauthorized, AuthenticationFailed, AtlasError
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with BSON-only types (written by other tools) turned into JSON values."""
+    """``value`` with ``Decimal128`` as Decimal and other BSON-only types (written by other tools) as JSON values."""
     if isinstance(value, dict):
         return {key: jsonable(item) for key, item in value.items()}
     if isinstance(value, list):
         return [jsonable(item) for item in value]
-    if isinstance(value, ObjectId | Decimal128):
+    if isinstance(value, Decimal128):
+        return value.to_decimal()
+    if isinstance(value, ObjectId):
         return str(value)
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
+    if isinstance(value, dt.datetime):  # BSON dates come back naive, in UTC
+        return canonical_time(value)
     if isinstance(value, Binary | bytes):
         return base64.b64encode(bytes(value)).decode("ascii")
     return value
@@ -123,16 +126,35 @@ class MongoQueryService(QueryService):
         documents = self._fetch(collection, compile_filter(rest, field_map=self.field_map), None, [], 0, 0)
         return documents, text
 
+    def _in_python(self, collection, condition: Condition) -> bool:
+        """Embedded engine: whether this query runs in Python (MATCH, or Decimal128 values mongomock cannot compare)."""
+        return self.connection.embedded and (needs_text_search(condition) or self.connection.holds_decimals(collection))
+
+    def _all_in_python(self, collection, condition: Condition) -> tuple[list[dict], Condition]:
+        """Embedded engine: the documents to evaluate ``condition`` over, and the condition to evaluate.
+
+        With Decimal128 in the collection, every document (the evaluator compares Decimals as
+        MongoDB compares Decimal128); otherwise the documents matching everything but MATCH.
+        """
+        if not self.connection.holds_decimals(collection):
+            return self._text_search_in_python(condition)
+        if needs_text_search(condition):
+            rest, text = split_text_search(condition)  # the same refusal of a misplaced MATCH as elsewhere
+            if text is None or needs_text_search(rest):
+                raise refuse_misplaced_text_search()
+        return self._fetch(collection, {}, None, [], 0, 0), condition
+
     def find_documents(
         self, condition: Condition, *, projection: Projection, sort: tuple[SortField, ...], skip: int, limit: int
     ) -> list[dict]:
-        if self.connection.embedded and needs_text_search(condition):
-            documents, text = self._text_search_in_python(condition)
+        collection = self.collection
+        if self._in_python(collection, condition):
+            documents, rest = self._all_in_python(collection, condition)
             return evaluate(
-                documents, text, field_map=self.field_map, projection=projection, sort=sort, skip=skip, limit=limit
+                documents, rest, field_map=self.field_map, projection=projection, sort=sort, skip=skip, limit=limit
             )
         return self._fetch(
-            self.collection,
+            collection,
             compile_filter(condition, field_map=self.field_map),
             compile_projection(projection, field_map=self.field_map),
             compile_sort(sort, field_map=self.field_map),
@@ -141,10 +163,10 @@ class MongoQueryService(QueryService):
         )
 
     def count_documents(self, condition: Condition) -> int:
-        if self.connection.embedded and needs_text_search(condition):
-            documents, text = self._text_search_in_python(condition)
-            return count_matching(documents, text, field_map=self.field_map)
         collection = self.collection
+        if self._in_python(collection, condition):
+            documents, rest = self._all_in_python(collection, condition)
+            return count_matching(documents, rest, field_map=self.field_map)
         with self._reading(collection):
             return collection.count_documents(
                 compile_filter(condition, field_map=self.field_map), maxTimeMS=self.max_time_ms

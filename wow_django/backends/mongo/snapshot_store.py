@@ -5,6 +5,7 @@ from __future__ import annotations
 from pymongo import errors as pymongo_errors
 
 from wow_django.backends.mongo.client import MongoConnection
+from wow_django.backends.mongo.codec import from_bson, holds_decimal, to_bson
 from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.backends.mongo.schema import SchemaGuard, snapshot_spec
 from wow_django.exceptions import UnacknowledgedWriteError
@@ -60,11 +61,14 @@ class MongoSnapshotStore(SnapshotStore):
             # The tenant too: another tenant's aggregate id finds nothing (defence in depth behind the callers).
             doc = collection.find_one({"_id": aggregate_id.id, "tenantId": aggregate_id.tenant_id},
                                       max_time_ms=self.max_time_ms)
-        return document_to_snapshot(doc) if doc else None
+        return document_to_snapshot(from_bson(doc)) if doc else None
 
     def save(self, snapshot: Snapshot) -> None:
         collection = self.collection(snapshot.aggregate_id.aggregate_name)
         document = snapshot_to_document(snapshot)
+        if holds_decimal(document["state"]):
+            document["state"] = to_bson(document["state"])
+            self.connection.note_decimals(collection)
         with recoverable_errors(f"saving snapshot {collection.name} {snapshot.aggregate_id.id!r}"):
             if self.connection.embedded:
                 result = self._save_embedded(collection, document)

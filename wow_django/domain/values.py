@@ -1,0 +1,199 @@
+"""Stored values keep their types: Decimals stay numbers, times compare in time order.
+
+What a state or an event body becomes when it is stored (:func:`stored`), on
+every backend:
+
+* a ``Decimal`` stays a ``Decimal`` — the backends store it as a number that
+  compares numerically (``Decimal128`` on MongoDB, an exact JSON number on SQL,
+  the ``Decimal`` itself in memory) and read it back as ``Decimal``;
+* a ``datetime`` becomes its *canonical text*: UTC, always with microseconds,
+  ``2026-12-02T03:06:28.120000Z`` (:func:`canonical_time`). One width, one
+  zone, so text order is time order on every backend and in every query; a
+  naive datetime is taken as UTC. The state model reads it back as an aware
+  datetime (UTC);
+* everything else is what pydantic's JSON mode makes of it (enums by value,
+  UUIDs and dates as text, sets as lists, NaN and infinities as null).
+
+A non-finite Decimal (NaN, Infinity) has no number to be stored as: it is kept
+as its text, as pydantic's JSON mode writes it.
+
+:func:`dumps` writes such values as JSON with each Decimal's exact digits (the
+standard library would need a float); :func:`loads` reads fractions back as
+``Decimal``. Pure: no Django, no pymongo.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+_NATIVE = (str, int, float, bool, type(None))
+
+
+def canonical_time(moment: datetime) -> str:
+    """``moment`` in UTC as fixed-width text with microseconds and ``Z`` (naive means UTC)."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        moment = moment.replace(tzinfo=UTC)
+    else:
+        moment = moment.astimezone(UTC)
+    return (f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}T{moment.hour:02d}:{moment.minute:02d}:"
+            f"{moment.second:02d}.{moment.microsecond:06d}Z")
+
+
+def parse_time(value: Any) -> str:
+    """A client's time (ISO-8601 text, with or without an offset; epoch milliseconds) as canonical text.
+
+    ``ValueError`` naming the accepted forms for anything else.
+    """
+    if isinstance(value, datetime):
+        return canonical_time(value)
+    if isinstance(value, bool):
+        raise ValueError(f"expected a time (ISO-8601 text or epoch milliseconds), got {value!r}")
+    if isinstance(value, int | float | Decimal):
+        if not math.isfinite(value):
+            raise ValueError("expected a time (ISO-8601 text or epoch milliseconds), got a non-finite number")
+        try:
+            return canonical_time(datetime.fromtimestamp(float(value) / 1000, tz=UTC))
+        except (OverflowError, OSError, ValueError):
+            raise ValueError(f"epoch milliseconds {value} are out of the range of dates") from None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            try:
+                moment = datetime.combine(date.fromisoformat(text), datetime.min.time())
+            except ValueError:
+                raise ValueError(
+                    f"{value!r} is not an ISO-8601 time (e.g. 2026-12-01T09:30:00Z or 2026-12-01T09:30:00+08:00)"
+                ) from None
+        return canonical_time(moment)
+    raise ValueError(f"expected a time (ISO-8601 text or epoch milliseconds), got {type(value).__name__}")
+
+
+def _typed(value: Any) -> Any:
+    """A python-mode dump's value with Decimals kept, times canonical and the rest JSON."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if isinstance(value, Enum):
+        return _typed(to_jsonable_python(value))
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, Decimal):
+        return value if value.is_finite() else str(value)
+    if isinstance(value, datetime):
+        return canonical_time(value)
+    if isinstance(value, dict):
+        return {(key if isinstance(key, str) else _key(key)): _typed(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_typed(item) for item in value]
+    for base in (int, float, str):  # subclasses of the JSON types, as their base type
+        if isinstance(value, base):
+            return _typed(base(value))
+    if isinstance(value, BaseModel):
+        return stored(value)
+    return _typed(to_jsonable_python(value))
+
+
+def _key(key: Any) -> str:
+    converted = to_jsonable_python(key)
+    return converted if isinstance(converted, str) else json.dumps(converted)
+
+
+def stored(model: BaseModel) -> dict:
+    """``model`` as it is stored: its python-mode dump with Decimals kept and times canonical."""
+    return _typed(model.model_dump(mode="python"))
+
+
+class _Exact(Exception):
+    """The fast path met a Decimal: write the value the exact way."""
+
+
+def _refuse_decimal(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        raise _Exact
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def decimal_text(value: Decimal) -> str:
+    """A finite Decimal as a JSON number with its exact digits (``ValueError`` for NaN and infinities)."""
+    if not value.is_finite():
+        raise ValueError(f"{value} is not a finite number; JSON has no NaN or Infinity")
+    text = str(value)
+    return text if "E" not in text else text.replace("E", "e")
+
+
+def dumps(value: Any, *, sort_keys: bool = False, default: Callable[[Any], Any] | None = None,
+          ensure_ascii: bool = True) -> str:
+    """Compact JSON of ``value``, each Decimal written as a number with its exact digits.
+
+    ``default`` converts other objects (as in :func:`json.dumps`); NaN and
+    infinities are refused (``ValueError``), as no JSON reader takes them.
+    """
+    options = {"sort_keys": sort_keys, "separators": (",", ":"), "allow_nan": False, "ensure_ascii": ensure_ascii}
+
+    def fallback(item: Any) -> Any:
+        if isinstance(item, Decimal):
+            raise _Exact
+        if default is not None:
+            return default(item)
+        return _refuse_decimal(item)
+
+    try:
+        return json.dumps(value, default=fallback, **options)  # the C encoder: most values hold no Decimal
+    except _Exact:
+        pass
+    write_key = json.JSONEncoder(ensure_ascii=ensure_ascii).encode
+
+    def write(item: Any, depth: int) -> str:
+        if depth > 1000:
+            raise ValueError("value nested too deeply to be written as JSON")
+        if isinstance(item, Decimal):
+            return decimal_text(item)
+        if isinstance(item, dict):
+            items = [(k if isinstance(k, str) else json.dumps(k, allow_nan=False).strip('"'), v)
+                     for k, v in item.items()]
+            if sort_keys:
+                items.sort(key=lambda pair: pair[0])
+            return "{" + ",".join(write_key(k) + ":" + write(v, depth + 1) for k, v in items) + "}"
+        if isinstance(item, list | tuple):
+            return "[" + ",".join(write(v, depth + 1) for v in item) + "]"
+        if isinstance(item, _NATIVE):
+            return json.dumps(item, **options)
+        if default is None:
+            raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
+        return write(default(item), depth + 1)
+
+    return write(value, 0)
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON with every number that has a fraction or an exponent read as an exact ``Decimal``."""
+    return json.loads(text, parse_float=Decimal)
+
+
+class ExactJSONEncoder(json.JSONEncoder):
+    """A :class:`json.JSONEncoder` (for ``cls=`` arguments) whose output keeps each Decimal's digits.
+
+    Compact separators; ``sort_keys`` and ``ensure_ascii`` as given.
+    """
+
+    def encode(self, o: Any) -> str:
+        return dumps(o, sort_keys=self.sort_keys, ensure_ascii=self.ensure_ascii,
+                     default=None if type(self).default is json.JSONEncoder.default else self.default)
+
+    def iterencode(self, o: Any, _one_shot: bool = False):
+        yield self.encode(o)
+
+
+__all__ = ["ExactJSONEncoder", "canonical_time", "decimal_text", "dumps", "loads",
+           "parse_time", "stored"]
