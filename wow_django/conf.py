@@ -117,6 +117,12 @@ DEFAULTS: dict[str, Any] = {
     "BUS_CONSUMER_MAX_ATTEMPTS": 3,
     "BUS_CONSUMER_BACKOFF_S": 0.5,
     "BUS_ROLLUP_QUEUE": "wow.bus.rollup",
+    # Coalesce rollup requests: each feedback adds its eventId to a pending set
+    # in the default cache's Redis and queues one rollup task only when none is
+    # queued; that task rolls up every pending event. Only with Django's
+    # RedisCache as CACHES['default'] (shared by every process); with any other
+    # cache, or False, each feedback queues its own task.
+    "BUS_ROLLUP_COALESCE": True,
     "BUS_CALLBACK_TOKENS": {},
     # A consumer's claim on an event in its inbox lasts this long; a crashed
     # worker's claim is taken over after it.
@@ -303,6 +309,7 @@ VALIDATORS = {
     "BUS_CONSUMER_MAX_ATTEMPTS": _pos_int,
     "BUS_CONSUMER_BACKOFF_S": _non_negative_num,
     "BUS_ROLLUP_QUEUE": _str,
+    "BUS_ROLLUP_COALESCE": _bool,
     "BUS_CALLBACK_TOKENS": _str_dict,
     "BUS_INBOX_LEASE_S": _pos_num,
     "BUS_PUBLISH_TIMEOUT_S": _pos_num,

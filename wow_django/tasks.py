@@ -8,9 +8,13 @@ runtime's services) and are idempotent:
 - ``wow_django.save_snapshot``: brings one aggregate's snapshot up to date;
   repeated requests for one aggregate are coalesced by :meth:`CeleryTaskQueue.request_snapshot`.
 - ``wow_django.rebuild_snapshots``: replays every aggregate of a type.
+- ``wow_django.bus.rollup_pending``: roll up every bus event a feedback marked
+  pending (coalesced rollups, :class:`PendingRollups`). A feedback queues it on
+  ``WOW['BUS_ROLLUP_QUEUE']`` only when none is queued already; run that queue
+  with a single serial worker (``celery worker -Q wow.bus.rollup -c 1``).
 - ``wow_django.bus.rollup``: recompute one bus event's status from its
-  feedback. Queued on ``WOW['BUS_ROLLUP_QUEUE']`` by every feedback; run that
-  queue with a single serial worker (``celery worker -Q wow.bus.rollup -c 1``).
+  feedback: what each feedback queues instead when rollups are not coalesced
+  (``WOW['BUS_ROLLUP_COALESCE']`` off, or a default cache that is not Redis).
 - ``wow_django.bus.relay_pending``: publish PENDING events older than
   ``WOW['BUS_RELAY_AFTER_S']``; schedule it periodically (celery beat).
 - ``wow_django.bus.repush``: re-push an event (whole, or to one consumer).
@@ -32,12 +36,16 @@ one of the others' results asks for it: ``apply_async(args, ignore_result=False)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 
 from celery import shared_task
 from celery.signals import worker_process_shutdown
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 
 from wow_django.application.following import run_until_caught_up
 from wow_django.application.gateway import CommandMessage, WaitStage
@@ -53,12 +61,102 @@ logger = logging.getLogger("wow_django.tasks")
 
 # How long a pending-snapshot marker lives: the bound on snapshot lag if a task is lost.
 SNAPSHOT_PENDING_TTL_S = 60
+# How long the "a rollup drain is queued" marker lives: the bound on rollup lag if that task is lost.
+ROLLUP_QUEUED_TTL_S = 60
+# Events a drain rolls up between two updates of its progress in Redis.
+ROLLUP_BATCH = 200
+# A drain hands over to a new task after this long: a Redis broker redelivers a task still unacknowledged
+# after its visibility timeout (an hour by default), and other tasks of the queue wait behind it.
+ROLLUP_DRAIN_BUDGET_S = 30.0
 RETRY = {"autoretry_for": (RecoverableStoreError,), "retry_backoff": True, "retry_backoff_max": 60,
          "retry_jitter": True, "max_retries": 5}
 
 
 def _snapshot_key(aggregate_name: str, aggregate_id: str) -> str:
     return f"wow:snapshot-pending:{aggregate_name}:{aggregate_id}"
+
+
+def queue_once(marker: str, ttl_s: float, send: Callable[[], object]) -> bool:
+    """Call ``send()`` (queue a task) unless ``marker`` is set in the default cache; whether it did.
+
+    The marker is set for ``ttl_s`` (the bound on lag if the queued task is lost) and
+    cleared again if ``send`` fails; the task clears it when it has started (snapshots) or
+    finished (rollup drains), so requests made meanwhile are coalesced into that task.
+    """
+    if not cache.add(marker, 1, ttl_s):
+        return False
+    try:
+        send()
+    except Exception:
+        cache.delete(marker)
+        raise
+    return True
+
+
+class PendingRollups:
+    """The events waiting for a coalesced rollup: a Redis set in the default cache's server, one per rollup
+    queue, and the marker that says a drain task is queued.
+
+    A feedback adds its eventId (:meth:`add`) after storing its row. A drain (:meth:`drain`) renames the
+    pending set to a taken set (atomic: later adds start a new pending set), rolls the taken events up
+    in batches, and removes each batch from the taken set only once it is rolled up, so a drain that
+    died mid-batch leaves its events for the next drain, which starts with them. Every id in either set
+    had its feedback row stored before it was added: a rollup that reads after taking it sees the row.
+
+    Needs a cache every process shares (Django's ``RedisCache``, :meth:`available`); a process-local
+    cache would keep each process's pending events from the worker.
+    """
+
+    def __init__(self, queue: str):
+        self.queue = queue
+        self.marker = f"wow:bus-rollup-queued:{queue}"
+        self.pending = cache.make_and_validate_key(f"wow:bus-rollup-pending:{queue}")
+        self.taken = cache.make_and_validate_key(f"wow:bus-rollup-taken:{queue}")
+
+    @staticmethod
+    def available() -> bool:
+        """Whether the default cache is Redis, where the pending set can live."""
+        return isinstance(caches["default"], RedisCache)
+
+    @staticmethod
+    def _client():
+        return cache._cache.get_client(write=True)  # the server Django's RedisCache writes to
+
+    def add(self, event_id: str) -> None:
+        self._client().sadd(self.pending, event_id)
+
+    def has_any(self) -> bool:
+        """Whether an event is pending (or taken by a drain that did not finish)."""
+        return bool(self._client().exists(self.pending, self.taken))
+
+    def drain(self, rollup_many: Callable[[list[str]], object], *, batch: int | None = None,
+              deadline: float | None = None) -> int:
+        """Roll up pending events, ``batch`` (default ``ROLLUP_BATCH``) at a time, until none is left
+        (or ``deadline``, a ``time.monotonic()``, passed); how many."""
+        client = self._client()
+        batch = batch or ROLLUP_BATCH
+        done = 0
+        while deadline is None or time.monotonic() < deadline:
+            ids = [i.decode() if isinstance(i, bytes) else i for i in client.srandmember(self.taken, batch)]
+            if not ids:
+                if not self._take(client):
+                    break
+                continue
+            rollup_many(ids)
+            client.srem(self.taken, *ids)
+            done += len(ids)
+        return done
+
+    def _take(self, client) -> bool:
+        """Make the pending set the taken set; False when nothing is pending."""
+        import redis
+
+        try:
+            # False: a taken set exists (a concurrent drain's, against the one-worker rule): roll it up too.
+            client.renamenx(self.pending, self.taken)
+        except redis.ResponseError:  # no pending set: nothing is pending
+            return False
+        return True
 
 
 # --- the application's task queue ----------------------------------------------------------
@@ -72,22 +170,30 @@ class CeleryTaskQueue(TaskQueue):
 
     def request_snapshot(self, aggregate_name: str, aggregate_id: str) -> bool:
         """Queue ``save_snapshot`` unless one is already pending for this aggregate (a cache marker)."""
-        if not cache.add(_snapshot_key(aggregate_name, aggregate_id), 1, SNAPSHOT_PENDING_TTL_S):
-            return False
-        try:
-            save_snapshot.delay(aggregate_name, aggregate_id)
-        except Exception:
-            cache.delete(_snapshot_key(aggregate_name, aggregate_id))
-            raise
-        return True
+        return queue_once(_snapshot_key(aggregate_name, aggregate_id), SNAPSHOT_PENDING_TTL_S,
+                          lambda: save_snapshot.delay(aggregate_name, aggregate_id))
 
     def rollup(self, event_id: str) -> bool:
+        """Mark the event pending and queue a drain unless one is queued (coalesced, see
+        :func:`coalesced_rollups`); else queue the event's own rollup task."""
         if rollup_event.app.conf.task_always_eager:
             # Not queued: the bus rolls up inline what the eager task would, without
             # Celery caching a broker pool and a result backend on the app.
             return False
-        rollup_event.apply_async((event_id,), queue=wow_settings.BUS_ROLLUP_QUEUE)
+        queue = wow_settings.BUS_ROLLUP_QUEUE
+        if coalesced_rollups():
+            pending = PendingRollups(queue)
+            pending.add(event_id)
+            queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: rollup_pending.apply_async((queue,), queue=queue))
+            return True
+        rollup_event.apply_async((event_id,), queue=queue)
         return True
+
+
+def coalesced_rollups() -> bool:
+    """Whether feedback marks its event pending for a drain task (``WOW['BUS_ROLLUP_COALESCE']`` and a
+    Redis default cache) rather than queueing a task per feedback."""
+    return wow_settings.BUS_ROLLUP_COALESCE and PendingRollups.available()
 
 
 @worker_process_shutdown.connect(weak=False, dispatch_uid="wow_django.tasks.close_runtime")
@@ -151,6 +257,42 @@ def rebuild_snapshots(aggregate_name: str) -> int:
 def rollup_event(event_id: str) -> str | None:
     """The event's status after the rollup (None: no such event)."""
     return get_runtime().bus.rollup(event_id)
+
+
+@shared_task(name="wow_django.bus.rollup_pending", acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             **RETRY)
+def rollup_pending(queue: str) -> int:
+    """Roll up every event pending on ``queue``'s set (:class:`PendingRollups`); how many rollups ran.
+
+    The queued marker is cleared only once nothing is pending, and taken back if a feedback came
+    in between: a feedback that found it set (and queued nothing) is always rolled up, by this run or
+    the next. Past ``ROLLUP_DRAIN_BUDGET_S`` the run queues its successor and ends.
+    """
+    if not PendingRollups.available():
+        logger.error("bus rollup: this worker's CACHES['default'] is not Redis, so it cannot see the events "
+                     "pending on %r; configure the same Redis cache as the processes that record feedback "
+                     "(the resweep repairs their statuses meanwhile).", queue)
+        return 0
+    pending = PendingRollups(queue)
+    rollup_many = get_runtime().bus.rollup_many
+    deadline = time.monotonic() + ROLLUP_DRAIN_BUDGET_S
+    done = 0
+    try:
+        while True:
+            done += pending.drain(rollup_many, deadline=deadline)
+            if time.monotonic() >= deadline and pending.has_any():
+                cache.set(pending.marker, 1, ROLLUP_QUEUED_TTL_S)
+                rollup_pending.apply_async((queue,), queue=queue)
+                return done
+            cache.delete(pending.marker)
+            # A feedback added after the drain found nothing may have seen the marker still set.
+            if not pending.has_any() or not cache.add(pending.marker, 1, ROLLUP_QUEUED_TTL_S):
+                return done
+    except Exception:
+        # The next feedback queues a drain (a retry may come too): the taken events are rolled up first.
+        with contextlib.suppress(Exception):
+            cache.delete(pending.marker)
+        raise
 
 
 @shared_task(name="wow_django.bus.relay_pending", ignore_result=True, **RETRY)

@@ -19,7 +19,7 @@ import base64
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,6 +43,7 @@ from wow_django.exceptions import (
     ConsumerNotExpected,
     EnvelopeValidationError,
     EventNotFound,
+    RecoverableStoreError,
     RepushRefused,
     TraceNotFound,
     TransportUnavailable,
@@ -377,6 +378,23 @@ class EventBus:
                 if self.store.set_status_if(event_id, event["status"], status_revision(event), target, utcnow()):
                     return target
         raise BusError(f"rollup of {event_id} did not settle after {ROLLUP_ROUNDS} rounds of concurrent changes")
+
+    def rollup_many(self, event_ids: Iterable[str]) -> dict[str, str | None]:
+        """:meth:`rollup` each event; ``{eventId: status}`` (None: no such event, or its rollup failed).
+
+        A failed rollup is logged and the others go on; the resweep repairs it. A
+        ``RecoverableStoreError`` ends the batch: the caller retries the whole of it.
+        """
+        statuses: dict[str, str | None] = {}
+        for event_id in event_ids:
+            try:
+                statuses[event_id] = self.rollup(event_id)
+            except RecoverableStoreError:
+                raise
+            except Exception:
+                logger.exception("bus: rollup of %s failed; the resweep rolls it up later", event_id)
+                statuses[event_id] = None
+        return statuses
 
     # --- re-push (§5) ------------------------------------------------------------------------
 
