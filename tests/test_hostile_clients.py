@@ -7,6 +7,8 @@ the limits live in the shared condition parser, so every backend answers the sam
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.test import override_settings
 from rest_framework.test import APIClient
@@ -257,10 +259,11 @@ def test_decimals_sent_as_numbers_are_stored_as_sent(api):
     raw = '{"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 2, "unit_price": 1.00}]}'
     order_id = raw_post(api, "order/place_order", raw, HTTP_WOW_WAIT_STAGE="SNAPSHOT").json()["aggregateId"]
     [placed] = stored_bodies(order_id)
-    assert placed["items"][0]["unit_price"] == "1.00"
-    assert placed["total_amount"] == "2.00"
-    state = api.get(f"/api/order/{order_id}/state", HTTP_WOW_TENANT_ID="t1").json()
-    assert state["items"][0]["unit_price"] == "1.00"
+    # Stored as the Decimals sent, scale included (typed values), not as floats.
+    assert (placed["items"][0]["unit_price"], str(placed["items"][0]["unit_price"])) == (Decimal("1.00"), "1.00")
+    assert (placed["total_amount"], str(placed["total_amount"])) == (Decimal("2.00"), "2.00")
+    state = api.get(f"/api/order/{order_id}/state", HTTP_COMMAND_TENANT_ID="t1").json()
+    assert state["items"][0]["unit_price"] == 1.0  # a JSON number
 
 
 @pytest.mark.parametrize(("raw", "name"), [
