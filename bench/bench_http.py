@@ -130,7 +130,7 @@ def run(backend: str, args) -> dict:
                 server = LiveServer()
 
                 def over_http():
-                    status, content = server.post("/api/order/snapshot/paged", raw, {"Wow-Tenant-Id": "t1"})
+                    status, content = server.post("/api/order/snapshot/paged", raw, {"Command-Tenant-Id": "t1"})
                     assert status == 200, content
                     return json.loads(content)
             else:
@@ -138,7 +138,7 @@ def run(backend: str, args) -> dict:
 
                 def over_http():
                     response = client.post("/api/order/snapshot/paged", raw, content_type="application/json",
-                                           HTTP_WOW_TENANT_ID="t1")
+                                           HTTP_COMMAND_TENANT_ID="t1")
                     assert response.status_code == 200, response.content
                     return response.json()
 

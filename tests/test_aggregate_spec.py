@@ -64,7 +64,7 @@ def test_each_given_call_is_a_stream_and_the_gateways_own_rules_apply():
      .expect_events(OrderCancelled(reason="late")).expect_state(status="CANCELLED"))
     AggregateSpec(Order).when(PayOrder(amount=Decimal("1"), payment_id="p")).expect_error(AggregateNotFound)
     (AggregateSpec(Order).given(PLACED).when(PlaceOrder(customer_id="c-1", items=[LINE]))
-     .expect_error(code="DUPLICATE_AGGREGATE_ID"))
+     .expect_error(code="DuplicateAggregateId"))
 
 
 def test_a_customer_registers_with_a_reserved_username():

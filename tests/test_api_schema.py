@@ -104,19 +104,23 @@ def test_query_bodies_results_and_errors(openapi):
     assert paged == {"$ref": "#/components/schemas/WowPagedSnapshotList"}
     assert "409" in ops["order_pay_order"][2]["responses"]
     reused = ops["order_place_order"][2]["responses"]["422"]
-    assert "REQUEST_ID_REUSED" in reused["description"]
+    assert "RequestIdReused" in reused["description"]
     assert reused["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/WowError"}
 
 
 def test_headers_are_documented(openapi):
     ops = operations(openapi)
     command = {p["name"]: p for p in ops["order_pay_order"][2]["parameters"]}
-    assert command["Wow-Wait-Stage"]["in"] == "header"
-    assert command["Wow-Request-Id"]["schema"]["maxLength"] == 128
-    assert command["Wow-Tenant-Id"]["in"] == "header"
+    assert command["Command-Wait-Stage"]["in"] == "header"
+    assert command["Command-Request-Id"]["schema"]["maxLength"] == 128
+    assert command["Command-Tenant-Id"]["in"] == "header"
+    assert command["Command-Aggregate-Version"]["schema"] == {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+    assert "CommandExpectVersionConflict" in command["Command-Aggregate-Version"]["description"]
+    assert command["Command-Wait-Timeout"]["schema"]["type"] == "integer"
+    assert "CommandExpectVersionConflict" in ops["order_pay_order"][2]["responses"]["409"]["description"]
     assert command["id"]["in"] == "path" and command["id"]["required"] is True
     query = {p["name"] for p in ops["order_snapshot_list"][2].get("parameters", [])}
-    assert query == {"Wow-Tenant-Id"}
+    assert query == {"Command-Tenant-Id"}
     event_range = {p["name"]: p for p in ops["order_event_range"][2]["parameters"]}
     assert event_range["head"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
 

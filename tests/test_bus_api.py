@@ -33,7 +33,7 @@ def error(response):
 
 def test_reading_needs_authentication_and_the_view_permission(bus_http_env):
     response = APIClient().get("/bus/events/")
-    assert response.status_code == 401 and error(response)["errorCode"] == "NOT_AUTHENTICATED"
+    assert response.status_code == 401 and error(response)["errorCode"] == "NotAuthenticated"
     staff_only = client_with(staff=True, name="staff")
     response = staff_only.get("/bus/events/")
     assert response.status_code == 403 and "wow_bus.view_busevent" in error(response)["errorMsg"]
@@ -93,13 +93,13 @@ def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_http_env,
     response = operator.post("/bus/events/", {"topic": "order purchased", "payload": {"$bad": 1},
                                               "initiator": {"service": 5}}, format="json")
     body = error(response)
-    assert response.status_code == 400 and body["errorCode"] == "BUS_VALIDATION"
+    assert response.status_code == 400 and body["errorCode"] == "BusValidation"
     assert {e["name"] for e in body["bindingErrors"]} == {"topic", "payload", "initiator.service"}
     response = operator.post("/bus/events/", "[1, 2]", content_type="application/json")
     assert response.status_code == 400 and error(response)["bindingErrors"] == [
         {"name": "(body)", "msg": "must be a JSON object"}]
     response = operator.post("/bus/events/", "{not json", content_type="application/json")
-    assert response.status_code == 400 and error(response)["errorCode"] == "PARSE_ERROR"
+    assert response.status_code == 400 and error(response)["errorCode"] == "IllegalArgument"
     response = viewer.get("/bus/events/", {"status": "DONE", "page": "x"})
     assert response.status_code == 400 and error(response)["bindingErrors"] == [
         {"name": "page", "msg": "must be an integer"}]
@@ -107,7 +107,7 @@ def test_bad_input_is_a_4xx_with_binding_errors_and_stores_nothing(bus_http_env,
     assert response.status_code == 400 and {e["name"] for e in error(response)["bindingErrors"]} == {"status", "size"}
     assert stored_counts(get_bus().store) == (0, 0)
     assert viewer.get("/bus/events/evt-none/").status_code == 404
-    assert error(viewer.get("/bus/traces/trace-none/"))["errorCode"] == "TRACE_NOT_FOUND"
+    assert error(viewer.get("/bus/traces/trace-none/"))["errorCode"] == "NotFound"
     assert viewer.delete("/bus/events/").status_code == 405
 
 
@@ -116,11 +116,11 @@ def test_repush_endpoint(bus_http_env, operator, viewer):
     bus.send("order.purchased", {}, event_id="evt-rp")
     assert viewer.post("/bus/events/evt-rp/repush/", {}, format="json").status_code == 403
     response = operator.post("/bus/events/evt-rp/repush/", {}, format="json")
-    assert response.status_code == 409 and error(response)["errorCode"] == "REPUSH_TOO_EARLY"
+    assert response.status_code == 409 and error(response)["errorCode"] == "RepushTooEarly"
     bus.record_feedback("evt-rp", "member-service", True)
     bus.record_feedback("evt-rp", "message-service", False, "smtp down", dead_lettered=True)
     response = operator.post("/bus/events/evt-rp/repush/", {"consumerId": "member-service"}, format="json")
-    assert response.status_code == 409 and error(response)["errorCode"] == "ALREADY_CONSUMED"
+    assert response.status_code == 409 and error(response)["errorCode"] == "AlreadyConsumed"
     response = operator.post("/bus/events/evt-rp/repush/", {"consumer": "x"}, format="json")
     assert response.status_code == 400 and error(response)["bindingErrors"][0]["name"] == "consumer"
     response = operator.post("/bus/events/evt-rp/repush/", {"consumerId": "message-service"}, format="json")
@@ -183,8 +183,8 @@ def test_an_unauthenticated_or_foreign_callback_is_refused_and_stores_nothing(bu
         response = callback(token, body)
         assert response.status_code == 401, token
         assert response["WWW-Authenticate"] == 'Bearer realm="wow-bus"'
-        # No credentials: NOT_AUTHENTICATED; a token that is not a consumer's: AUTHENTICATION_FAILED.
-        expected = "NOT_AUTHENTICATED" if not token else "AUTHENTICATION_FAILED"
+        # No credentials: NotAuthenticated; a token that is not a consumer's: AuthenticationFailed.
+        expected = "NotAuthenticated" if not token else "AuthenticationFailed"
         assert error(response)["errorCode"] == expected
     response = APIClient().post("/bus/callback/", body, format="json", HTTP_AUTHORIZATION="Bearer two tokens")
     assert response.status_code == 401
@@ -197,9 +197,9 @@ def test_an_unauthenticated_or_foreign_callback_is_refused_and_stores_nothing(bu
     bus.set_topic_consumer("order.purchased", "message-service", enabled=False)
     bus.send("order.purchased", {}, event_id="evt-member-only")
     response = callback(TOKENS["message-service"], {"eventId": "evt-member-only", "success": True})
-    assert response.status_code == 403 and error(response)["errorCode"] == "CONSUMER_NOT_EXPECTED"
+    assert response.status_code == 403 and error(response)["errorCode"] == "ConsumerNotExpected"
     response = callback(TOKENS["member-service"], {"eventId": "evt-none", "success": True})
-    assert response.status_code == 404 and error(response)["errorCode"] == "EVENT_NOT_FOUND"
+    assert response.status_code == 404 and error(response)["errorCode"] == "NotFound"
     response = callback(TOKENS["member-service"], {"eventId": "evt-deny", "success": "yes", "extra": 1})
     assert response.status_code == 400
     assert {e["name"] for e in error(response)["bindingErrors"]} == {"success", "extra"}
@@ -225,10 +225,10 @@ def test_weak_or_misnamed_callback_tokens_are_reported_by_checks():
 
 
 @pytest.mark.parametrize(("body", "status_code", "code"), [
-    ('{"topic": "order.purchased", "payload": {"a": 1e400}}', 400, "PARSE_ERROR"),
-    ('{"topic": "order.purchased", "payload": {"a": 100000000000000000000000}}', 400, "PARSE_ERROR"),
-    ('{"topic": "order.purchased", "payload": {}, "occurredAt": "0001-01-01T00:00:00+01:00"}', 400, "BUS_VALIDATION"),
-    ('{"topic": "order.purchased", "payload": {}, "expireAt": "9999-12-31T23:59:59-01:00"}', 400, "BUS_VALIDATION"),
+    ('{"topic": "order.purchased", "payload": {"a": 1e400}}', 400, "IllegalArgument"),
+    ('{"topic": "order.purchased", "payload": {"a": 100000000000000000000000}}', 400, "IllegalArgument"),
+    ('{"topic": "order.purchased", "payload": {}, "occurredAt": "0001-01-01T00:00:00+01:00"}', 400, "BusValidation"),
+    ('{"topic": "order.purchased", "payload": {}, "expireAt": "9999-12-31T23:59:59-01:00"}', 400, "BusValidation"),
 ])
 def test_client_input_bson_or_json_cannot_hold_is_a_400_and_stores_nothing(bus_http_env, operator, body, status_code,
                                                                            code):
@@ -239,7 +239,7 @@ def test_client_input_bson_or_json_cannot_hold_is_a_400_and_stores_nothing(bus_h
 
 def test_a_form_post_is_refused_so_no_cross_site_form_can_send(bus_http_env, operator):
     response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": "x"})  # form-encoded
-    assert response.status_code == 415 and error(response)["errorCode"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert response.status_code == 415 and error(response)["errorCode"] == "UnsupportedMediaType"
     assert stored_counts(get_bus().store) == (0, 0)
 
 
@@ -247,7 +247,7 @@ def test_an_oversized_body_is_a_json_413(bus_http_env, operator, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     response = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"x": "y" * 2000}},
                              format="json")
-    assert response.status_code == 413 and error(response)["errorCode"] == "REQUEST_TOO_LARGE"
+    assert response.status_code == 413 and error(response)["errorCode"] == "PayloadTooLarge"
     assert stored_counts(get_bus().store) == (0, 0)
 
 
@@ -255,5 +255,5 @@ def test_an_oversized_body_is_a_json_413(bus_http_env, operator, settings):
                                     {"until": "9999-12-31T23:59:59-01:00"}])
 def test_listing_parameters_out_of_range_are_a_400(bus_http_env, viewer, params):
     response = viewer.get("/bus/events/", params)
-    assert response.status_code == 400 and error(response)["errorCode"] == "BUS_VALIDATION"
+    assert response.status_code == 400 and error(response)["errorCode"] == "BusValidation"
     assert list(params) == [e["name"] for e in error(response)["bindingErrors"]]

@@ -87,7 +87,7 @@ def test_invalid_envelopes_name_every_bad_field(data, bad):
     with pytest.raises(EnvelopeValidationError) as caught:
         build_envelope(data, default_service="orders")
     assert names(caught.value) == bad
-    assert caught.value.error_code == "BUS_VALIDATION"
+    assert caught.value.error_code == "BusValidation"
     assert error_response(caught.value).status_code == 400
     assert str(caught.value).startswith("Invalid envelope: ")
 

@@ -195,13 +195,13 @@ def test_bad_input_over_http_stores_and_publishes_nothing(rabbit, db):
     client.force_authenticate(user)
     response = client.post("/bus/events/", {"topic": "bad topic", "payload": {"x": 1}, "sequence": -3},
                            format="json")
-    assert response.status_code == 400 and response.json()["errorCode"] == "BUS_VALIDATION"
+    assert response.status_code == 400 and response.json()["errorCode"] == "BusValidation"
     assert {e["name"] for e in response.json()["bindingErrors"]} == {"topic", "sequence"}
     ok = client.post("/bus/events/", {"topic": TOPIC, "payload": {"x": 1}, "eventId": "evt-http"}, format="json")
     assert ok.status_code == 201
     anonymous = APIClient()
-    for headers, code in (({}, "NOT_AUTHENTICATED"), ({"HTTP_AUTHORIZATION": "Bearer wrong-token"}, "AUTHENTICATION_FAILED"),
-                          ({"HTTP_AUTHORIZATION": "Basic x"}, "NOT_AUTHENTICATED")):
+    for headers, code in (({}, "NotAuthenticated"), ({"HTTP_AUTHORIZATION": "Bearer wrong-token"}, "AuthenticationFailed"),
+                          ({"HTTP_AUTHORIZATION": "Basic x"}, "NotAuthenticated")):
         response = anonymous.post("/bus/callback/", {"eventId": "evt-http", "success": True}, format="json", **headers)
         assert response.status_code == 401 and response.json()["errorCode"] == code
     bus = get_bus()

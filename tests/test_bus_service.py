@@ -419,10 +419,10 @@ def test_repush_to_one_consumer_goes_only_to_its_queue(bus, bus_env):
         messages(bus_env, consumer)
     with pytest.raises(RepushRefused) as caught:
         bus.repush("evt-one", requested_by="alice", consumer_id="member-service")
-    assert caught.value.error_code == "ALREADY_CONSUMED"
+    assert caught.value.error_code == "AlreadyConsumed"
     with pytest.raises(RepushRefused) as caught:
         bus.repush("evt-one", requested_by="alice", consumer_id="other-service")
-    assert caught.value.error_code == "CONSUMER_NOT_EXPECTED"
+    assert caught.value.error_code == "ConsumerNotExpected"
     result = bus.repush("evt-one", requested_by="bob", consumer_id="message-service")
     assert (result.consumer_id, result.retry_count, result.status) == ("message-service", 1, "RETRYING")
     assert messages(bus_env, "member-service") == []
@@ -441,25 +441,25 @@ def test_repush_conditions(bus_env):
         bus.send("order.purchased", {}, event_id="evt-sent")
         with pytest.raises(RepushRefused) as caught:
             bus.repush("evt-sent", requested_by="alice")
-        assert caught.value.error_code == "REPUSH_TOO_EARLY" and "3600s" in str(caught.value)
+        assert caught.value.error_code == "RepushTooEarly" and "3600s" in str(caught.value)
         bus.record_feedback("evt-sent", "member-service", True)
         bus.record_feedback("evt-sent", "message-service", True)
         with pytest.raises(RepushRefused, match="every consumer has consumed it") as caught:
             bus.repush("evt-sent", requested_by="alice")
-        assert caught.value.error_code == "REPUSH_NOT_ALLOWED" and error_response(caught.value).status_code == 409
+        assert caught.value.error_code == "RepushNotAllowed" and error_response(caught.value).status_code == 409
         failed_event(bus, "evt-limit")
         bus.repush("evt-limit", requested_by="alice")
         bus.repush("evt-limit", requested_by="alice")  # RETRYING may be re-pushed again
         with pytest.raises(RepushRefused) as caught:
             bus.repush("evt-limit", requested_by="alice")
-        assert caught.value.error_code == "REPUSH_LIMIT_REACHED"
+        assert caught.value.error_code == "RepushLimitReached"
         assert bus.store.get_event("evt-limit")["retryCount"] == 2
         bus.send("order.purchased", {}, event_id="evt-exp", expire_at=utcnow() + timedelta(milliseconds=300))
         bus.record_feedback("evt-exp", "member-service", False, "x", dead_lettered=True)
         time.sleep(0.35)
         with pytest.raises(RepushRefused) as caught:
             bus.repush("evt-exp", requested_by="alice")
-        assert caught.value.error_code == "EVENT_EXPIRED"
+        assert caught.value.error_code == "EventExpired"
         with pytest.raises(ValueError, match="requested_by"):
             bus.repush("evt-limit", requested_by="")
     with override_settings(WOW={**bus_env, "BUS_REPUSH_TIMEOUT_S": 0}):
@@ -490,7 +490,7 @@ def test_concurrent_repushes_never_exceed_the_maximum(bus_env):
         for thread in threads:
             thread.join(30)
         assert sorted(o for o in outcomes if isinstance(o, int)) == [1, 2, 3]
-        assert {o for o in outcomes if isinstance(o, str)} <= {"REPUSH_LIMIT_REACHED", "REPUSH_CONFLICT"}
+        assert {o for o in outcomes if isinstance(o, str)} <= {"RepushLimitReached", "RepushConflict"}
         assert bus.store.get_event("evt-many")["retryCount"] == 3
         assert len(bus.store.repush_history("evt-many")) == 3
 
@@ -752,8 +752,8 @@ def test_repush_refusal_says_why_before_anything_changes(bus):
     bus.set_topic_consumer("order.refused", "member-service")
     bus.send("order.refused", {}, event_id="evt-refused")
     event = bus.store.get_event("evt-refused")
-    assert bus.repush_refusal(event).error_code == "REPUSH_TOO_EARLY"
-    assert bus.repush_refusal(event, "nobody").error_code == "CONSUMER_NOT_EXPECTED"
+    assert bus.repush_refusal(event).error_code == "RepushTooEarly"
+    assert bus.repush_refusal(event, "nobody").error_code == "ConsumerNotExpected"
     bus.record_feedback("evt-refused", "member-service", False, "boom")
     event = bus.store.get_event("evt-refused")
     assert event["status"] == "FAILED" and bus.repush_refusal(event) is None

@@ -128,7 +128,7 @@ def test_refused_queued_command_reports_its_error(worker):
             "aggregate_name": "order", "command_name": "pay_order", "body": {"amount": "1", "payment_id": "p"},
             "aggregate_id": "missing-order", "request_id": "r-x", "command_id": "c-x", "request_id_given": True,
         },), ignore_result=False).get(timeout=20)
-        assert result["errorCode"] == "NOT_FOUND" and "does not exist" in result["errorMsg"]
+        assert result["errorCode"] == "NotFound" and "does not exist" in result["errorMsg"]
 
 
 def test_snapshot_tasks_run_on_the_worker_and_coalesce(worker, monkeypatch):

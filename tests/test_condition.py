@@ -872,7 +872,7 @@ def test_error_carries_code_and_binding_errors():
         parse_condition(C("EQ", "a..b", 1))
     error = info.value
     assert isinstance(error, WowError)
-    assert error.error_code == "INVALID_QUERY"
+    assert error.error_code == "IllegalArgument"
     assert error.binding_errors == [{"name": "condition.field", "msg": error.rule}]
 
 

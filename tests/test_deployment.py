@@ -10,7 +10,7 @@ processes run with ``tests.deploy_settings``:
 - celery beat, scheduling the relay of PENDING bus events every 2 s;
 - ``manage.py wow_consume member-service`` and ``... message-service``.
 
-Over HTTP the test places and pays orders (some with ``Wow-Wait-Stage: SENT``,
+Over HTTP the test places and pays orders (some with ``Command-Wait-Stage: SENT``,
 processed by the worker), waits until every event of every purchase is
 CONSUMED and checks each consumer's effects exactly once. Then the database
 drops every session, and while more orders are paid message-service's
@@ -227,7 +227,7 @@ class Shop:
                 "items": [{"sku": f"SKU-{n}", "quantity": n % 3 + 1, "unit_price": str(UNIT_PRICE)}]}
         if n % 4 == 3:  # queued: the worker creates it under the id derived from the request id
             answer = self.api.ok("POST", "/api/order/place_order", body,
-                                 {"Wow-Wait-Stage": "SENT", "Wow-Request-Id": f"place-{self.run}-{n}"})
+                                 {"Command-Wait-Stage": "SENT", "Command-Request-Id": f"place-{self.run}-{n}"})
             assert answer["stage"] == "SENT" and answer["aggregateVersion"] is None
             order = answer["aggregateId"]
         else:
@@ -248,7 +248,7 @@ class Shop:
                 time.sleep(0.1)
             answer = self.api.ok("POST", f"/api/order/{order}/pay_order",
                                  {"amount": str(amount), "payment_id": f"pay-{order}"},
-                                 {"Wow-Wait-Stage": "SENT", "Wow-Request-Id": f"pay-{self.run}-{order}"})
+                                 {"Command-Wait-Stage": "SENT", "Command-Request-Id": f"pay-{self.run}-{order}"})
             assert answer["stage"] == "SENT", answer
             self.paid[order] = amount
             return
@@ -256,7 +256,7 @@ class Shop:
         while True:
             status, answer = self.api.call("POST", f"/api/order/{order}/pay_order",
                                            {"amount": str(amount), "payment_id": f"pay-{order}"},
-                                           {"Wow-Request-Id": f"pay-{self.run}-{order}"})
+                                           {"Command-Request-Id": f"pay-{self.run}-{order}"})
             if status == 404 and time.monotonic() < deadline:  # its queued create has not run yet
                 time.sleep(0.1)
                 continue

@@ -13,7 +13,7 @@ sessions terminated. The contract checked:
 * the gateway: a command either succeeds or raises ``RecoverableStoreError``
   after its retries; every success is stored exactly once, and a failed
   command sent again with its request id completes without a duplicate;
-* the API: only 2xx or 503 (``STORE_UNAVAILABLE``, ``Retry-After``), never a 500,
+* the API: only 2xx or 503 (``StoreUnavailable``, ``Retry-After``), never a 500,
   for commands and for reads.
 """
 
@@ -600,7 +600,7 @@ def assert_unavailable(test: TransactionTestCase, response) -> dict:
     test.assertEqual(response["Retry-After"], "1")
     body = response.json()
     test.assertEqual(set(body), {"errorCode", "errorMsg", "bindingErrors"})
-    test.assertEqual(body["errorCode"], "STORE_UNAVAILABLE")
+    test.assertEqual(body["errorCode"], "StoreUnavailable")
     test.assertIn("retry", body["errorMsg"])
     return body
 
@@ -611,7 +611,7 @@ class TestAPIDuringAnOutage(OnPostgreSQL, TransactionTestCase):
     ORDER = {"customer_id": "c-1", "items": [{"sku": "A-1", "quantity": 2, "unit_price": "3.50"}]}
 
     def post_command(self, client, request_id: str, path: str, body: dict):
-        return client.post(f"/api/{path}", body, format="json", HTTP_WOW_REQUEST_ID=request_id)
+        return client.post(f"/api/{path}", body, format="json", HTTP_COMMAND_REQUEST_ID=request_id)
 
     def test_commands_and_reads_get_2xx_or_503(self):
         from rest_framework.test import APIClient

@@ -128,7 +128,7 @@ def test_repeated_request_returns_the_first_result_and_appends_nothing(wow):
 
 def test_a_request_id_repeats_one_request_and_names_no_new_one(wow):
     """The same request id with the same command and body: the first result, its command id included. With
-    another body or another command: refused (REQUEST_ID_REUSED), nothing appended."""
+    another body or another command: refused (RequestIdReused), nothing appended."""
     from wow_django.exceptions import RequestIdReused
 
     gateway = get_runtime().gateway
@@ -223,7 +223,7 @@ def test_wait_projected_waits_for_projections_and_reports_failures(wow):
     assert seen == [("order_placed", 1)]
     cancelled = get_runtime().gateway.send(CancelOrder(reason="x"), aggregate_id=result.aggregate_id,
                                    wait=WaitStage.PROJECTED)
-    assert cancelled.error_code == "DISPATCH_FAILED" and "read model is down" in cancelled.error_msg
+    assert cancelled.error_code == "DispatchFailed" and "read model is down" in cancelled.error_msg
     assert cancelled.aggregate_version == 2  # appended all the same
     assert seen[-1] == ("order_cancelled", 2)
 
@@ -243,7 +243,7 @@ def test_wait_projected_times_out_while_the_projection_runs(wow):
         result = place(wait=WaitStage.PROJECTED, timeout=0.2)
         waited = time.monotonic() - began
         assert started.is_set() and not finished.is_set()
-        assert result.error_code == "WAIT_TIMEOUT" and not result.succeeded
+        assert result.error_code == "RequestTimeout" and not result.succeeded
         assert result.error_msg == ("appended, but PROJECTED did not finish within 0.2s (waiting for the projection "
                                     "follower(s) projection-order-blocked; is a follower running? see manage.py "
                                     "wow_followers)")
@@ -276,7 +276,7 @@ def test_an_earlier_stream_held_by_a_projection_holds_the_later_ones_behind_it(w
         assert started.wait(10)
         paid = gateway.send(PayOrder(amount=Decimal("19.98"), payment_id="p-1"), aggregate_id=placed.aggregate_id,
                             wait=WaitStage.PROJECTED, timeout=0.2)
-        assert (paid.error_code, paid.stage) == ("WAIT_TIMEOUT", WaitStage.SNAPSHOT)
+        assert (paid.error_code, paid.stage) == ("RequestTimeout", WaitStage.SNAPSHOT)
         assert paid.error_msg.startswith("appended, but PROJECTED did not finish within 0.2s")
         assert (paid.aggregate_version, paid.events) == (2, ("order_paid",))
         assert versions(placed.aggregate_id) == [1, 2]

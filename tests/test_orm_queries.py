@@ -613,7 +613,7 @@ def test_a_query_stopped_by_the_statement_timeout_is_too_expensive_not_transient
     service = DjangoSnapshotQueryService(store, "order")
     with pytest.raises(QueryTooExpensive, match=r"DATABASE_QUERY_TIMEOUT_MS.*narrow the condition") as raised:
         service.list(ListQuery())
-    assert raised.value.error_code == "QUERY_TOO_EXPENSIVE"
+    assert raised.value.error_code == "QueryTooExpensive"
     with pytest.raises(QueryTooExpensive):
         service.count(parse_count_query({}))
 

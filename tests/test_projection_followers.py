@@ -144,7 +144,7 @@ def test_projected_waits_for_followers_of_another_instance_and_says_what_it_wait
         seen.append(message.version)
 
     timed_out = place(wait=WaitStage.PROJECTED, timeout=0.2)
-    assert (timed_out.error_code, timed_out.stage) == ("WAIT_TIMEOUT", WaitStage.SNAPSHOT)
+    assert (timed_out.error_code, timed_out.stage) == ("RequestTimeout", WaitStage.SNAPSHOT)
     assert "projection follower(s) " in timed_out.error_msg and "projection-order-record" in timed_out.error_msg
     assert "order-summaries" not in timed_out.error_msg  # the ORM projection is not in this (database-less) test
 
@@ -174,7 +174,7 @@ def test_a_failing_projection_stops_on_the_stream_and_projected_says_why_at_once
     assert placed.succeeded
     cancelled = get_runtime().gateway.send(CancelOrder(reason="x"), aggregate_id=placed.aggregate_id,
                                            wait=WaitStage.PROJECTED, timeout=10)
-    assert cancelled.error_code == "DISPATCH_FAILED" and cancelled.stage is WaitStage.PROJECTED
+    assert cancelled.error_code == "DispatchFailed" and cancelled.stage is WaitStage.PROJECTED
     assert "projection 'projection-order-fragile' is stopped on position" in cancelled.error_msg
     assert "read model is down" in cancelled.error_msg
     state = get_runtime().follower_store.get("projection-order-fragile")
@@ -184,7 +184,7 @@ def test_a_failing_projection_stops_on_the_stream_and_projected_says_why_at_once
     assert other.succeeded  # order_placed: the stopped projection does not take it, nothing to wait for
     held = get_runtime().gateway.send(CancelOrder(reason="y"), aggregate_id=other.aggregate_id,
                                       wait=WaitStage.PROJECTED, timeout=10)
-    assert held.error_code == "DISPATCH_FAILED" and "read model is down" in held.error_msg
+    assert held.error_code == "DispatchFailed" and "read model is down" in held.error_msg
     # An operator skips it (audited); the follower goes on.
     get_runtime().follower_store.skip_poison("projection-order-fragile", by="ops", reason="known outage",
                                              now=state.poison.at)
@@ -203,7 +203,7 @@ def test_a_duplicate_request_waits_for_the_first_requests_projection(elsewhere):
 
     first = place(request_id="dup-1")  # its process "died" before any follower ran
     again = place(request_id="dup-1", wait=WaitStage.PROJECTED, timeout=0.2)
-    assert again.duplicate and (again.error_code, again.stage) == ("WAIT_TIMEOUT", WaitStage.SNAPSHOT)
+    assert again.duplicate and (again.error_code, again.stage) == ("RequestTimeout", WaitStage.SNAPSHOT)
     run_until_caught_up(budget_s=10)
     again = place(request_id="dup-1", wait=WaitStage.PROJECTED, timeout=5)
     assert again.duplicate and again.stage is WaitStage.PROJECTED and again.aggregate_id == first.aggregate_id

@@ -524,9 +524,9 @@ def test_a_too_expensive_query_over_http_is_a_400_without_retry_after(wow_mongo,
                                 pymongo_errors.ExecutionTimeout("operation exceeded time limit", code=50))
     monkeypatch.setattr(store, "collection", lambda name: failing)
     response = APIClient().post("/api/order/snapshot/list", {"condition": {"operator": "ALL"}}, format="json",
-                                HTTP_WOW_TENANT_ID="t1")
+                                HTTP_COMMAND_TENANT_ID="t1")
     assert response.status_code == 400, response.content
-    assert response.json()["errorCode"] == "QUERY_TOO_EXPENSIVE" and "Retry-After" not in response
+    assert response.json()["errorCode"] == "QueryTooExpensive" and "Retry-After" not in response
     assert "MONGO_MAX_TIME_MS" in response.json()["errorMsg"]
 
 

@@ -81,7 +81,7 @@ def check_settings(app_configs=None, **kwargs):
                                          id="wow_django.E004"))
     if not settings.DEBUG and wow_settings.TENANT_RESOLVER.__name__ == "HeaderTenantResolver":
         messages.append(checks.Warning(
-            "WOW['TENANT_RESOLVER'] takes the tenant from the Wow-Tenant-Id request header: any client can "
+            "WOW['TENANT_RESOLVER'] takes the tenant from the Command-Tenant-Id request header: any client can "
             "act for any tenant unless a trusted proxy sets that header.",
             hint="Use wow_django.http.tenancy.UserTenantResolver (tenant from the authenticated user) or your "
                  "own resolver; silence wow_django.W004 if a gateway sets the header.",
@@ -177,7 +177,7 @@ def _celery_unconfigured() -> str | None:
     if conf.task_always_eager or conf.broker_url:
         return None
     return ("WOW['TASK_QUEUE'] sends tasks through Celery, but the current Celery app names no broker and is not "
-            "eager: commands sent with Wow-Wait-Stage SENT, Celery-mode snapshots and bus rollups would go to "
+            "eager: commands sent with Command-Wait-Stage SENT, Celery-mode snapshots and bus rollups would go to "
             "Celery's default broker (amqp://guest@localhost//).")
 
 

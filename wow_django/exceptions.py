@@ -1,16 +1,63 @@
 """Errors raised by wow_django. No Django or pymongo imports here.
 
 Every error carries an ``error_code`` (stable, used in HTTP bodies) and a
-message that says what happened and what to do.
+message that says what happened and what to do. The codes are Wow's
+(``ErrorCodes`` in the Kotlin framework) wherever Wow has one, and names in
+the same PascalCase style where it has none: :class:`ErrorCodes` lists both.
 """
 
 from __future__ import annotations
 
 
+class ErrorCodes:
+    """Every ``errorCode`` wow_django answers with (a ``DomainError`` carries its handler's own)."""
+
+    # Wow's own codes, spelled as Wow spells them.
+    SUCCEEDED = "Ok"
+    NOT_FOUND = "NotFound"
+    BAD_REQUEST = "BadRequest"
+    ILLEGAL_ARGUMENT = "IllegalArgument"
+    REQUEST_TIMEOUT = "RequestTimeout"
+    TOO_MANY_REQUESTS = "TooManyRequests"
+    DUPLICATE_REQUEST_ID = "DuplicateRequestId"
+    COMMAND_VALIDATION = "CommandValidation"
+    EVENT_VERSION_CONFLICT = "EventVersionConflict"
+    DUPLICATE_AGGREGATE_ID = "DuplicateAggregateId"
+    COMMAND_EXPECT_VERSION_CONFLICT = "CommandExpectVersionConflict"
+    ILLEGAL_ACCESS_DELETED_AGGREGATE = "IllegalAccessDeletedAggregate"
+    # Wow answers these for the HTTP statuses they name.
+    METHOD_NOT_ALLOWED = "MethodNotAllowed"
+    NOT_ACCEPTABLE = "NotAcceptable"
+    PAYLOAD_TOO_LARGE = "PayloadTooLarge"
+    UNSUPPORTED_MEDIA_TYPE = "UnsupportedMediaType"
+    # wow_django's own, for what Wow has no code for.
+    REQUEST_ID_REUSED = "RequestIdReused"
+    QUERY_TOO_EXPENSIVE = "QueryTooExpensive"
+    AGGREGATE_NOT_DELETED = "AggregateNotDeleted"
+    DISPATCH_FAILED = "DispatchFailed"
+    KEY_ALREADY_PREPARED = "KeyAlreadyPrepared"
+    NOT_AUTHENTICATED = "NotAuthenticated"
+    AUTHENTICATION_FAILED = "AuthenticationFailed"
+    PERMISSION_DENIED = "PermissionDenied"
+    STORE_UNAVAILABLE = "StoreUnavailable"
+    BROKER_UNAVAILABLE = "BrokerUnavailable"
+    BUS_TRANSPORT_UNAVAILABLE = "BusTransportUnavailable"
+    BUS_VALIDATION = "BusValidation"
+    CONSUMER_NOT_EXPECTED = "ConsumerNotExpected"
+    REPUSH_NOT_ALLOWED = "RepushNotAllowed"
+    REPUSH_TOO_EARLY = "RepushTooEarly"
+    REPUSH_LIMIT_REACHED = "RepushLimitReached"
+    REPUSH_CONFLICT = "RepushConflict"
+    ALREADY_CONSUMED = "AlreadyConsumed"
+    EVENT_EXPIRED = "EventExpired"
+    BUS_ERROR = "BusError"
+    DUPLICATE_EVENT_STREAM_ID = "DuplicateEventStreamId"
+
+
 class WowError(Exception):
     """Base class of every wow_django error."""
 
-    error_code = "WOW_ERROR"
+    error_code = "WowError"
 
 
 # A client can make thousands of errors (one per unknown key) or send a megabyte name: what is
@@ -50,32 +97,32 @@ def binding_summary(errors) -> str:
 class DeclarationError(WowError, ValueError):
     """A command, event, aggregate or handler is declared wrongly (names the declaration and the rule)."""
 
-    error_code = "DECLARATION_ERROR"
+    error_code = "DeclarationError"
 
 
 class SchemaConflictError(WowError):
     """An existing index collides with one wow_django needs."""
 
-    error_code = "SCHEMA_CONFLICT"
+    error_code = "SchemaConflict"
 
 
 class DatabaseOwnershipError(WowError):
     """The database is claimed by another bounded context."""
 
-    error_code = "DATABASE_OWNED_BY_OTHER_CONTEXT"
+    error_code = "DatabaseOwnedByOtherContext"
 
 
 # --- event store ---------------------------------------------------------
 
 
 class EventStoreError(WowError):
-    error_code = "EVENT_STORE_ERROR"
+    error_code = "EventStoreError"
 
 
 class EventVersionConflict(EventStoreError):
     """Another event stream already holds this aggregate version."""
 
-    error_code = "EVENT_VERSION_CONFLICT"
+    error_code = "EventVersionConflict"
 
     def __init__(self, aggregate_name: str, aggregate_id: str, version: int, message: str | None = None):
         self.aggregate_name = aggregate_name
@@ -91,7 +138,7 @@ class EventVersionConflict(EventStoreError):
 class DuplicateAggregateId(EventVersionConflict):
     """An aggregate with this id already exists (conflict at version 1)."""
 
-    error_code = "DUPLICATE_AGGREGATE_ID"
+    error_code = "DuplicateAggregateId"
 
     def __init__(self, aggregate_name: str, aggregate_id: str, version: int = 1):
         super().__init__(
@@ -105,7 +152,7 @@ class DuplicateAggregateId(EventVersionConflict):
 class DuplicateRequestId(EventStoreError):
     """This request id was already appended: the command has been processed."""
 
-    error_code = "DUPLICATE_REQUEST_ID"
+    error_code = "DuplicateRequestId"
 
     def __init__(self, aggregate_name: str, aggregate_id: str, request_id: str):
         self.aggregate_name = aggregate_name
@@ -120,7 +167,7 @@ class DuplicateRequestId(EventStoreError):
 class DuplicateEventStreamId(EventStoreError):
     """An event stream with this id was already appended."""
 
-    error_code = "DUPLICATE_EVENT_STREAM_ID"
+    error_code = "DuplicateEventStreamId"
 
 
 class RecoverableStoreError(WowError):
@@ -130,7 +177,7 @@ class RecoverableStoreError(WowError):
     the same request id so a repeat is recognised as a duplicate.
     """
 
-    error_code = "STORE_UNAVAILABLE"
+    error_code = "StoreUnavailable"
 
 
 class StoreUnreachable(RecoverableStoreError):
@@ -142,14 +189,14 @@ class StoreUnreachable(RecoverableStoreError):
 class UnacknowledgedWriteError(WowError):
     """The server did not acknowledge a write (write concern w=0)."""
 
-    error_code = "UNACKNOWLEDGED_WRITE"
+    error_code = "UnacknowledgedWrite"
 
 
 # --- prepare keys --------------------------------------------------------
 
 
 class KeyAlreadyPrepared(WowError):
-    error_code = "KEY_ALREADY_PREPARED"
+    error_code = "KeyAlreadyPrepared"
 
     def __init__(self, name: str, key: str):
         self.name = name
@@ -163,13 +210,13 @@ class KeyAlreadyPrepared(WowError):
 class CommandError(WowError):
     """A command was refused; nothing was appended."""
 
-    error_code = "COMMAND_ERROR"
+    error_code = "CommandError"
 
 
 class CommandValidationError(CommandError):
     """The command's fields are invalid. ``binding_errors`` names each field and rule."""
 
-    error_code = "COMMAND_VALIDATION"
+    error_code = "CommandValidation"
 
     def __init__(self, message: str, binding_errors: list[dict] | None = None):
         self.binding_errors = list(binding_errors or [])
@@ -188,26 +235,45 @@ class CommandValidationError(CommandError):
 
 
 class UnknownAggregate(CommandError):
-    error_code = "UNKNOWN_AGGREGATE"
+    error_code = "NotFound"
 
 
 class UnknownCommand(CommandError):
-    error_code = "UNKNOWN_COMMAND"
+    error_code = "NotFound"
 
 
 class AggregateNotFound(CommandError):
-    error_code = "NOT_FOUND"
+    error_code = "NotFound"
 
 
 class AggregateIsDeleted(CommandError):
-    error_code = "AGGREGATE_DELETED"
+    error_code = "IllegalAccessDeletedAggregate"
+
+
+class CommandExpectVersionConflict(CommandError):
+    """The command expected another aggregate version than the current one (``expected_version``, the
+    ``Command-Aggregate-Version`` header): someone changed the aggregate since the client read it. Refused,
+    nothing appended; reload and decide again."""
+
+    error_code = ErrorCodes.COMMAND_EXPECT_VERSION_CONFLICT
+
+    def __init__(self, aggregate_name: str, aggregate_id: str, expected_version: int, actual_version: int):
+        self.aggregate_name = aggregate_name
+        self.aggregate_id = aggregate_id
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+        super().__init__(
+            f"{aggregate_name} {aggregate_id!r} is at version {actual_version}, not the expected version "
+            f"{expected_version}: it changed since it was read. Reload it and send the command again if it "
+            "still applies."
+        )
 
 
 class RequestIdReused(CommandError):
     """A request id (idempotency key) already answered another command or another body: refused, nothing
     appended. The same key with the same command and body gets the first command's result instead."""
 
-    error_code = "REQUEST_ID_REUSED"
+    error_code = "RequestIdReused"
 
 
 class DomainError(CommandError):
@@ -216,7 +282,7 @@ class DomainError(CommandError):
     ``code`` is a stable machine-readable name (``ORDER_CANCELLED``).
     """
 
-    error_code = "DOMAIN_ERROR"
+    error_code = "DomainError"
 
     def __init__(self, code: str, message: str):
         self.error_code = code
@@ -229,7 +295,7 @@ class DomainError(CommandError):
 class BusError(WowError):
     """Base class of bus errors."""
 
-    error_code = "BUS_ERROR"
+    error_code = "BusError"
 
     def __init__(self, message: str, binding_errors: list[dict] | None = None):
         self.binding_errors = list(binding_errors or [])
@@ -239,7 +305,7 @@ class BusError(WowError):
 class EnvelopeValidationError(BusError):
     """An envelope (or a feedback) is invalid; ``binding_errors`` names each field and rule."""
 
-    error_code = "BUS_VALIDATION"
+    error_code = "BusValidation"
 
     @classmethod
     def from_errors(cls, what: str, errors: list[dict]) -> EnvelopeValidationError:
@@ -247,7 +313,7 @@ class EnvelopeValidationError(BusError):
 
 
 class EventNotFound(BusError):
-    error_code = "EVENT_NOT_FOUND"
+    error_code = "NotFound"
 
     def __init__(self, event_id: str):
         self.event_id = event_id
@@ -255,7 +321,7 @@ class EventNotFound(BusError):
 
 
 class TraceNotFound(BusError):
-    error_code = "TRACE_NOT_FOUND"
+    error_code = "NotFound"
 
     def __init__(self, trace_id: str):
         self.trace_id = trace_id
@@ -265,7 +331,7 @@ class TraceNotFound(BusError):
 class ConsumerNotExpected(BusError):
     """The consumer is not one of the event's expected consumers (topic_consumers when it was sent)."""
 
-    error_code = "CONSUMER_NOT_EXPECTED"
+    error_code = "ConsumerNotExpected"
 
     def __init__(self, event_id: str, consumer_id: str):
         self.event_id = event_id
@@ -288,7 +354,7 @@ class RepushRefused(BusError):
 class TransportUnavailable(BusError):
     """The message broker could not be reached or did not confirm a publish."""
 
-    error_code = "BUS_TRANSPORT_UNAVAILABLE"
+    error_code = "BusTransportUnavailable"
 
 
 # --- followers -----------------------------------------------------------------------

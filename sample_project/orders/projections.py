@@ -2,7 +2,7 @@
 
 It runs on a follower (DESIGN G): every order stream in commit order, at least
 once, from a durable checkpoint, in whichever process runs followers
-(``WOW['FOLLOWERS_RUN']``). A command sent with ``Wow-Wait-Stage: PROJECTED``
+(``WOW['FOLLOWERS_RUN']``). A command sent with ``Command-Wait-Stage: PROJECTED``
 is answered once this projection has passed its events. Replay it after a
 fix with ``manage.py wow_followers rewind order-summaries --to-position 0 --yes``
 (each row keeps the version it was built from, so a replay rebuilds nothing

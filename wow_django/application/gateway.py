@@ -11,7 +11,10 @@
 ``send`` raises a :class:`~wow_django.exceptions.CommandError` subclass (or
 ``EventVersionConflict`` once retries are exhausted) when the command is
 refused; nothing is appended then. A repeated request id returns the first
-result with ``duplicate=True`` and appends nothing.
+result with ``duplicate=True`` and appends nothing. ``expected_version=N``
+(Wow's ``Command-Aggregate-Version``) refuses the command with
+``CommandExpectVersionConflict`` unless the aggregate is at version N (0: it
+does not exist yet).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from wow_django.domain.messages import (
 from wow_django.exceptions import (
     AggregateIsDeleted,
     AggregateNotFound,
+    CommandExpectVersionConflict,
     CommandValidationError,
     DomainError,
     DuplicateAggregateId,
@@ -60,7 +64,7 @@ from wow_django.exceptions import (
     UnknownCommand,
 )
 from wow_django.persistence.contracts import EventStore, PrepareKey, SnapshotStore
-from wow_django.persistence.records import DEFAULT_TENANT_ID, AggregateId, EventStream, now_ms
+from wow_django.persistence.records import DEFAULT_TENANT_ID, MAX_VERSION, AggregateId, EventStream, now_ms
 
 logger = logging.getLogger("wow_django.application.gateway")
 
@@ -76,7 +80,8 @@ class WaitStage(enum.StrEnum):
     PROJECTED = "PROJECTED"  # the aggregate's projection followers passed the stream (not event processors)
 
     @classmethod
-    def parse(cls, value: str | WaitStage | None) -> WaitStage:
+    def parse(cls, value: str | WaitStage | None, name: str = "wait") -> WaitStage:
+        """The stage ``value`` names (any case); None or "" is PROCESSED. ``name`` is what a refusal names."""
         if value is None or value == "":
             return cls.PROCESSED
         if isinstance(value, WaitStage):
@@ -85,9 +90,10 @@ class WaitStage(enum.StrEnum):
             return cls(str(value).upper())
         except ValueError:
             allowed = ", ".join(s.value for s in cls)
+            shown = repr(value) if len(str(value)) <= 40 else f"{str(value)[:40]!r}…"
             raise CommandValidationError(
-                f"wait stage {value!r} is not one of {allowed}",
-                [{"name": "Wow-Wait-Stage", "msg": f"must be one of {allowed}"}],
+                f"wait stage {shown} is not one of {allowed}",
+                [{"name": name, "msg": f"must be one of {allowed}"}],
             ) from None
 
 
@@ -142,6 +148,8 @@ class CommandMessage:
     owner_id: str = ""
     operator: str = ""
     header: dict = field(default_factory=dict)
+    #: The version the aggregate must be at (0: not created yet), or None for any.
+    expected_version: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,6 +173,17 @@ def _check_id(value: Any, name: str) -> str:
             f"{name} must be a printable string of 1 to {MAX_ID_LENGTH} characters, got {shown}",
             [{"name": name, "msg": f"must be a printable string of 1 to {MAX_ID_LENGTH} characters"}],
         )
+    return value
+
+
+def check_expected_version(value: Any, name: str = "expected_version") -> int | None:
+    """``value`` if it can be an expected aggregate version (a whole number from 0 to MAX_VERSION), or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_VERSION:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}…"
+        rule = f"must be a whole number from 0 (not created yet) to {MAX_VERSION}"
+        raise CommandValidationError(f"{name} {rule}, got {shown}", [{"name": name, "msg": rule}])
     return value
 
 
@@ -199,6 +218,7 @@ class CommandGateway:
         dispatcher: Dispatcher | None = None,
         projections: ProjectionWaiter | None = None,
         before_send: Callable[[], None] | None = None,
+        after_append: Callable[[], None] | None = None,
         retry_limit: int = 8,
         retry_backoff_ms: float = 5.0,
         wait_timeout_s: float = 30.0,
@@ -224,6 +244,9 @@ class CommandGateway:
         self.projections = projections
         #: Called before each command is processed (the runtime starts this process's follower threads).
         self.before_send = before_send
+        #: Called in the sending thread after each append, before waiting (the runtime's inline mode runs
+        #: this process's followers there); its failure is logged, never the command's.
+        self.after_append = after_append
         self.retry_limit = retry_limit
         self.retry_backoff_ms = retry_backoff_ms
         self.wait_timeout_s = wait_timeout_s
@@ -251,12 +274,15 @@ class CommandGateway:
         header: dict | None = None,
         wait: WaitStage | str = WaitStage.PROCESSED,
         timeout: float | None = None,
+        expected_version: int | None = None,
     ) -> CommandResult:
+        """Send ``command``; ``expected_version=N`` refuses it (``CommandExpectVersionConflict``, nothing
+        appended) unless the aggregate is at version N, 0 meaning not created yet."""
         if not isinstance(command, Command):
             raise TypeError(f"send() takes a Command instance, got {type(command).__name__}")
         cls = self._aggregate_for(command.command_name, aggregate)
         message = self._message(cls, command.command_name, command.model_dump(mode="json"), aggregate_id,
-                                request_id, tenant_id, owner_id, operator, header)
+                                request_id, tenant_id, owner_id, operator, header, expected_version)
         return self._send(cls, command, message, WaitStage.parse(wait), timeout)
 
     def send_json(
@@ -273,13 +299,14 @@ class CommandGateway:
         header: dict | None = None,
         wait: WaitStage | str = WaitStage.PROCESSED,
         timeout: float | None = None,
+        expected_version: int | None = None,
     ) -> CommandResult:
         """Like :meth:`send` for a command given by name with a JSON body (validated here)."""
         cls = self._aggregate_for(command_name, aggregate_name)
         command_cls = command_type(command_name)
         command = command_cls.from_json(body if body is not None else {})
         message = self._message(cls, command_name, command.model_dump(mode="json"), aggregate_id, request_id,
-                                tenant_id, owner_id, operator, header)
+                                tenant_id, owner_id, operator, header, expected_version)
         return self._send(cls, command, message, WaitStage.parse(wait), timeout)
 
     def process_message(self, message: CommandMessage, wait: WaitStage = WaitStage.PROJECTED,
@@ -312,7 +339,8 @@ class CommandGateway:
         return cls
 
     def _message(self, cls, command_name, body, aggregate_id, request_id, tenant_id, owner_id, operator,
-                 header) -> CommandMessage:
+                 header, expected_version=None) -> CommandMessage:
+        expected_version = check_expected_version(expected_version)
         command_id = generate_id()
         request_id_given = request_id is not None and request_id != ""
         request_id = _check_id(request_id, "request_id") if request_id_given else command_id
@@ -332,6 +360,7 @@ class CommandGateway:
             aggregate_name=cls.aggregate_name, command_name=command_name, body=body, aggregate_id=aggregate_id,
             request_id=request_id, command_id=command_id, request_id_given=request_id_given,
             tenant_id=tenant_id, owner_id=owner_id or "", operator=operator or "", header=dict(header or {}),
+            expected_version=expected_version,
         )
 
     def _send(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
@@ -482,11 +511,25 @@ class CommandGateway:
             except BaseException:
                 give_up(ctx)
                 raise
+        if self.after_append is not None:
+            try:
+                self.after_append()
+            except Exception:  # the followers are not the command's business: answer it anyway
+                logger.exception("running the followers after %s %r failed", cls.aggregate_name,
+                                 message.aggregate_id)
         return self._wait(message, stream, tracker, wait, timeout)
 
     def _attempt(self, cls, command, message: CommandMessage, ctx: CommandContext):
         name = command.command_name
         aggregate = self.repository.load(cls, message.aggregate_id, tenant_id=message.tenant_id)
+        if message.expected_version is not None:
+            # Checked first, as Wow does: the client's precondition, whatever else the command meets. Another
+            # tenant's aggregate is one this tenant does not see: version 0.
+            seen = aggregate if aggregate is not None and aggregate.tenant_id == message.tenant_id else None
+            actual = seen.version if seen is not None else 0
+            if actual != message.expected_version:
+                raise CommandExpectVersionConflict(cls.aggregate_name, message.aggregate_id,
+                                                   message.expected_version, actual)
         handler = cls.handlers.get(name)
         if handler is not None and handler.create:
             if aggregate is not None:
@@ -500,7 +543,7 @@ class CommandGateway:
             events: list[Event] = [AggregateDeleted()]
         elif isinstance(command, RecoverAggregate):
             if not aggregate.deleted:
-                raise DomainError("AGGREGATE_NOT_DELETED",
+                raise DomainError("AggregateNotDeleted",
                                   f"{cls.aggregate_name} {message.aggregate_id!r} is not deleted; nothing to recover.")
             events = [AggregateRecovered()]
         else:
@@ -559,7 +602,7 @@ class CommandGateway:
             return self._result(message, stream.version, WaitStage.PROCESSED, names)
         deadline = time.monotonic() + limit
         if not tracker.snapshot_done.wait(limit):
-            return self._result(message, stream.version, WaitStage.PROCESSED, names, error_code="WAIT_TIMEOUT",
+            return self._result(message, stream.version, WaitStage.PROCESSED, names, error_code="RequestTimeout",
                                 error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
         stage = WaitStage.SNAPSHOT
         errors = list(tracker.errors)
@@ -572,7 +615,7 @@ class CommandGateway:
         elif _rank(wait) >= _rank(WaitStage.PROJECTED):
             stage = WaitStage.PROJECTED
         if errors:
-            return self._result(message, stream.version, stage, names, error_code="DISPATCH_FAILED",
+            return self._result(message, stream.version, stage, names, error_code="DispatchFailed",
                                 error_msg="appended, but: " + "; ".join(errors))
         return self._result(message, stream.version, stage, names)
 
@@ -582,7 +625,7 @@ class CommandGateway:
 
 def _timeout_error(progress: Progress, limit: float) -> dict:
     pending = ", ".join(progress.pending)
-    return {"error_code": "WAIT_TIMEOUT",
+    return {"error_code": "RequestTimeout",
             "error_msg": f"appended, but PROJECTED did not finish within {limit}s (waiting for the "
                          f"projection follower(s) {pending}; is a follower running? see manage.py wow_followers)"}
 

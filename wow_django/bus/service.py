@@ -424,7 +424,7 @@ class EventBus:
             if fresh is None:
                 raise EventNotFound(event_id)
             self._check_repushable(fresh, now)
-            raise RepushRefused("REPUSH_CONFLICT", f"event {event_id!r} changed while re-pushing; try again.")
+            raise RepushRefused("RepushConflict", f"event {event_id!r} changed while re-pushing; try again.")
         record = {"eventId": event_id, "consumerId": consumer_id, "requestedBy": requested_by, "requestedAt": now,
                   "retryCount": claimed["retryCount"], "previousStatus": event["status"]}
         envelope = Envelope.from_document(claimed)
@@ -456,20 +456,20 @@ class EventBus:
         event_id, consumers = event["eventId"], list(event.get("consumers") or ())
         check_consumer_id(consumer_id)
         if consumer_id not in consumers:
-            raise RepushRefused("CONSUMER_NOT_EXPECTED",
+            raise RepushRefused("ConsumerNotExpected",
                                 f"{consumer_id!r} is not a consumer of event {event_id!r} "
                                 f"(its consumers: {', '.join(consumers) or 'none'}).")
         if outcome(self.store.latest_consumption(event_id, consumer_id)) is True:
-            raise RepushRefused("ALREADY_CONSUMED",
+            raise RepushRefused("AlreadyConsumed",
                                 f"{consumer_id!r} has already consumed event {event_id!r}; nothing to re-push.")
 
     def _check_repushable(self, event: dict, now: datetime) -> None:
         event_id, status = event["eventId"], event["status"]
         expire_at = event.get("expireAt")
         if expire_at is not None and expire_at <= now:
-            raise RepushRefused("EVENT_EXPIRED", f"event {event_id!r} expired at {iso(expire_at)}; it is not re-pushed.")
+            raise RepushRefused("EventExpired", f"event {event_id!r} expired at {iso(expire_at)}; it is not re-pushed.")
         if event.get("retryCount", 0) >= self.repush_max_count:
-            raise RepushRefused("REPUSH_LIMIT_REACHED",
+            raise RepushRefused("RepushLimitReached",
                                 f"event {event_id!r} was re-pushed {event.get('retryCount', 0)} times; the limit "
                                 f"is {self.repush_max_count} (WOW['BUS_REPUSH_MAX_COUNT']).")
         if status in REPUSH_STATUSES:
@@ -478,14 +478,14 @@ class EventBus:
             last = event.get("lastSentAt") or event.get("sentAt")
             due = last + timedelta(seconds=self.repush_timeout_s) if last else now
             if due > now:
-                raise RepushRefused("REPUSH_TOO_EARLY",
+                raise RepushRefused("RepushTooEarly",
                                     f"event {event_id!r} was sent at {iso(last)} and may still be consumed; a SENT "
                                     f"event can be re-pushed {self.repush_timeout_s:g}s after it was sent "
                                     f"(from {iso(due)}).")
             return
         why = {EventStatus.PENDING.value: "it has not been published yet; the relay publishes it",
                EventStatus.CONSUMED.value: "every consumer has consumed it"}.get(status, f"its status is {status}")
-        raise RepushRefused("REPUSH_NOT_ALLOWED",
+        raise RepushRefused("RepushNotAllowed",
                             f"event {event_id!r} cannot be re-pushed: {why}. Re-push is for FAILED, PARTIAL and "
                             "RETRYING events, and SENT ones not consumed in time.")
 

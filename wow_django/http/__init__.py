@@ -4,12 +4,15 @@ Mount it with ``path("api/", include("wow_django.http.urls"))`` (route table
 in :mod:`wow_django.http.urls`) and serve its OpenAPI schema with
 drf-spectacular (:mod:`wow_django.http.schema`).
 
-Headers
-    ``Wow-Wait-Stage`` (commands): SENT, PROCESSED (default), SNAPSHOT or
-    PROJECTED. ``Wow-Request-Id`` (commands): the idempotency key; a retry
-    with the same id returns the first result (``duplicate: true``) and a
-    create command's aggregate id is derived from it. ``Wow-Tenant-Id``: read
-    by the default tenant resolver.
+Headers (Wow's ``Command-`` names, :mod:`wow_django.http.headers`)
+    ``Command-Wait-Stage`` (commands): SENT, PROCESSED (default), SNAPSHOT or
+    PROJECTED. ``Command-Wait-Timeout`` (commands): how long to wait for it,
+    in milliseconds. ``Command-Request-Id`` (commands): the idempotency key; a
+    retry with the same id returns the first result (``duplicate: true``) and
+    a create command's aggregate id is derived from it.
+    ``Command-Aggregate-Version`` (commands): the version the aggregate must be
+    at, else 409 ``CommandExpectVersionConflict``. ``Command-Tenant-Id``: read
+    by the default tenant resolver, on every route.
 
 Authentication and permissions
     First match wins: the aggregate's ``api_authentication_classes`` /
@@ -27,6 +30,6 @@ Tenancy
     command and read, whatever a body says.
 
 Errors
-    ``{errorCode, errorMsg, bindingErrors}`` with the statuses of
-    :mod:`wow_django.http.errors`.
+    ``{errorCode, errorMsg, bindingErrors}`` with Wow's error codes and the
+    statuses of :mod:`wow_django.http.errors`.
 """

@@ -1,40 +1,58 @@
 """Errors as JSON ``{errorCode, errorMsg, bindingErrors}`` with the status a client can act on.
 
+The codes are the Wow framework's (``ErrorCodes``) wherever Wow has one, and
+PascalCase names of wow_django's own otherwise (all in
+:class:`wow_django.exceptions.ErrorCodes`):
+
 ======  ==================================================  =========================================
 status  when                                                errorCode
 ======  ==================================================  =========================================
-400     condition, projection, sort, limit, pagination      INVALID_QUERY
-400     a query the database stopped at its time limit      QUERY_TOO_EXPENSIVE
+400     condition, projection, sort, limit, pagination;     IllegalArgument
+        path id, head/tail, tenant header; malformed
+        JSON, not UTF-8, lone surrogates, non-finite or
+        over-64-bit numbers, deep nesting
+400     a query the database stopped at its time limit      QueryTooExpensive
         (not retried, no Retry-After)
-400     command body, Wow-Request-Id, Wow-Wait-Stage        COMMAND_VALIDATION
-400     path id, head/tail, tenant header                   INVALID_REQUEST
-400     malformed JSON, not UTF-8, lone surrogates,         PARSE_ERROR
-        non-finite or over-64-bit numbers, deep nesting
-401     no or bad credentials (403 when the first           NOT_AUTHENTICATED, AUTHENTICATION_FAILED
+400     command body, Command-Request-Id,                   CommandValidation
+        Command-Wait-Stage, Command-Wait-Timeout,
+        Command-Aggregate-Version
+400     a request Django refused before any view            BadRequest
+        (``handlers.bad_request``)
+400     an invalid bus envelope, feedback or event query    BusValidation
+401     no or bad credentials (403 when the first           NotAuthenticated, AuthenticationFailed
         authentication class has no challenge)
-403     a permission class or the tenant resolver refuses   PERMISSION_DENIED
-404     unknown aggregate / command / route                 UNKNOWN_AGGREGATE, UNKNOWN_COMMAND,
-                                                            NOT_FOUND
-404     nothing stored under the id for this tenant         NOT_FOUND
-404     no bus event / trace with the id                    EVENT_NOT_FOUND, TRACE_NOT_FOUND
-403     a consumer reports on an event it was not sent      CONSUMER_NOT_EXPECTED
-410     a deleted aggregate: its state, or a command        AGGREGATE_DELETED
-        other than recover_aggregate
-422     a request id reused with another command or body    REQUEST_ID_REUSED
-405     wrong method                                        METHOD_NOT_ALLOWED
-406     Accept excludes application/json                    NOT_ACCEPTABLE
+403     a permission class or the tenant resolver refuses   PermissionDenied
+403     a consumer reports on an event it was not sent      ConsumerNotExpected
+404     unknown aggregate, command or route; nothing        NotFound
+        stored under the id for this tenant; no bus
+        event or trace with the id
+405     wrong method                                        MethodNotAllowed
+406     Accept excludes application/json                    NotAcceptable
+409     the aggregate is not at Command-Aggregate-Version   CommandExpectVersionConflict
+409     EventVersionConflict (retries exhausted),           EventVersionConflict, DuplicateAggregateId,
+        DuplicateAggregateId, DuplicateRequestId,           DuplicateRequestId, KeyAlreadyPrepared
+        KeyAlreadyPrepared
 409     DomainError                                         the handler's code (ORDER_CANCELLED...)
-409     EventVersionConflict, DuplicateAggregateId,         EVENT_VERSION_CONFLICT, DUPLICATE_AGGREGATE_ID,
-        DuplicateRequestId, KeyAlreadyPrepared,             DUPLICATE_REQUEST_ID, KEY_ALREADY_PREPARED,
-        a refused re-push, any other CommandError           REPUSH_NOT_ALLOWED, ...
-400     an invalid bus envelope, feedback or event query    BUS_VALIDATION
-413     body over DATA_UPLOAD_MAX_MEMORY_SIZE               REQUEST_TOO_LARGE
-415     an unsafe request without Content-Type:            UNSUPPORTED_MEDIA_TYPE
+409     recover_aggregate on a live aggregate               AggregateNotDeleted
+409     a refused re-push                                   RepushNotAllowed, RepushTooEarly,
+                                                            RepushLimitReached, RepushConflict,
+                                                            AlreadyConsumed, EventExpired,
+                                                            ConsumerNotExpected
+410     a deleted aggregate: its state, or a command        IllegalAccessDeletedAggregate
+        other than recover_aggregate
+413     body over DATA_UPLOAD_MAX_MEMORY_SIZE               PayloadTooLarge
+415     an unsafe request without Content-Type:            UnsupportedMediaType
         application/json, whatever the body
-429     throttled (Retry-After)                             THROTTLED
-503     RecoverableStoreError, broker unreachable,          STORE_UNAVAILABLE, BROKER_UNAVAILABLE,
-        bus transport down (Retry-After: 1)                 BUS_TRANSPORT_UNAVAILABLE
+422     a request id reused with another command or body    RequestIdReused
+429     throttled (Retry-After)                             TooManyRequests
+503     RecoverableStoreError, broker unreachable,          StoreUnavailable, BrokerUnavailable,
+        bus transport down, a rollup that did not settle    BusTransportUnavailable, BusError
+        (Retry-After: 1)
 ======  ==================================================  =========================================
+
+A command result (200/202) carries ``errorCode`` too: ``Ok``, or
+``RequestTimeout`` / ``DispatchFailed`` when the events were stored but the
+asked stage was not confirmed.
 
 Anything else is a bug and is left to Django (a 500 with the traceback logged).
 
@@ -61,9 +79,11 @@ from wow_django.exceptions import (
     AggregateNotFound,
     BusError,
     CommandError,
+    CommandExpectVersionConflict,
     CommandValidationError,
     ConsumerNotExpected,
     EnvelopeValidationError,
+    ErrorCodes,
     EventNotFound,
     EventStoreError,
     KeyAlreadyPrepared,
@@ -88,16 +108,16 @@ logger = logging.getLogger("wow_django.http")
 # A 503's cause names internal hosts (pymongo's topology description, a broker URL with its
 # password): it is logged, and the client gets only what to do.
 UNAVAILABLE_MESSAGES = {
-    "STORE_UNAVAILABLE": "The store is unavailable for a moment; retry later.",
-    "BUS_TRANSPORT_UNAVAILABLE": "The bus transport is unavailable for a moment; retry later.",
-    "BROKER_UNAVAILABLE": "The task broker is unreachable; retry later.",
+    ErrorCodes.STORE_UNAVAILABLE: "The store is unavailable for a moment; retry later.",
+    ErrorCodes.BUS_TRANSPORT_UNAVAILABLE: "The bus transport is unavailable for a moment; retry later.",
+    ErrorCodes.BROKER_UNAVAILABLE: "The task broker is unreachable; retry later.",
 }
 
 
 class InvalidRequest(WowError):
     """A path parameter or header breaks a rule; ``binding_errors`` names it."""
 
-    error_code = "INVALID_REQUEST"
+    error_code = ErrorCodes.ILLEGAL_ARGUMENT
 
     def __init__(self, name: str, rule: str):
         self.binding_errors = [{"name": name, "msg": rule}]
@@ -107,7 +127,7 @@ class InvalidRequest(WowError):
 class ResourceNotFound(WowError):
     """Nothing is stored under this id for this tenant, or no route has this path."""
 
-    error_code = "NOT_FOUND"
+    error_code = ErrorCodes.NOT_FOUND
 
 
 MAX_MESSAGE_LENGTH = 4000
@@ -135,6 +155,7 @@ _WOW_STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (ResourceNotFound, status.HTTP_404_NOT_FOUND),
     (AggregateIsDeleted, status.HTTP_410_GONE),
     (RequestIdReused, status.HTTP_422_UNPROCESSABLE_ENTITY),
+    (CommandExpectVersionConflict, status.HTTP_409_CONFLICT),
     (RecoverableStoreError, status.HTTP_503_SERVICE_UNAVAILABLE),
     (KeyAlreadyPrepared, status.HTTP_409_CONFLICT),
     (EnvelopeValidationError, status.HTTP_400_BAD_REQUEST),
@@ -173,6 +194,22 @@ def _drf_message(detail) -> str:
     return str(detail)
 
 
+# DRF's own errors, by their code: Wow's name where Wow has one, else the code in Wow's PascalCase style.
+_DRF_CODES = {
+    "parse_error": ErrorCodes.ILLEGAL_ARGUMENT,  # Wow answers a body it cannot decode with IllegalArgument
+    "invalid": ErrorCodes.ILLEGAL_ARGUMENT,
+    "not_found": ErrorCodes.NOT_FOUND,
+    "throttled": ErrorCodes.TOO_MANY_REQUESTS,
+    "request_too_large": ErrorCodes.PAYLOAD_TOO_LARGE,
+}
+
+
+def drf_error_code(exc: drf.APIException) -> str:
+    """The ``errorCode`` of a DRF exception (``not_authenticated`` → ``NotAuthenticated``)."""
+    code = str(getattr(exc, "default_code", "error"))
+    return _DRF_CODES.get(code) or "".join(part.capitalize() for part in code.split("_"))
+
+
 def error_response(exc: BaseException) -> Response | None:
     """The JSON error response for ``exc``, or ``None`` when it is not a client's error."""
     if isinstance(exc, WowError):
@@ -185,11 +222,11 @@ def error_response(exc: BaseException) -> Response | None:
                 return Response(body, status=code, headers=headers)
         return None
     if isinstance(exc, BrokerError):
-        return _unavailable("BROKER_UNAVAILABLE", exc)
+        return _unavailable(ErrorCodes.BROKER_UNAVAILABLE, exc)
     if isinstance(exc, Http404):
-        return Response(error_body("NOT_FOUND", str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
+        return Response(error_body(ErrorCodes.NOT_FOUND, str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DjangoPermissionDenied):
-        return Response(error_body("PERMISSION_DENIED", str(exc) or "Permission denied."),
+        return Response(error_body(ErrorCodes.PERMISSION_DENIED, str(exc) or "Permission denied."),
                         status=status.HTTP_403_FORBIDDEN)
     if isinstance(exc, drf.APIException):
         headers = {}
@@ -198,7 +235,7 @@ def error_response(exc: BaseException) -> Response | None:
         if getattr(exc, "wait", None):
             headers["Retry-After"] = str(int(exc.wait))
         binding = _drf_binding_errors(exc.detail) if isinstance(exc.detail, dict | list) else []
-        code = str(getattr(exc, "default_code", "error")).upper()
+        code = drf_error_code(exc)
         return Response(error_body(code, _drf_message(exc.detail), binding), status=exc.status_code,
                         headers=headers or None)
     return None

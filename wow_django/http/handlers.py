@@ -6,6 +6,7 @@ from django.http import JsonResponse
 from django.urls import Resolver404, resolve
 from django.views import defaults
 
+from wow_django.exceptions import ErrorCodes
 from wow_django.http.base import WowView
 from wow_django.http.errors import error_body
 
@@ -23,7 +24,7 @@ def bad_request(request, exception=None):
         view = None
     if isinstance(view, type) and issubclass(view, WowView):
         reason = type(exception).__name__ if exception is not None else "the request"
-        return JsonResponse(error_body("BAD_REQUEST", f"The request was refused before it reached the API "
+        return JsonResponse(error_body(ErrorCodes.BAD_REQUEST, f"The request was refused before it reached the API "
                                                       f"({reason}): check its Host header, cookies and body."),
                             status=400)
     return defaults.bad_request(request, exception)

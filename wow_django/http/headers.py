@@ -1,4 +1,10 @@
-"""The request headers the API reads (the tenant header belongs to the tenant resolver)."""
+"""The request headers of the command routes, named as Wow's REST API names them (``CommandHeaders``).
 
-WAIT_STAGE_HEADER = "Wow-Wait-Stage"  # SENT | PROCESSED (default) | SNAPSHOT | PROJECTED
-REQUEST_ID_HEADER = "Wow-Request-Id"  # idempotency key of a command; a create command's id derives from it
+The tenant header belongs to the tenant resolver (:mod:`wow_django.http.tenancy`).
+"""
+
+WAIT_STAGE_HEADER = "Command-Wait-Stage"  # SENT | PROCESSED (default) | SNAPSHOT | PROJECTED
+WAIT_TIMEOUT_HEADER = "Command-Wait-Timeout"  # whole milliseconds; at most WOW["COMMAND_WAIT_TIMEOUT_S"]
+REQUEST_ID_HEADER = "Command-Request-Id"  # idempotency key of a command; a create command's id derives from it
+AGGREGATE_VERSION_HEADER = "Command-Aggregate-Version"  # the version the command expects the aggregate at
+MAX_WAIT_TIMEOUT_MS = 2**31 - 1  # the largest Command-Wait-Timeout read (then capped by COMMAND_WAIT_TIMEOUT_S)

@@ -28,7 +28,13 @@ from wow_django.application.gateway import MAX_ID_LENGTH, WaitStage
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import aggregates
 from wow_django.domain.messages import RecoverAggregate
-from wow_django.http.headers import REQUEST_ID_HEADER, WAIT_STAGE_HEADER
+from wow_django.http.headers import (
+    AGGREGATE_VERSION_HEADER,
+    MAX_WAIT_TIMEOUT_MS,
+    REQUEST_ID_HEADER,
+    WAIT_STAGE_HEADER,
+    WAIT_TIMEOUT_HEADER,
+)
 from wow_django.persistence.query import SNAPSHOT
 from wow_django.persistence.records import MAX_VERSION
 from wow_django.query.condition import (
@@ -43,14 +49,16 @@ from wow_django.query.condition import (
 REF = "#/components/schemas/{model}"
 
 ERROR_STATUSES = {
-    "400": "Invalid body, condition, path parameter or header (bindingErrors name each).",
-    "401": "Not authenticated.",
-    "403": "Not allowed.",
-    "404": "Unknown aggregate, command or id (or another tenant's).",
-    "406": "The Accept header excludes application/json.",
-    "413": "The body is too large.",
-    "415": "The body is not application/json.",
-    "503": "The store or broker is unavailable; retry (see Retry-After).",
+    "400": "Invalid body, condition, path parameter or header (bindingErrors name each): CommandValidation "
+           "(a command's body or headers), IllegalArgument (a query, path parameter, tenant or malformed JSON), "
+           "QueryTooExpensive (a query stopped at the database's time limit).",
+    "401": "Not authenticated (NotAuthenticated, AuthenticationFailed).",
+    "403": "Not allowed (PermissionDenied).",
+    "404": "Unknown aggregate, command or id, or another tenant's (NotFound).",
+    "406": "The Accept header excludes application/json (NotAcceptable).",
+    "413": "The body is too large (PayloadTooLarge).",
+    "415": "The body is not application/json (UnsupportedMediaType).",
+    "503": "The store or broker is unavailable (StoreUnavailable, BrokerUnavailable); retry (see Retry-After).",
 }
 
 
@@ -168,7 +176,8 @@ def wow_components() -> dict[str, dict]:
                 "stage": {"type": "string", "enum": [s.value for s in WaitStage]},
                 "events": {"type": "array", "items": string},
                 "duplicate": {"type": "boolean"},
-                "errorCode": {**string, "description": "Ok, or why the asked stage was not confirmed."},
+                "errorCode": {**string, "description": "Ok, or why the asked stage was not confirmed "
+                              "(RequestTimeout, DispatchFailed): the events are stored either way."},
                 "errorMsg": string,
                 "bindingErrors": {"type": "array", "items": _ref("WowBindingError")},
             },
@@ -308,7 +317,9 @@ class WowAutoSchema(AutoSchema):
             return (
                 "The command's events are stored for the resolved tenant. 200 when the wait stage was reached; "
                 "202 when queued (SENT) or stored but the stage not confirmed (errorCode says why). A repeated "
-                "Wow-Request-Id returns the first result with duplicate=true. Business rules answer 409."
+                "Command-Request-Id returns the first result with duplicate=true. Business rules answer 409 with "
+                "their own code; an aggregate not at Command-Aggregate-Version answers 409 "
+                "CommandExpectVersionConflict."
             )
         if action == "snapshot_query":
             return ("Snapshots of deleted aggregates are left out unless the condition mentions deletion "
@@ -339,10 +350,21 @@ class WowAutoSchema(AutoSchema):
                 description="How far to go before answering (default PROCESSED).",
             ))
             parameters.append(OpenApiParameter(
+                WAIT_TIMEOUT_HEADER, _integer(0, MAX_WAIT_TIMEOUT_MS), OpenApiParameter.HEADER,
+                description="How long to wait for the stage, in whole milliseconds (at most the server's "
+                f"COMMAND_WAIT_TIMEOUT_S, {wow_settings.COMMAND_WAIT_TIMEOUT_S:g} s, its default).",
+            ))
+            parameters.append(OpenApiParameter(
                 REQUEST_ID_HEADER, {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
                 OpenApiParameter.HEADER,
                 description="Idempotency key: a retry with the same id is recognised and appends nothing. A create "
                 "command's aggregate id is derived from it.",
+            ))
+            parameters.append(OpenApiParameter(
+                AGGREGATE_VERSION_HEADER, _integer(0, MAX_VERSION), OpenApiParameter.HEADER,
+                description="The version the aggregate must be at (0: not created yet), as read by the client: "
+                "if it moved on, the command is refused with 409 CommandExpectVersionConflict and nothing is "
+                "appended.",
             ))
         for spec in wow_settings.TENANT_RESOLVER().schema_parameters():
             parameters.append(OpenApiParameter(
@@ -403,12 +425,15 @@ class WowAutoSchema(AutoSchema):
         if status_code in ERROR_STATUSES:
             response["description"] = ERROR_STATUSES[status_code]
         elif status_code == "409":
-            response["description"] = "Refused in the aggregate's current state (a business rule or a conflict)."
+            response["description"] = ("Refused in the aggregate's current state: a business rule (its own code), "
+                                       "CommandExpectVersionConflict (not at Command-Aggregate-Version), "
+                                       "DuplicateAggregateId, EventVersionConflict, KeyAlreadyPrepared or "
+                                       "AggregateNotDeleted.")
         elif status_code == "410":
-            response["description"] = "The aggregate is deleted (AGGREGATE_DELETED); recover it first."
+            response["description"] = "The aggregate is deleted (IllegalAccessDeletedAggregate); recover it first."
         elif status_code == "422":
             response["description"] = ("The request id was already used for another command or body "
-                                       "(REQUEST_ID_REUSED); send this command with a new one.")
+                                       "(RequestIdReused); send this command with a new one.")
         elif status_code == "202":
             response["description"] = "Queued, or stored without the asked stage confirmed."
         return response

@@ -5,13 +5,13 @@ server: commands go to the gateway with it (an aggregate of another tenant
 is "not found"), queries are ANDed with it, reads by id check it. Nothing in
 a request body can widen it.
 
-* :class:`HeaderTenantResolver` (the default) takes the ``Wow-Tenant-Id``
+* :class:`HeaderTenantResolver` (the default) takes the ``Command-Tenant-Id``
   header, or the default tenant ``(0)`` without one. The client chooses, so
   use it behind a gateway that sets the header, or for a single tenant.
 * :class:`UserTenantResolver` takes the tenant from the authenticated user
   (``request.user.tenant_id`` by default; set ``attribute`` to a dotted path
   such as ``"profile.tenant_id"`` in a subclass). Anonymous requests get a
-  401/403, users without a tenant a 403, and a ``Wow-Tenant-Id`` header naming
+  401/403, users without a tenant a 403, and a ``Command-Tenant-Id`` header naming
   another tenant a 403.
 
 A custom resolver subclasses :class:`TenantResolver` and implements
@@ -28,7 +28,7 @@ from rest_framework.exceptions import NotAuthenticated, PermissionDenied
 from wow_django.http.errors import InvalidRequest
 from wow_django.persistence.records import DEFAULT_TENANT_ID
 
-TENANT_HEADER = "Wow-Tenant-Id"
+TENANT_HEADER = "Command-Tenant-Id"
 MAX_TENANT_ID_LENGTH = 128
 TENANT_RULE = f"a tenant id is a printable string of 1 to {MAX_TENANT_ID_LENGTH} characters"
 
@@ -53,7 +53,7 @@ class TenantResolver(ABC):
 
 
 class HeaderTenantResolver(TenantResolver):
-    """The ``Wow-Tenant-Id`` header, or ``default`` when it is absent or empty."""
+    """The ``Command-Tenant-Id`` header, or ``default`` when it is absent or empty."""
 
     header = TENANT_HEADER
     default = DEFAULT_TENANT_ID

@@ -4,7 +4,8 @@ Each view is a few small hooks a subclass can replace:
 
 * policy: ``get_authentication_classes()``, ``get_permission_classes()``;
 * request facts: ``get_tenant_id()``, ``get_operator()``, ``get_owner_id()``,
-  ``get_request_id()``, ``get_wait_stage()``, ``get_command_header()``;
+  ``get_request_id()``, ``get_wait_stage()``, ``get_wait_timeout()``,
+  ``get_expected_version()``, ``get_command_header()``;
 * queries: ``get_query_service()``, ``parse_query()``, ``get_scope()``,
   ``run_query()``;
 * reads by id: ``load_aggregate()``, ``load_snapshot()``, ``load_events()``.
@@ -29,11 +30,17 @@ from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
 from wow_django.domain.messages import Command, DeleteAggregate, RecoverAggregate
-from wow_django.exceptions import AggregateIsDeleted, CommandValidationError, UnknownAggregate, UnknownCommand
 from wow_django.domain.values import stored
+from wow_django.exceptions import AggregateIsDeleted, CommandValidationError, UnknownAggregate, UnknownCommand
 from wow_django.http.base import WowView, default_authentication_classes, import_classes
 from wow_django.http.errors import InvalidRequest, ResourceNotFound
-from wow_django.http.headers import REQUEST_ID_HEADER, WAIT_STAGE_HEADER
+from wow_django.http.headers import (
+    AGGREGATE_VERSION_HEADER,
+    MAX_WAIT_TIMEOUT_MS,
+    REQUEST_ID_HEADER,
+    WAIT_STAGE_HEADER,
+    WAIT_TIMEOUT_HEADER,
+)
 from wow_django.http.parsers import CommandJSONParser
 from wow_django.http.schema import WowAutoSchema
 from wow_django.persistence.documents import stream_to_document
@@ -126,7 +133,21 @@ class CommandSenderView(WowAPIView):
         return value
 
     def get_wait_stage(self) -> WaitStage:
-        return WaitStage.parse(self.request.headers.get(WAIT_STAGE_HEADER))
+        return WaitStage.parse(self.request.headers.get(WAIT_STAGE_HEADER), name=WAIT_STAGE_HEADER)
+
+    def get_wait_timeout(self) -> float | None:
+        """``Command-Wait-Timeout`` (whole milliseconds) in seconds, at most ``COMMAND_WAIT_TIMEOUT_S``; None
+        without the header (the gateway's default)."""
+        milliseconds = _whole_number_header(self.request, WAIT_TIMEOUT_HEADER, MAX_WAIT_TIMEOUT_MS,
+                                            "whole milliseconds")
+        if milliseconds is None:
+            return None
+        return min(milliseconds / 1000, wow_settings.COMMAND_WAIT_TIMEOUT_S)
+
+    def get_expected_version(self) -> int | None:
+        """``Command-Aggregate-Version``: the version the aggregate must be at (0: not created yet)."""
+        return _whole_number_header(self.request, AGGREGATE_VERSION_HEADER, MAX_VERSION,
+                                    "the aggregate version the command expects (0: not created yet)")
 
     def get_command_header(self) -> dict:
         """Extra entries for the event stream's ``header`` (empty by default)."""
@@ -146,6 +167,8 @@ class CommandSenderView(WowAPIView):
             operator=self.get_operator(),
             header=self.get_command_header(),
             wait=self.get_wait_stage(),
+            timeout=self.get_wait_timeout(),
+            expected_version=self.get_expected_version(),
         )
         return Response(result.to_json(), status=self.result_status(result))
 
@@ -155,6 +178,18 @@ class CommandSenderView(WowAPIView):
         if result.stage is WaitStage.SENT or not result.succeeded:
             return status.HTTP_202_ACCEPTED
         return status.HTTP_200_OK
+
+
+def _whole_number_header(request, name: str, maximum: int, meaning: str) -> int | None:
+    """The header ``name`` as a whole number from 0 to ``maximum`` (decimal digits only), or None when absent."""
+    value = request.headers.get(name)
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 10 and int(value) <= maximum):
+        rule = f"must be a whole number from 0 to {maximum}: {meaning}"
+        shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}… ({len(value)} characters)"
+        raise CommandValidationError(f"{name} {rule} (got {shown})", [{"name": name, "msg": rule}])
+    return int(value)
 
 
 class CommandView(CommandSenderView):

@@ -13,7 +13,7 @@ class QueryValidationError(WowError):
     message without the path. ``str(error)`` is ``"<path>: <rule>"``.
     """
 
-    error_code = "INVALID_QUERY"
+    error_code = "IllegalArgument"
 
     def __init__(self, path: str, rule: str):
         self.path = path
@@ -31,7 +31,7 @@ class QueryTooExpensive(QueryValidationError):
     ``DATABASE_QUERY_TIMEOUT_MS`` statement timeout on PostgreSQL). Not transient: the same query would
     be stopped again, so it is not retried and gets no Retry-After; narrow it or add an index."""
 
-    error_code = "QUERY_TOO_EXPENSIVE"
+    error_code = "QueryTooExpensive"
 
     def __init__(self, limit_setting: str, limit_ms: int | None):
         limit = f"{limit_ms} ms" if limit_ms else "its time limit"
