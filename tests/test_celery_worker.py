@@ -131,6 +131,25 @@ def test_refused_queued_command_reports_its_error(worker):
         assert result["errorCode"] == "NotFound" and "does not exist" in result["errorMsg"]
 
 
+def test_a_sent_command_the_worker_refuses_can_be_looked_up_by_its_request_id(worker):
+    """Answered SENT, refused later on the worker: the client learns it from the status lookup (issue 13)."""
+    with override_settings(WOW=fresh_wow("mongo")):
+        gateway = get_runtime().gateway
+        sent = gateway.send(PayOrder(amount=Decimal("1"), payment_id="p"), aggregate_id="missing-order",
+                            request_id="celery-refused-1", wait=WaitStage.SENT)
+        assert sent.stage is WaitStage.SENT
+        status = wait_for(lambda: (found := gateway.status("order", "celery-refused-1", tenant_id=sent.tenant_id))
+                          and found.stage is not WaitStage.SENT and found, what="the worker's outcome")
+        assert (status.stage, status.error_code) == (WaitStage.PROCESSED, "NotFound")
+        assert "does not exist" in status.error_msg and status.command_id == sent.command_id
+        items = [OrderLine(sku="A", quantity=1, unit_price=Decimal("5"))]
+        placed = gateway.send(PlaceOrder(customer_id="c-1", items=items), request_id="celery-ok-1",
+                              wait=WaitStage.SENT)
+        done = wait_for(lambda: (found := gateway.status("order", "celery-ok-1", tenant_id=placed.tenant_id))
+                        and found.stage is not WaitStage.SENT and found, what="the worker's outcome")
+        assert done.succeeded and done.aggregate_version == 1 and done.aggregate_id == placed.aggregate_id
+
+
 def test_snapshot_tasks_run_on_the_worker_and_coalesce(worker, monkeypatch):
     """Snapshot requests for one aggregate while its task is pending queue one task; the worker runs it."""
     from wow_django import tasks

@@ -89,6 +89,8 @@ DEFAULTS: dict[str, Any] = {
     # a request, and its aggregate's lock, for minutes. None: unbounded (each operation still has
     # MONGO_MAX_TIME_MS server-side and the server-selection timeout).
     "COMMAND_STORAGE_TIMEOUT_S": 10.0,
+    # How long the outcome of a command sent with wait stage SENT can be looked up by its request id.
+    "COMMAND_STATUS_TTL_S": 7 * 24 * 3600,
     # --- snapshots ----------------------------------------------------------
     "SNAPSHOT_STRATEGY": "all",
     "SNAPSHOT_VERSION_OFFSET": 5,
@@ -288,6 +290,7 @@ VALIDATORS = {
     "COMMAND_RETRY_BACKOFF_MS": _non_negative_num,
     "COMMAND_WAIT_TIMEOUT_S": _pos_num,
     "COMMAND_STORAGE_TIMEOUT_S": _optional_pos_num,
+    "COMMAND_STATUS_TTL_S": _pos_num,
     "SNAPSHOT_STRATEGY": _choice(SNAPSHOT_STRATEGIES),
     "SNAPSHOT_VERSION_OFFSET": _pos_int,
     "SNAPSHOT_TIME_OFFSET_S": _pos_num,

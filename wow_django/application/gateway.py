@@ -30,8 +30,10 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from wow_django.application.command_status import STATUS_STORE_NAME, CommandStatusBook
 from wow_django.application.followers import Progress, ProjectionWaiter
 from wow_django.application.ports import TaskQueue
 from wow_django.application.projections import COMPLETED, Dispatcher, Job, Tracker
@@ -51,6 +53,7 @@ from wow_django.domain.messages import (
 from wow_django.exceptions import (
     AggregateIsDeleted,
     AggregateNotFound,
+    CommandError,
     CommandExpectVersionConflict,
     CommandValidationError,
     DomainError,
@@ -115,6 +118,17 @@ class CommandResult:
     @property
     def succeeded(self) -> bool:
         return self.error_code == "Ok"
+
+    @classmethod
+    def from_json(cls, data: dict) -> CommandResult:
+        """The result :meth:`to_json` gave."""
+        return cls(
+            command_id=data["commandId"], request_id=data["requestId"], aggregate_name=data["aggregateName"],
+            aggregate_id=data["aggregateId"], tenant_id=data["tenantId"], aggregate_version=data["aggregateVersion"],
+            stage=WaitStage(data["stage"]), events=tuple(data.get("events") or ()),
+            duplicate=bool(data.get("duplicate")), error_code=data.get("errorCode", "Ok"),
+            error_msg=data.get("errorMsg", ""), binding_errors=tuple(data.get("bindingErrors") or ()),
+        )
 
     def to_json(self) -> dict:
         return {
@@ -227,12 +241,14 @@ class CommandGateway:
         snapshot_version_offset: int = 5,
         snapshot_time_offset_s: float = 60.0,
         snapshot_mode: str = "inline",
+        status_ttl_s: float = 7 * 24 * 3600,
     ):
         self.event_store = event_store
         self.snapshot_store = snapshot_store
         self.context_name = context_name
         self.repository = AggregateRepository(event_store, snapshot_store, context_name)
         self.prepare_keys = prepare_keys
+        self.status_ttl_s = status_ttl_s
         self._tasks = tasks
         if dispatcher is None:
             dispatcher = Dispatcher(
@@ -311,10 +327,77 @@ class CommandGateway:
 
     def process_message(self, message: CommandMessage, wait: WaitStage = WaitStage.PROJECTED,
                         timeout: float | None = None) -> CommandResult:
-        """Process a message queued with stage SENT (the queued task's entry point)."""
-        cls = self._aggregate_for(message.command_name, message.aggregate_name)
-        command = command_type(message.command_name).from_json(message.body)
-        return self._process(cls, command, message, wait, timeout)
+        """Process a message queued with stage SENT (the queued task's entry point).
+
+        Its outcome, refusals included, is recorded for :meth:`status` before it is returned (or raised).
+        """
+        try:
+            cls = self._aggregate_for(message.command_name, message.aggregate_name)
+            command = command_type(message.command_name).from_json(message.body)
+            result = self._process(cls, command, message, wait, timeout)
+        except (CommandError, EventVersionConflict) as exc:
+            self._record_status(self._result(
+                message, None, WaitStage.PROCESSED, error_code=exc.error_code, error_msg=str(exc),
+                binding_errors=tuple(getattr(exc, "binding_errors", ()) or ())))
+            raise
+        self._record_status(result)
+        return result
+
+    def status(self, aggregate: str | type[Aggregate], request_id: str, *, tenant_id: str,
+               aggregate_id: str | None = None) -> CommandResult | None:
+        """What became of the command sent with ``request_id``: the stage it reached and its error, if any.
+
+        Found for every command sent with wait stage SENT (its outcome is recorded, refusals included,
+        for ``COMMAND_STATUS_TTL_S``) and for every command that stored events: a create command by its
+        request id, a command on an existing aggregate given ``aggregate_id`` too. ``None`` otherwise,
+        and for another tenant's request. A stored command whose snapshot has caught up is at SNAPSHOT.
+        """
+        name = aggregate if isinstance(aggregate, str) else aggregate.aggregate_name
+        cls = aggregate_type(name)
+        if cls is None:
+            raise UnknownAggregate(f"There is no aggregate named {name!r}.")
+        _check_id(request_id, "request_id")
+        _check_id(tenant_id, "tenant_id")
+        if aggregate_id is not None:
+            _check_id(aggregate_id, "aggregate_id")
+        book = self._status_book()
+        recorded = book.get(cls.aggregate_name, tenant_id, request_id) if book is not None else None
+        if recorded is not None:
+            result = CommandResult.from_json(recorded)
+        else:
+            result = self._stored_status(cls, request_id, tenant_id, aggregate_id)
+        if result is None or not result.succeeded or result.aggregate_version is None:
+            return result
+        if result.stage is WaitStage.PROCESSED and self.snapshot_store is not None:
+            snapshot = self.snapshot_store.load(AggregateId(cls.aggregate_name, result.aggregate_id,
+                                                            self.context_name, tenant_id))
+            if snapshot is not None and snapshot.version >= result.aggregate_version:
+                result = dataclasses.replace(result, stage=WaitStage.SNAPSHOT)
+        return result
+
+    def _stored_status(self, cls: type[Aggregate], request_id: str, tenant_id: str,
+                       aggregate_id: str | None) -> CommandResult | None:
+        ids = [aggregate_id] if aggregate_id is not None else []
+        ids.append(derived_aggregate_id(cls.aggregate_name, tenant_id, request_id))
+        for candidate in dict.fromkeys(ids):
+            stream = self.event_store.get_by_request_id(
+                AggregateId(cls.aggregate_name, candidate, self.context_name, tenant_id), request_id)
+            if stream is not None:
+                return CommandResult(
+                    command_id=stream.command_id, request_id=request_id, aggregate_name=cls.aggregate_name,
+                    aggregate_id=candidate, tenant_id=tenant_id, aggregate_version=stream.version,
+                    stage=WaitStage.PROCESSED, events=tuple(event.name for event in stream.body))
+        return None
+
+    def _status_book(self) -> CommandStatusBook | None:
+        if self.prepare_keys is None:
+            return None
+        return CommandStatusBook(self.prepare_keys(STATUS_STORE_NAME), timedelta(seconds=self.status_ttl_s))
+
+    def _record_status(self, result: CommandResult) -> None:
+        book = self._status_book()
+        if book is not None:
+            book.record(result.to_json())
 
     # --- helpers --------------------------------------------------------------
 
@@ -366,7 +449,11 @@ class CommandGateway:
     def _send(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
         if wait is WaitStage.SENT:
             self.tasks.process_command(message.to_dict())
-            return self._result(message, None, WaitStage.SENT)
+            sent = self._result(message, None, WaitStage.SENT)
+            # After queueing (a refused queueing is the caller's error, not a status); never over an outcome
+            # a fast worker recorded first.
+            self._record_status(sent)
+            return sent
         return self._process(cls, command, message, wait, timeout)
 
     def _started(self) -> None:

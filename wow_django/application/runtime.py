@@ -245,6 +245,7 @@ class Runtime:
         gateway = self._parts.get("gateway")
         if gateway is not None:
             gateway.close()
+            status_ttl_s=wow_settings.COMMAND_STATUS_TTL_S,
         with self._lock:
             self._closed = True
             parts, self._parts = self._parts, {}

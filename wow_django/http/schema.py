@@ -309,6 +309,7 @@ class WowAutoSchema(AutoSchema):
             "event_range": f"Event streams of one {name}, versions head to tail",
             "snapshot_query": f"Query {name} snapshots: {getattr(view, 'operation', '')}",
             "event_query": f"Query {name} event streams: {getattr(view, 'operation', '')}",
+            "status": f"What became of a command to {name}, by its request id",
         }[action]
 
     def get_description(self) -> str:
@@ -326,6 +327,11 @@ class WowAutoSchema(AutoSchema):
                     "(DELETED, or the `deleted` field). `id` and `aggregateId` name the aggregate id.")
         if action == "event_query":
             return "`id` names the event stream id."
+        if action == "status":
+            return ("The stage the command reached and its error, if any (errorCode Ok when it succeeded). Known "
+                    "for every command sent with Command-Wait-Stage SENT (for COMMAND_STATUS_TTL_S) and for every "
+                    "command that stored events: a create command by its request id, a command on an existing "
+                    "aggregate with ?aggregateId= too.")
         return ""
 
     # --- inputs -------------------------------------------------------------------------------
@@ -337,6 +343,16 @@ class WowAutoSchema(AutoSchema):
             parameters.append(OpenApiParameter(
                 "id", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}, OpenApiParameter.PATH,
                 description="The aggregate id.",
+            ))
+        if "{request_id}" in self.path:
+            parameters.append(OpenApiParameter(
+                "request_id", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}, OpenApiParameter.PATH,
+                description="The command's request id (Command-Request-Id).",
+            ))
+            parameters.append(OpenApiParameter(
+                "aggregateId", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+                OpenApiParameter.QUERY,
+                description="For a command on an existing aggregate that was not queued: the aggregate it was sent to.",
             ))
         for name in ("head", "tail"):
             if f"{{{name}}}" in self.path:
@@ -397,6 +413,8 @@ class WowAutoSchema(AutoSchema):
             return {"200": self._pydantic(view.aggregate.state_class, "serialization")}
         if action == "snapshot":
             return {"200": self._wow("WowSnapshot")}
+        if action == "status":
+            return {"200": self._wow("WowCommandResult")}
         if action == "event_range":
             return {"200": {"type": "array", "items": self._wow("WowEventStream")}}
         item = self._wow("WowSnapshot" if view.kind == SNAPSHOT else "WowEventStream")

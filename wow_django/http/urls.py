@@ -24,6 +24,7 @@ PUT        a/<id>/recover                   a-recover
 GET        a/<id>/state                     a-state
 GET        a/<id>/snapshot                  a-snapshot
 GET        a/<id>/event/<head>/<tail>       a-event-range
+GET        a/request/<requestId>/status     a-request-status
 POST       a/<id>/<command>                 a-<command>
 =========  ===============================  ==========================
 
@@ -58,6 +59,7 @@ class ViewClasses:
     recover: type = views.RecoverAggregateView
     state: type = views.StateView
     snapshot: type = views.SnapshotView
+    status: type = views.CommandStatusView
     event_range: type = views.EventRangeView
     query: type = views.QueryView
     not_found: type = views.NotFoundView
@@ -91,6 +93,8 @@ def aggregate_urlpatterns(cls: type[Aggregate], view_classes: ViewClasses | None
     patterns.append(path(f"{name}/<str:id>/state", view_classes.state.as_view(aggregate=cls), name=f"{name}-state"))
     patterns.append(path(f"{name}/<str:id>/snapshot", view_classes.snapshot.as_view(aggregate=cls),
                          name=f"{name}-snapshot"))
+    patterns.append(path(f"{name}/request/<str:request_id>/status", view_classes.status.as_view(aggregate=cls),
+                         name=f"{name}-request-status"))
     patterns.append(path(f"{name}/<str:id>/event/<int:head>/<int:tail>",
                          view_classes.event_range.as_view(aggregate=cls), name=f"{name}-event-range"))
     for command_name in others:

@@ -249,6 +249,30 @@ class StateView(WowAPIView):
         return aggregate
 
 
+class CommandStatusView(WowAPIView):
+    """``GET {aggregate}/request/{requestId}/status``: what became of the command sent with that request id.
+
+    The stage it reached and its error, if any (a command result, as the command's own answer has it);
+    ``?aggregateId=`` finds a command on an existing aggregate that was not sent with wait stage SENT.
+    404 when nothing is known of the request in this tenant.
+    """
+
+    action = "status"
+
+    def get(self, request, request_id: str):
+        check_aggregate_id(request_id, "requestId")
+        aggregate_id = request.query_params.get("aggregateId")
+        if aggregate_id is not None:
+            check_aggregate_id(aggregate_id, "aggregateId")
+        result = self.get_gateway().status(self.aggregate, request_id, tenant_id=self.get_tenant_id(),
+                                           aggregate_id=aggregate_id)
+        if result is None:
+            where = " (a command on an existing aggregate needs ?aggregateId=)" if aggregate_id is None else ""
+            raise ResourceNotFound(f"Nothing is known of request {request_id!r} to "
+                                   f"{self.aggregate.aggregate_name}{where}.")
+        return Response(result.to_json())
+
+
 class SnapshotView(WowAPIView):
     """``GET {aggregate}/{id}/snapshot``: the stored snapshot, deleted or not."""
 
