@@ -176,8 +176,10 @@ def configure_sqlite(raw) -> None:
     current = raw.execute("PRAGMA busy_timeout").fetchone()[0]
     if current < SQLITE_BUSY_TIMEOUT_MS:
         raw.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_MS)}")
-    # Persistent in the file; a no-op when already set; in-memory databases stay "memory".
-    raw.execute("PRAGMA journal_mode = WAL")
+    # Persistent in the file; a no-op when already set; in-memory databases stay "memory". SQLite refuses
+    # it inside a transaction (a store first built in a Django TestCase): the next connection sets it.
+    if not raw.in_transaction:
+        raw.execute("PRAGMA journal_mode = WAL")
 
 
 # --- fork ---------------------------------------------------------------------------------------
