@@ -235,6 +235,11 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def inline_owner() -> str:
+    """The instance id of the followers this process runs inline (:class:`InlineFollowers`): host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}:inline"
+
+
 class FollowerRunner:
     """Runs one follower on ``feed`` and ``store`` (see the module docstring); settings give the defaults."""
 
@@ -563,6 +568,81 @@ def _stop_all(running, timeout: float) -> None:
             logger.warning("follower %r did not stop within %.1fs (its handler is still running)", runner.name, timeout)
 
 
+class InlineFollowers:
+    """The followers of this process run in the calling thread, on demand (the runtime's inline mode).
+
+    :meth:`run` hands each declared follower what it has not seen yet, in the calling thread, until
+    none has anything left; the runtime calls it after each command the gateway appends (and
+    :func:`~wow_django.application.following.wait_caught_up` before it waits). Inside a Django
+    ``TestCase`` every write of a projection, processor or checkpoint then goes through the test's
+    own connection, in its transaction, and is rolled back with it; a follower thread would write
+    through a connection of its own, outside that transaction. Used by the test isolation of
+    :mod:`wow_django.testing`, not in production.
+
+    A handler that sends a command runs the followers again from inside (the others: a follower
+    busy in this thread is skipped, and the outer pass hands it the new streams afterwards). One
+    thread runs followers at a time. Every inline runner of the process is one lease owner
+    (:func:`inline_owner`): a lease an earlier runtime took — in a ``TestCase``'s ``setUpTestData``,
+    whose transaction keeps it while that runtime's release is rolled back with a test — is renewed,
+    not waited for.
+    """
+
+    def __init__(self, feed: Callable[[], StreamFeed], store: Callable[[], FollowerStore]):
+        self._feed = feed
+        self._store = store
+        self._owner = inline_owner()
+        self._runners: dict[str, FollowerRunner] = {}
+        self._lock = threading.RLock()
+        self._local = threading.local()
+
+    def run(self, names: Iterable[str] | None = None) -> None:
+        """Run the named followers (default: every declared one) until none has a stream left to handle."""
+        wanted = None if names is None else set(names)
+        busy: set[str] = self._local.__dict__.setdefault("busy", set())
+        with self._lock:
+            while True:
+                handled = False
+                for name, declared in declared_followers().items():
+                    if (wanted is not None and name not in wanted) or name in busy:
+                        continue
+                    busy.add(name)
+                    try:
+                        handled |= self._catch_up(self._runner(declared))
+                    finally:
+                        busy.discard(name)
+                if not handled:  # a pass that handled nothing appended nothing new
+                    return
+
+    def _runner(self, declared: Follower) -> FollowerRunner:
+        runner = self._runners.get(declared.name)
+        if runner is None or runner.follower is not declared:  # new, or redeclared (a test's registry)
+            if runner is not None:
+                runner.close()
+            runner = self._runners[declared.name] = FollowerRunner(declared, self._feed(), self._store(),
+                                                                   owner=self._owner)
+        return runner
+
+    @staticmethod
+    def _catch_up(runner: FollowerRunner) -> bool:
+        handled = False
+        while True:
+            try:
+                cycle = runner.run_once()
+            except Exception:  # as a follower thread would: logged, handed again next time
+                logger.exception("follower %r: an inline cycle failed", runner.name)
+                return handled
+            handled |= cycle.handled > 0
+            if not (cycle.leader and cycle.full and not cycle.held and not cycle.failed):
+                return handled
+
+    def close(self) -> None:
+        """Give every lease up."""
+        with self._lock:
+            runners, self._runners = list(self._runners.values()), {}
+        for runner in runners:
+            runner.close()
+
+
 @dataclass(frozen=True)
 class Progress:
     """What :meth:`ProjectionWaiter.wait` found: ``done`` when every projection passed (or stopped)."""
@@ -620,6 +700,15 @@ class ProjectionWaiter:
             backoff = min(backoff * 2, 0.05)
 
 
+class InlineProjectionWaiter(ProjectionWaiter):
+    """``PROJECTED`` in inline mode: the followers ran in this thread right after the append, so what the
+    checkpoints say is the answer; it never waits (a projection that cannot move from inside this
+    thread would otherwise hold the command for the whole timeout)."""
+
+    def wait(self, stream, timeout: float) -> Progress:
+        return super().wait(stream, 0.0)
+
+
 def transient(exc: BaseException) -> bool:
     """Whether a handler's error is a store's transient failure (retried) rather than the stream's (poison)."""
     return isinstance(exc, RecoverableStoreError) or (isinstance(exc, DatabaseError) and is_recoverable(exc))
@@ -639,6 +728,7 @@ def _ranges(missing: list[int], seen: dict[int, datetime], now: datetime) -> lis
     return gaps
 
 
-__all__ = ["Cycle", "Follower", "FollowerRegistry", "FollowerRunner", "FollowerThreads", "ProjectionWaiter",
+__all__ = ["Cycle", "Follower", "FollowerRegistry", "FollowerRunner", "FollowerThreads", "InlineFollowers",
+           "InlineProjectionWaiter", "ProjectionWaiter",
            "Progress", "declared_followers", "follower", "followers", "handler_follower", "projection_followers",
            "use_followers"]

@@ -23,6 +23,7 @@ def run_until_caught_up(names: Iterable[str] | None = None, *, budget_s: float |
 
     What the Celery beat task ``wow_django.follow`` and ``wow_follow --until-caught-up`` do. An instance
     that cannot take a follower's lease (another runs it) returns at the budget, without processing.
+    An inline runtime (the test isolation of :mod:`wow_django.testing`) runs them in the calling thread.
     """
     declared = declared_followers()
     wanted = list(dict.fromkeys(names)) if names is not None else list(declared)
@@ -32,6 +33,9 @@ def run_until_caught_up(names: Iterable[str] | None = None, *, budget_s: float |
     runtime = get_runtime() if feed is None or store is None else None
     feed = feed or runtime.stream_feed
     store = store or runtime.follower_store
+    if runtime is not None and runtime.inline:
+        runtime.catch_up_followers(wanted)
+        return {name: state.position if (state := store.get(name)) is not None else 0 for name in wanted}
     stop = threading.Event()
     runners = [FollowerRunner(declared[name], feed, store) for name in wanted]
     threads = [threading.Thread(target=runner.run, args=(stop,), kwargs={"until_caught_up": True},
@@ -59,11 +63,16 @@ def wait_caught_up(names: Iterable[str] | None = None, timeout: float = 10.0, *,
     called, wherever they run; True when they have, False at ``timeout``. For tests and deploy scripts::
 
         assert wait_caught_up(timeout=5)
+
+    An inline runtime (the test isolation of :mod:`wow_django.testing`) first runs them in the calling
+    thread, where nothing else would.
     """
     wanted = list(names) if names is not None else list(declared_followers())
     runtime = get_runtime() if feed is None or store is None else None
     feed = feed or runtime.stream_feed
     store = store or runtime.follower_store
+    if runtime is not None and runtime.inline:
+        runtime.catch_up_followers(wanted)
     head = feed.head()
     deadline = time.monotonic() + timeout
     backoff = 0.002

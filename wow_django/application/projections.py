@@ -123,3 +123,23 @@ class Dispatcher:
                              stream.version)
             tracker.errors.append(f"snapshot: {exc}")
         tracker.snapshot_done.set()
+
+
+class InlineDispatcher(Dispatcher):
+    """A dispatcher without lanes: :meth:`submit` runs the job in the calling thread, before it returns.
+
+    What the runtime uses in inline mode (:func:`wow_django.application.runtime.inline_background`,
+    turned on by the test isolation of :mod:`wow_django.testing`): a snapshot saved by a lane would
+    go through the lane's own database connection, outside the transaction a Django ``TestCase``
+    wraps its test in.
+    """
+
+    def __init__(self, *, save_snapshot: Callable[[Snapshot], None] | None = None,
+                 queue_snapshot: Callable[[EventStream], None] | None = None):
+        super().__init__(lanes=1, save_snapshot=save_snapshot, queue_snapshot=queue_snapshot)
+
+    def submit(self, job: Job) -> None:
+        self.run_job(job)  # reports its own failure to the tracker and sets it done
+
+    def close(self, timeout: float = 5.0) -> None:
+        return None

@@ -32,6 +32,14 @@ talks to a server before that), and it is the only holder of process state:
   Celery pool process leaves with ``os._exit``: :mod:`wow_django.tasks` closes
   the runtime on ``worker_process_shutdown`` instead.
 * :func:`close_runtime` closes it explicitly (tests, shutdown).
+* **inline mode** (:func:`inline_background`; the test isolation of
+  :mod:`wow_django.testing` turns it on for a test that runs inside a
+  transaction): the runtimes built meanwhile do their background work in the
+  thread that causes it — the snapshot step before ``send`` returns, this
+  process's followers (projections, event processors) right after each
+  append, appends unbatched — so that everything they write goes through that
+  thread's database connection, inside its transaction. Threads write through
+  connections of their own, outside it.
 
 Which backend serves which contract comes from ``WOW['STORAGE']`` and the
 per-purpose overrides; each backend is a class in ``wow_django.backends``.
@@ -40,17 +48,24 @@ per-purpose overrides; each backend is a class in ``wow_django.backends``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.core.signals import setting_changed
 
-from wow_django.application.followers import FollowerThreads, ProjectionWaiter
+from wow_django.application.followers import (
+    FollowerThreads,
+    InlineFollowers,
+    InlineProjectionWaiter,
+    ProjectionWaiter,
+)
 from wow_django.application.gateway import CommandGateway
 from wow_django.application.ports import TaskQueue
+from wow_django.application.projections import InlineDispatcher
 from wow_django.backends.django import DjangoBackend
 from wow_django.backends.django.connection import after_fork as django_connections_after_fork
 from wow_django.backends.memory import MemoryBackend
@@ -73,11 +88,13 @@ BACKENDS: dict[str, type[Backend]] = {"in_memory": MemoryBackend, "mongo": Mongo
 class Runtime:
     """Stores, gateway, bus and task queue built from the current ``WOW`` settings, each once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, inline: bool | None = None) -> None:
         self._parts: dict[object, Any] = {}
         self._building: dict[object, threading.Lock] = {}
         self._lock = threading.Lock()  # guards the two dicts only; never held while building
         self._closed = False
+        #: Background work in the calling thread (see :func:`inline_background`); fixed for its life.
+        self.inline = _inline if inline is None else inline
 
     @property
     def closed(self) -> bool:
@@ -121,7 +138,7 @@ class Runtime:
     def _build_event_store(self) -> EventStore:
         store = self.backend("EVENT_STORE").event_store(request_id_index=wow_settings.REQUEST_ID_INDEX)
         batch = wow_settings.EVENT_STORE_BATCH
-        if batch["ENABLED"]:
+        if batch["ENABLED"] and not self.inline:  # the batcher appends from lanes: threads of their own
             store = BatchingEventStore(store, max_size=batch["MAX_SIZE"], max_delay_ms=batch["MAX_DELAY_MS"],
                                        max_pending=batch["MAX_PENDING"], lane_count=batch["LANE_COUNT"])
         return store
@@ -166,6 +183,23 @@ class Runtime:
         if not self._closed:
             self.follower_threads.ensure()
 
+    @property
+    def inline_followers(self) -> InlineFollowers:
+        """This process's followers run in the calling thread (inline mode)."""
+        return self._part("inline_followers",
+                          lambda: InlineFollowers(lambda: self.stream_feed, lambda: self.follower_store))
+
+    def catch_up_followers(self, names: Iterable[str] | None = None) -> None:
+        """Inline mode: run the named followers (default: every declared one) in this thread until none has
+        a stream left. Outside inline mode the followers run elsewhere (threads, ``wow_follow``, Celery):
+        ``RuntimeError``."""
+        if not self.inline:
+            raise RuntimeError("catch_up_followers() runs followers in the calling thread, which only an "
+                               "inline runtime does (see inline_background); wait for them with "
+                               "wow_django.application.following.wait_caught_up instead")
+        if not self._closed:
+            self.inline_followers.run(names)
+
     # --- queries ---------------------------------------------------------------------------------
 
     def snapshot_queries(self, aggregate_name: str) -> QueryService:
@@ -191,9 +225,19 @@ class Runtime:
         return self._part("gateway", self._build_gateway)
 
     def _build_gateway(self) -> CommandGateway:
+        inline = self.inline
+        snapshots = self.snapshot_store
+        if inline:
+            dispatcher = InlineDispatcher(save_snapshot=snapshots.save, queue_snapshot=lambda stream: (
+                self.tasks.request_snapshot(stream.aggregate_name, stream.aggregate_id.id)))
+            waiter = InlineProjectionWaiter(lambda: self.stream_feed, lambda: self.follower_store)
+        else:
+            dispatcher = None  # the gateway's own lanes
+            waiter = ProjectionWaiter(lambda: self.stream_feed, lambda: self.follower_store)
+        threads = wow_settings.FOLLOWERS_RUN == "threads" and not inline
         return CommandGateway(
             self.event_store,
-            self.snapshot_store,
+            snapshots,
             context_name=wow_settings.CONTEXT_NAME,
             prepare_keys=self.prepare_key,
             tasks=lambda: self.tasks,
@@ -201,12 +245,15 @@ class Runtime:
             retry_backoff_ms=wow_settings.COMMAND_RETRY_BACKOFF_MS,
             wait_timeout_s=wow_settings.COMMAND_WAIT_TIMEOUT_S,
             storage_timeout_s=wow_settings.COMMAND_STORAGE_TIMEOUT_S,
+            status_ttl_s=wow_settings.COMMAND_STATUS_TTL_S,
             snapshot_strategy=wow_settings.SNAPSHOT_STRATEGY,
             snapshot_version_offset=wow_settings.SNAPSHOT_VERSION_OFFSET,
             snapshot_time_offset_s=wow_settings.SNAPSHOT_TIME_OFFSET_S,
             snapshot_mode=wow_settings.SNAPSHOT_MODE,
-            projections=ProjectionWaiter(lambda: self.stream_feed, lambda: self.follower_store),
-            before_send=self._start_followers if wow_settings.FOLLOWERS_RUN == "threads" else None,
+            dispatcher=dispatcher,
+            projections=waiter,
+            before_send=self._start_followers if threads else None,
+            after_append=self.catch_up_followers if inline else None,
         )
 
     @property
@@ -245,17 +292,21 @@ class Runtime:
         gateway = self._parts.get("gateway")
         if gateway is not None:
             gateway.close()
-            status_ttl_s=wow_settings.COMMAND_STATUS_TTL_S,
+        inline = self._parts.get("inline_followers")
+        if inline is not None:
+            inline.close()  # gives the leases up while the follower store is still open
         with self._lock:
             self._closed = True
             parts, self._parts = self._parts, {}
         order = ["bus", "event_store"]
-        for key in order + [k for k in parts if k not in order and k not in ("gateway", "follower_threads")]:
+        closed_first = ("gateway", "follower_threads", "inline_followers")
+        for key in order + [k for k in parts if k not in order and k not in closed_first]:
             _close(parts.get(key))
 
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
+_inline = False
 
 
 def get_runtime() -> Runtime:
@@ -294,6 +345,28 @@ def close_runtime() -> None:
     with _runtime_lock:
         if _runtime is runtime:
             _runtime = None
+
+
+@contextlib.contextmanager
+def inline_background(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, the runtimes this process builds are inline (``enabled``) or not.
+
+    The current runtime is closed on the way in and on the way out, so the next
+    :func:`get_runtime` builds one in the mode asked for. What the test isolation of
+    :mod:`wow_django.testing` uses for a test inside a transaction (a Django ``TestCase``,
+    pytest-django's ``db``); see the module docstring.
+    """
+    global _inline
+    previous = _inline
+    close_runtime()
+    _inline = bool(enabled)
+    try:
+        yield
+    finally:
+        try:
+            close_runtime()
+        finally:
+            _inline = previous
 
 
 def _after_fork_in_child() -> None:
