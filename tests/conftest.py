@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from django.test import override_settings
 
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
-from wow_django.testing import isolated_registry
+from wow_django.testing import IsolatedWowMixin, isolated_registry, isolated_wow
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
 from .support import CONSUMERS, TOKENS, fresh_wow
+
+#: The fixture wow_isolation (every wow_django store isolated per test), as a project enables it.
+pytest_plugins = ["wow_django.testing.pytest_plugin"]
+
+
+@contextlib.contextmanager
+def isolated(settings: dict):
+    """``settings`` as the test's ``WOW``, every store isolated by wow_django.testing (as a project's tests
+    are); the embedded engine of the settings' own database is let go afterwards."""
+    try:
+        with override_settings(WOW=settings), isolated_wow():
+            yield settings
+    finally:
+        disconnect(settings["MONGO_URI"])
 
 
 @pytest.fixture(params=["in_memory", "mongo"])
 def wow(request):
     """Settings with a fresh store on the in-memory backend and on mongomock://."""
-    settings = fresh_wow(request.param)
-    with override_settings(WOW=settings):
+    with isolated(fresh_wow(request.param)) as settings:
         yield settings
-    disconnect(settings["MONGO_URI"])
 
 
 ON_SQLITE = pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
@@ -33,9 +47,8 @@ def every_backend(request):
         settings = fresh_wow("django", DATABASE_ALIAS="wow_sqlite")
     else:
         settings = fresh_wow(request.param)
-    with override_settings(WOW=settings):
+    with isolated(settings):
         yield settings
-    disconnect(settings["MONGO_URI"])
 
 
 @pytest.fixture(params=["mongo", "in_memory"])
@@ -46,17 +59,14 @@ def bus_store(request):
 
 @pytest.fixture
 def wow_memory():
-    settings = fresh_wow("in_memory")
-    with override_settings(WOW=settings):
+    with isolated(fresh_wow("in_memory")) as settings:
         yield settings
 
 
 @pytest.fixture
 def wow_mongo():
-    settings = fresh_wow("mongo")
-    with override_settings(WOW=settings):
+    with isolated(fresh_wow("mongo")) as settings:
         yield settings
-    disconnect(settings["MONGO_URI"])
 
 
 @pytest.fixture
@@ -87,7 +97,8 @@ def queued_commands(monkeypatch):
 
 
 #: The sample's projection writes its read model with the ORM: only tests whose database is really
-#: committed (transactional_db, live_server, TransactionTestCase) can see a follower thread do that.
+#: committed (transactional_db, live_server, TransactionTestCase) can see a follower thread do that, and
+#: tests isolated by wow_django.testing, whose followers run in the test's own thread when it has a transaction.
 ORM_PROJECTIONS = ("order-summaries",)
 
 
@@ -95,14 +106,20 @@ ORM_PROJECTIONS = ("order-summaries",)
 def _isolated_declarations(request):
     """Aggregates, events, projections and consumers a test declares vanish after it.
 
-    The sample's ORM projection is left out of tests without a committed database: its follower would
-    fail there on "Database access not allowed" (pytest-django) and stop on a poison event.
+    The sample's ORM projection is left out of tests without a committed database (unless they use the
+    isolation of wow_django.testing): its follower would fail there on "Database access not allowed"
+    (pytest-django) and stop on a poison event.
     """
     with isolated_registry() as (registry, _consumers):
-        if not _commits_to_database(request):
+        if not _commits_to_database(request) and not _isolated_by_wow(request):
             for name in ORM_PROJECTIONS:
                 registry.discard_handler(name)
         yield
+
+
+def _isolated_by_wow(request) -> bool:
+    cls = getattr(request.node, "cls", None)
+    return "wow_isolation" in request.fixturenames or (cls is not None and issubclass(cls, IsolatedWowMixin))
 
 
 def _commits_to_database(request) -> bool:

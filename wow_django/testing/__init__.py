@@ -10,6 +10,11 @@ pytest and ``manage.py test`` both run them. Harness:
 
 * :class:`AggregateSpec` — given events, when a command, expect events or an
   error and the resulting state, through a real gateway on stores of its own;
+* :class:`IsolatedWowMixin` (:class:`WowTestCase`, :class:`WowTransactionTestCase`),
+  :func:`isolated_wow` and the pytest fixture ``wow_isolation``
+  (:mod:`wow_django.testing.pytest_plugin`) — every store of the project's
+  runtime empty at the start of each test and what it wrote gone after it, on
+  every backend (:mod:`wow_django.testing.isolation` says why a test needs it);
 * :func:`isolated_registry` — declarations made in a test vanish after it;
 * :class:`FakeClock` — a clock the test moves, for stores that take a ``clock``;
 * :mod:`wow_django.testing.followers` — the follower contracts (feed, store,
@@ -25,6 +30,13 @@ from wow_django.testing.bus_store import BusStoreContract, make_event
 from wow_django.testing.clock import FakeClock
 from wow_django.testing.event_store import EventStoreContract, make_stream
 from wow_django.testing.followers import FollowerRunnerContract, FollowerStoreContract, HidingFeed, StreamFeedContract
+from wow_django.testing.isolation import (
+    IsolatedWowMixin,
+    WowIsolation,
+    WowTestCase,
+    WowTransactionTestCase,
+    isolated_wow,
+)
 from wow_django.testing.mongo import (
     REAL_MONGO_REASON,
     EmbeddedMongoDatabase,
@@ -47,12 +59,17 @@ __all__ = [
     "FollowerRunnerContract",
     "FollowerStoreContract",
     "HidingFeed",
+    "IsolatedWowMixin",
     "PrepareKeyContract",
     "REAL_MONGO_REASON",
     "RealMongoDatabase",
     "SnapshotStoreContract",
     "StreamFeedContract",
+    "WowIsolation",
+    "WowTestCase",
+    "WowTransactionTestCase",
     "isolated_registry",
+    "isolated_wow",
     "make_event",
     "make_snapshot",
     "make_stream",
