@@ -14,11 +14,15 @@ import pytest
 from rest_framework.test import APIClient
 
 from sample_project.orders.aggregates import CancelOrder, OrderLine, PayOrder, PlaceOrder
-from tests.test_api import headers
 from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.exceptions import AggregateNotFound, UnknownAggregate
 from wow_django.persistence.records import AggregateId
+
+
+def headers(tenant: str) -> dict:
+    return {"HTTP_COMMAND_TENANT_ID": tenant}
+
 
 pytestmark = pytest.mark.usefixtures("queued_commands")
 

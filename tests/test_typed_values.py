@@ -15,7 +15,6 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from tests.support import fresh_wow
-from tests.test_api import headers
 from wow_django.application.runtime import get_runtime
 from wow_django.backends.mongo.client import disconnect
 from wow_django.domain import Aggregate, Command, Event, State, creates, handles, sourcing
@@ -24,6 +23,11 @@ from wow_django.query.condition import ListQuery, parse_condition, parse_sort
 from wow_django.query.errors import QueryValidationError
 from wow_django.testing import isolated_registry
 from wow_django.testing.mongo import REAL_MONGO_REASON, real_mongo_uri
+
+
+def headers(tenant: str) -> dict:
+    return {"HTTP_COMMAND_TENANT_ID": tenant}
+
 
 ON_SQLITE = pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
 ON_POSTGRES = pytest.mark.django_db(databases=["default", "wow_pg"], transaction=True)

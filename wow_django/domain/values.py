@@ -32,10 +32,15 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
+from pydantic import BaseModel, TypeAdapter
 
 _NATIVE = (str, int, float, bool, type(None))
+_ANY = TypeAdapter(Any)
+
+
+def to_jsonable_python(value: Any) -> Any:
+    """``value`` as pydantic's JSON mode writes it (enums by value, UUIDs and dates as text, sets as lists)."""
+    return _ANY.dump_python(value, mode="json")
 
 
 def canonical_time(moment: datetime) -> str:

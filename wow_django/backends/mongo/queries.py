@@ -36,7 +36,7 @@ from wow_django.persistence.query import (
     refuse_misplaced_text_search,
     split_text_search,
 )
-from wow_django.query.condition import Condition, Projection, SortField
+from wow_django.query.condition import Condition, Operator, Projection, SortField, uses_operator
 from wow_django.query.errors import QueryTooExpensive, QueryValidationError
 from wow_django.query.evaluator import count_matching, evaluate
 from wow_django.query.mongo import compile_filter, compile_projection, compile_sort, needs_text_search
@@ -127,8 +127,14 @@ class MongoQueryService(QueryService):
         return documents, text
 
     def _in_python(self, collection, condition: Condition) -> bool:
-        """Embedded engine: whether this query runs in Python (MATCH, or Decimal128 values mongomock cannot compare)."""
-        return self.connection.embedded and (needs_text_search(condition) or self.connection.holds_decimals(collection))
+        """Embedded engine: whether this query runs in Python (MATCH, or Decimal128 values mongomock cannot
+        compare). Never a RAW filter: it is MongoDB's own language, which only the engine runs."""
+        if not self.connection.embedded:
+            return False
+        return needs_text_search(condition) or self._evaluate_all(collection, condition)
+
+    def _evaluate_all(self, collection, condition: Condition) -> bool:
+        return self.connection.holds_decimals(collection) and not uses_operator(condition, Operator.RAW)
 
     def _all_in_python(self, collection, condition: Condition) -> tuple[list[dict], Condition]:
         """Embedded engine: the documents to evaluate ``condition`` over, and the condition to evaluate.
@@ -136,7 +142,7 @@ class MongoQueryService(QueryService):
         With Decimal128 in the collection, every document (the evaluator compares Decimals as
         MongoDB compares Decimal128); otherwise the documents matching everything but MATCH.
         """
-        if not self.connection.holds_decimals(collection):
+        if not self._evaluate_all(collection, condition):
             return self._text_search_in_python(condition)
         if needs_text_search(condition):
             rest, text = split_text_search(condition)  # the same refusal of a misplaced MATCH as elsewhere
