@@ -51,6 +51,25 @@ def bus_env(bus_store):
     disconnect(settings["MONGO_URI"])
 
 
+def in_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a thread of its own, as consumer workers run; its result, or its exception."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), f"{fn} did not return"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def attempts(event_id, consumer_id):
     return [r for r in get_bus().store.consumption_rows([event_id]) if r["consumerId"] == consumer_id]
 
@@ -161,6 +180,67 @@ def test_a_crash_after_the_feedback_but_before_its_rollup_is_rolled_up_on_redeli
     assert worker.process(event, redelivered=True) == "ack"
     assert worker.stats.duplicates == 1 and recorder.calls == []
     assert status("evt-norollup") == "CONSUMED"
+
+
+def test_a_block_of_feedback_queues_its_rollups_in_one_request(bus_env, monkeypatch):
+    """batched_rollups(): this thread's rollup requests are queued together when the block ends (even by an
+    exception); nested blocks join the outer one; other threads are not batched; ids the queue did not take
+    are rolled up inline."""
+    bus = get_bus()
+    for n in range(3):
+        bus.send(TOPIC, {}, event_id=f"evt-b{n}")
+    requests = []
+
+    def queue(event_ids):
+        requests.append(list(event_ids))
+        return [i for i in event_ids if i == "evt-b2"]  # the queue takes all but evt-b2
+
+    monkeypatch.setattr(bus, "rollup_queue", queue)
+    with bus.batched_rollups():
+        for n in range(3):
+            bus.record_feedback(f"evt-b{n}", ALPHA, True)
+        with bus.batched_rollups():
+            bus.record_feedback("evt-b0", BETA, True)
+        other = threading.Thread(target=bus.record_feedback, args=("evt-b1", BETA, True))
+        other.start()
+        other.join()
+        assert requests == [["evt-b1"]]  # the other thread's, at once
+    assert requests == [["evt-b1"], ["evt-b0", "evt-b1", "evt-b2"]]  # each event once
+    assert [status(f"evt-b{n}") for n in range(3)] == ["SENT", "SENT", "SENT"]  # b2 inline: beta still waits
+    bus.record_feedback("evt-b2", BETA, True)
+    assert status("evt-b2") == "CONSUMED"  # not taken by the queue: rolled up inline
+    requests.clear()
+    with pytest.raises(RuntimeError), bus.batched_rollups():
+        bus.record_feedback("evt-b0", ALPHA, True)
+        raise RuntimeError("the store went away")
+    assert requests == [["evt-b0"]]  # the stored feedback's rollup is queued all the same
+
+
+def test_messages_already_delivered_are_a_burst_acknowledged_after_its_rollups_are_queued(bus_env, recorder,
+                                                                                           monkeypatch):
+    """Events waiting in the queue are handled as one burst (up to the prefetch count): one request queues
+    their rollups, and the messages are acknowledged after it."""
+    bus = get_bus()
+    for n in range(6):
+        bus.send(TOPIC, {}, event_id=f"evt-burst{n}")
+    worker = ConsumerWorker(ALPHA, bus=bus, prefetch=4)
+    real = bus.queue_rollups
+    requests = []
+
+    def queue_rollups(event_ids):
+        ids = list(event_ids)
+        if ids:
+            requests.append((ids, len(worker._handled)))  # handled, not yet acknowledged
+        return real(ids)
+
+    monkeypatch.setattr(bus, "queue_rollups", queue_rollups)
+    in_thread(worker.run, max_messages=6, idle_timeout=2)
+    assert [(len(ids), unacknowledged) for ids, unacknowledged in requests] == [(4, 4), (2, 2)]
+    assert sorted(i for ids, _ in requests for i in ids) == [f"evt-burst{n}" for n in range(6)]
+    assert worker.stats.handled == 6 and worker._handled == []
+    with Running(BETA):
+        wait_for(lambda: all(status(f"evt-burst{n}") == "CONSUMED" for n in range(6)), what="CONSUMED")
+    assert in_thread(ConsumerWorker(ALPHA, bus=bus).run, idle_timeout=0.3).received == 0  # all acknowledged
 
 
 def test_a_consumer_that_is_not_expected_skips_the_event(bus_env, recorder):

@@ -28,11 +28,11 @@ from django.test import override_settings
 
 from wow_django import tasks
 from wow_django.backends.mongo.client import disconnect
-from wow_django.bus import consumer, get_bus
+from wow_django.bus import ConsumerWorker, consumer, get_bus
 from wow_django.bus import service as bus_service
 from wow_django.bus.envelope import utcnow
 from wow_django.exceptions import RecoverableStoreError
-from wow_django.testing.bus import RunningConsumers, delete_amqp_entities, unique_exchange, wait_for
+from wow_django.testing.bus import RunningConsumers, amqp_url, delete_amqp_entities, unique_exchange, wait_for
 from wow_django.testing.bus import event_status as status
 
 from .support import fresh_wow
@@ -97,6 +97,25 @@ def run_queued(env) -> int:
         tasks.rollup_pending(*args)
         runs += 1
     return runs
+
+
+def in_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a thread of its own, as consumer workers run; its result, or its exception."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), f"{fn} did not return"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def send_events(bus, count: int, prefix: str) -> list[str]:
@@ -423,6 +442,53 @@ def test_an_unreachable_redis_rolls_up_inline(shared_cache, monkeypatch):
         bus.record_feedback(event_id, ALPHA, True)
         bus.record_feedback(event_id, BETA, True)
         assert status(event_id) == "CONSUMED"
+
+
+def test_a_consumer_killed_before_its_burst_was_acknowledged_gets_it_again_and_rolls_it_up(shared_cache,
+                                                                                            monkeypatch):
+    """On RabbitMQ: a consumer handled a burst and stored its feedback, then died before the burst's rollups
+    were queued (and so before its messages were acknowledged): the broker delivers them again, and the
+    redelivery queues the rollups (a coalesced drain rolls them up)."""
+    monkeypatch.setitem(tasks.rollup_event.app.conf, "task_always_eager", False)
+    queued: list[tuple] = []
+    monkeypatch.setattr(tasks.rollup_pending, "apply_async", lambda args, **options: queued.append((args, options)))
+    effects: list[str] = []
+    consumer(ALPHA, topics=[TOPIC])(lambda event, ctx: effects.append(event.event_id))
+
+    class Killed(BaseException):
+        pass
+
+    settings = bus_settings("in_memory", BUS_TRANSPORT_URL=amqp_url())
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        try:
+            for consumer_id in (ALPHA, BETA):
+                bus.set_topic_consumer(TOPIC, consumer_id)
+            ids = send_events(bus, 3, "kill")
+            for event_id in ids:
+                bus.record_feedback(event_id, BETA, True)
+            queued.clear()
+            tasks.PendingRollups(settings["BUS_ROLLUP_QUEUE"]).drain(bus.rollup_many)
+            cache.delete(tasks.PendingRollups(settings["BUS_ROLLUP_QUEUE"]).marker)
+            real = bus.queue_rollups
+
+            def killed(event_ids):
+                if event_ids:
+                    raise Killed()
+
+            monkeypatch.setattr(bus, "queue_rollups", killed)
+            with pytest.raises(Killed):
+                in_thread(ConsumerWorker(ALPHA, bus=bus).run, max_messages=3, idle_timeout=5)
+            assert sorted(effects) == ids and queued == []
+            assert {status(i) for i in ids} == {"SENT"}
+            monkeypatch.setattr(bus, "queue_rollups", real)
+            again = ConsumerWorker(ALPHA, bus=bus)
+            assert in_thread(again.run, max_messages=3, idle_timeout=5).duplicates == 3  # redelivered, not handled again
+            assert sorted(effects) == ids and len(queued) == 1
+            assert run_queued(SimpleNamespace(queued=queued, queue=settings["BUS_ROLLUP_QUEUE"])) == 1
+            assert {status(i) for i in ids} == {"CONSUMED"}
+        finally:
+            delete_amqp_entities(amqp_url(), settings["BUS_EXCHANGE"], (ALPHA, BETA))
 
 
 # --- when rollups are not coalesced -------------------------------------------------------------------

@@ -76,14 +76,17 @@ def _snapshot_key(aggregate_name: str, aggregate_id: str) -> str:
     return f"wow:snapshot-pending:{aggregate_name}:{aggregate_id}"
 
 
-def queue_once(marker: str, ttl_s: float, send: Callable[[], object]) -> bool:
+def queue_once(marker: str, ttl_s: float, send: Callable[[], object], *,
+               claim: Callable[[], bool] | None = None) -> bool:
     """Call ``send()`` (queue a task) unless ``marker`` is set in the default cache; whether it did.
 
     The marker is set for ``ttl_s`` (the bound on lag if the queued task is lost) and
     cleared again if ``send`` fails; the task clears it when it has started (snapshots) or
     finished (rollup drains), so requests made meanwhile are coalesced into that task.
+    ``claim()``, if given, sets the marker instead (``cache.add``'s way, along with what it
+    does in the same round trip) and says whether it did.
     """
-    if not cache.add(marker, 1, ttl_s):
+    if not (claim() if claim is not None else cache.add(marker, 1, ttl_s)):
         return False
     try:
         send()
@@ -122,8 +125,13 @@ class PendingRollups:
     def _client():
         return cache._cache.get_client(write=True)  # the server Django's RedisCache writes to
 
-    def add(self, event_id: str) -> None:
-        self._client().sadd(self.pending, event_id)
+    def add(self, event_ids: list[str], *, marker_ttl_s: float) -> bool:
+        """Add the events to the pending set and set the marker unless it is set (as ``cache.add`` would),
+        in one round trip; whether this call set the marker (then it must queue a drain)."""
+        pipe = self._client().pipeline(transaction=False)  # the commands still run in this order
+        pipe.sadd(self.pending, *event_ids)
+        pipe.set(cache.make_and_validate_key(self.marker), 1, ex=int(marker_ttl_s), nx=True)
+        return bool(pipe.execute()[1])
 
     def has_any(self) -> bool:
         """Whether an event is pending (or taken by a drain that did not finish)."""
@@ -174,20 +182,26 @@ class CeleryTaskQueue(TaskQueue):
                           lambda: save_snapshot.delay(aggregate_name, aggregate_id))
 
     def rollup(self, event_id: str) -> bool:
-        """Mark the event pending and queue a drain unless one is queued (coalesced, see
-        :func:`coalesced_rollups`); else queue the event's own rollup task."""
+        return not self.rollup_many([event_id])
+
+    def rollup_many(self, event_ids: list[str]) -> list[str]:
+        """Mark the events pending and queue a drain unless one is queued, in one round trip to Redis
+        (coalesced, see :func:`coalesced_rollups`); else queue each event's own rollup task."""
         if rollup_event.app.conf.task_always_eager:
             # Not queued: the bus rolls up inline what the eager task would, without
             # Celery caching a broker pool and a result backend on the app.
-            return False
+            return list(event_ids)
         queue = wow_settings.BUS_ROLLUP_QUEUE
+        if not event_ids:
+            return []
         if coalesced_rollups():
             pending = PendingRollups(queue)
-            pending.add(event_id)
-            queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: rollup_pending.apply_async((queue,), queue=queue))
-            return True
-        rollup_event.apply_async((event_id,), queue=queue)
-        return True
+            queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: rollup_pending.apply_async((queue,), queue=queue),
+                       claim=lambda: pending.add(event_ids, marker_ttl_s=ROLLUP_QUEUED_TTL_S))
+            return []
+        for event_id in event_ids:
+            rollup_event.apply_async((event_id,), queue=queue)
+        return []
 
 
 def coalesced_rollups() -> bool:

@@ -28,3 +28,9 @@ class TaskQueue(ABC):
         False: not queued — the bus that asked rolls it up itself, inline
         (e.g. Celery in eager mode).
         """
+
+    def rollup_many(self, event_ids: list[str]) -> list[str]:
+        """Queue the rollups of several bus events (a burst of feedback); the ids not queued, which the
+        bus rolls up inline. This default asks :meth:`rollup` for each; a queue that can take them in
+        one request does."""
+        return [event_id for event_id in event_ids if not self.rollup(event_id)]

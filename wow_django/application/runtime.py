@@ -266,7 +266,7 @@ class Runtime:
         return EventBus(
             self.bus_store, transport,
             service_name=wow_settings.SERVICE_NAME or wow_settings.CONTEXT_NAME,
-            rollup_queue=lambda event_id: self.tasks.rollup(event_id),
+            rollup_queue=lambda event_ids: self.tasks.rollup_many(event_ids),
             relay_after_s=wow_settings.BUS_RELAY_AFTER_S,
             repush_timeout_s=wow_settings.BUS_REPUSH_TIMEOUT_S,
             repush_max_count=wow_settings.BUS_REPUSH_MAX_COUNT,

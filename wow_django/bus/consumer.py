@@ -24,7 +24,10 @@ in a thread). For each delivered event the worker:
 5. after the last failure the event is dead-lettered: the final row has
    ``success: false``, ``deadLettered: true`` and the error, the rollup makes
    the event FAILED (or PARTIAL), and a re-push delivers it again;
-6. acknowledges the message only after its outcome is stored.
+6. acknowledges the message only after its outcome is stored and its rollup
+   queued. Messages the broker has already delivered (up to the prefetch
+   count) are handled as one burst whose rollups are queued in one request
+   (:meth:`EventBus.batched_rollups`), then acknowledged together.
 """
 
 from __future__ import annotations
@@ -228,6 +231,7 @@ class ConsumerWorker:
         self.ready = threading.Event()
         self._stop = threading.Event()
         self._last_activity = time.monotonic()
+        self._handled: list = []  # messages of the current burst, acknowledged once its rollups are queued
 
     @property
     def topics(self) -> list[str]:
@@ -265,6 +269,7 @@ class ConsumerWorker:
         self._last_activity = time.monotonic()
         while not self.stopping:
             connection = transport.new_connection()
+            self._handled = []  # a lost channel's unacknowledged messages come back
             try:
                 connection.ensure_connection(max_retries=0, timeout=transport.timeout)
                 channel = connection.channel()
@@ -277,11 +282,20 @@ class ConsumerWorker:
                     while not self.stopping:
                         if max_messages is not None and self.stats.received >= max_messages:
                             return self.stats
-                        try:
-                            connection.drain_events(timeout=0.2)
-                        except TimeoutError:
-                            if idle_timeout is not None and time.monotonic() - self._last_activity >= idle_timeout:
-                                return self.stats
+                        idle = False
+                        # A burst: the next message, then those already delivered (up to the prefetch
+                        # count); their rollups are queued in one request when it ends, then they are
+                        # acknowledged. A crash before that redelivers them, and the redelivery queues
+                        # the rollups again.
+                        with self.bus.batched_rollups():
+                            try:
+                                connection.drain_events(timeout=0.2)
+                                self._drain_delivered(connection, max_messages)
+                            except TimeoutError:
+                                idle = True
+                        self._acknowledge_handled()
+                        if idle and idle_timeout is not None and time.monotonic() - self._last_activity >= idle_timeout:
+                            return self.stats
             except (OperationalError, *connection.connection_errors, *connection.channel_errors) as exc:
                 self.stats.error(f"{type(exc).__name__}: {exc}")
                 logger.warning("consumer %s: broker connection lost (%s); reconnecting in %.1fs",
@@ -294,6 +308,20 @@ class ConsumerWorker:
                 except Exception:
                     logger.debug("closing the consumer connection failed", exc_info=True)
         return self.stats
+
+    def _drain_delivered(self, connection, max_messages: int | None) -> None:
+        """Handle the messages the broker has already delivered, without waiting for more."""
+        while len(self._handled) < self.prefetch and not self.stopping and (
+                max_messages is None or self.stats.received < max_messages):
+            try:
+                connection.drain_events(timeout=0)
+            except TimeoutError:
+                return
+
+    def _acknowledge_handled(self) -> None:
+        handled, self._handled = self._handled, []
+        for message in handled:
+            message.ack()
 
     def _on_message(self, body, message) -> None:
         self.stats.received += 1
@@ -322,7 +350,7 @@ class ConsumerWorker:
             self._stop.wait(min(max(self.backoff_s, 0.05), 1.0))
             self._requeue(body, envelope, message)
         else:
-            message.ack()
+            self._handled.append(message)  # acknowledged when the burst's rollups are queued
 
     def _requeue(self, body: dict, envelope: Envelope, message) -> None:
         """Give the message back to this consumer's queue only.

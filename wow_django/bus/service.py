@@ -16,10 +16,11 @@ event stays PENDING).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -140,13 +141,14 @@ def _text_or_none(value: Any, name: str, limit: int) -> str | None:
 
 class EventBus:
     def __init__(self, store: BusStore, transport: BusTransport, *, service_name: str,
-                 rollup_queue: Callable[[str], bool] | None = None, relay_after_s: float = 30.0,
+                 rollup_queue: Callable[[list[str]], list[str]] | None = None, relay_after_s: float = 30.0,
                  repush_timeout_s: float = 300.0, repush_max_count: int = 5, max_page_size: int = 200,
                  retention_days: float | None = None, expired_retention_days: float | None = None):
-        """``rollup_queue(event_id)`` queues a rollup (the runtime's task queue) and says whether it did;
-        None, or False from it: this bus rolls up inline."""
+        """``rollup_queue(event_ids)`` queues their rollups (the runtime's task queue) and returns the ids
+        it did not queue; this bus rolls those up inline, and every one without a queue."""
         self.store = store
         self.rollup_queue = rollup_queue
+        self._batches = threading.local()  # the rollup requests of a thread's batched_rollups() block
         self.max_page_size = max_page_size
         self._rollup_lock = threading.Lock()  # rollups of this process one at a time (the queue is serial too)
         self.transport = transport
@@ -285,17 +287,50 @@ class EventBus:
         return row
 
     def queue_rollup(self, event_id: str) -> None:
-        """Queue the event's rollup; roll up inline when there is no queue or it cannot take it."""
+        """Queue the event's rollup; roll up inline when there is no queue or it cannot take it.
+
+        Inside this thread's :meth:`batched_rollups` block, it is queued when the block ends.
+        """
+        batch = getattr(self._batches, "ids", None)
+        if batch is not None:
+            batch[event_id] = None
+            return
+        self.queue_rollups([event_id])
+
+    def queue_rollups(self, event_ids: Iterable[str]) -> None:
+        """Queue the events' rollups in one request to the queue; roll up inline those it did not take."""
+        ids = list(dict.fromkeys(event_ids))
+        if not ids:
+            return
+        inline = ids
         if self.rollup_queue is not None:
             try:
-                if self.rollup_queue(event_id):
-                    return
+                inline = list(self.rollup_queue(ids))
             except Exception:
-                logger.warning("bus: could not queue the rollup of %s; rolling up inline", event_id, exc_info=True)
+                logger.warning("bus: could not queue the rollups of %s; rolling up inline", ", ".join(ids[:20]),
+                               exc_info=True)
+        for event_id in inline:
+            try:
+                self.rollup(event_id)
+            except Exception:
+                logger.exception("bus: inline rollup of %s failed", event_id)
+
+    @contextlib.contextmanager
+    def batched_rollups(self) -> Iterator[None]:
+        """Collect this thread's rollup requests (:meth:`queue_rollup`) during the block and queue them
+        together when it ends, even by an exception (their feedback rows are stored): one request to the
+        queue for a burst of feedback. A caller that must know its rollups queued (a consumer before it
+        acknowledges its messages) acts after the block. Nested blocks join the outer one.
+        """
+        if getattr(self._batches, "ids", None) is not None:
+            yield
+            return
+        self._batches.ids = {}
         try:
-            self.rollup(event_id)
-        except Exception:
-            logger.exception("bus: inline rollup of %s failed", event_id)
+            yield
+        finally:
+            ids, self._batches.ids = self._batches.ids, None
+            self.queue_rollups(ids)
 
     def resweep(self, *, older_than_s: float = 60.0, limit: int = 500) -> dict:
         """Roll up again events whose status may be stale: not yet settled (SENT, RETRYING, PARTIAL,
