@@ -13,6 +13,7 @@ import os
 import queue as queues
 import random
 import threading
+import time
 import uuid
 from datetime import timedelta
 from types import SimpleNamespace
@@ -174,6 +175,7 @@ def test_a_feedback_made_while_the_drain_runs_is_rolled_up_by_it(coalescing, mon
     """Feedback whose queue request found the marker set (and queued nothing) while the drain was rolling
     up, even after it had found the set empty, is rolled up by that same run."""
     env = coalescing
+    monkeypatch.setattr(tasks, "ROLLUP_LINGER_S", 0)  # the drain lets go as soon as it found nothing
     first, during, after_empty = send_events(env.bus, 3, "w")
     env.bus.record_feedback(first, ALPHA, True)
     real_rollup_many, real_drain = env.bus.rollup_many, tasks.PendingRollups.drain
@@ -213,6 +215,7 @@ def test_feedback_from_another_thread_in_the_drains_last_window_is_rolled_up(coa
     the task; a producer thread records feedback then. Either the same run rolls it up (the marker was
     still held: the producer queued nothing) or the producer queued the next drain (it was released)."""
     env = coalescing
+    monkeypatch.setattr(tasks, "ROLLUP_LINGER_S", 0)  # the window right after the drain found nothing
     first, late = send_events(env.bus, 2, "l")
     env.bus.record_feedback(first, ALPHA, True)
     opened, recorded = threading.Event(), threading.Event()
@@ -261,6 +264,31 @@ def test_feedback_from_another_thread_in_the_drains_last_window_is_rolled_up(coa
     assert not env.pending.has_any() and cache.get(env.pending.marker) is None
 
 
+def test_a_drain_that_found_nothing_watches_a_while_for_more_before_it_lets_go(coalescing, monkeypatch):
+    """Feedback a little after the drain emptied the set: the same run rolls it up (a steady stream keeps
+    one task going); after ROLLUP_LINGER_S without any, the marker is released."""
+    env = coalescing
+    monkeypatch.setattr(tasks, "ROLLUP_LINGER_S", 0.5)
+    first, later = send_events(env.bus, 2, "g")
+    env.bus.record_feedback(first, ALPHA, True)
+    real_drain = tasks.PendingRollups.drain
+    drains = []
+
+    def drain(self, *args, **kwargs):
+        drains.append(real_drain(self, *args, **kwargs))
+        if len(drains) == 1:  # 0.1 s after the set was found empty, from another thread
+            threading.Timer(0.1, lambda: (env.bus.record_feedback(later, ALPHA, True),
+                                          env.bus.record_feedback(later, BETA, True))).start()
+        return drains[-1]
+
+    monkeypatch.setattr(tasks.PendingRollups, "drain", drain)
+    started = time.monotonic()
+    assert run_queued(env) == 1  # the feedback found the marker held and queued nothing
+    assert drains == [1, 1] and status(later) == "CONSUMED"
+    assert time.monotonic() - started >= 0.6  # it watched 0.5 s past the last feedback, then let go
+    assert cache.get(env.pending.marker) is None
+
+
 def test_concurrent_feedback_and_a_serial_worker_lose_no_rollup(coalescing, monkeypatch):
     """Four threads record feedback while a worker thread runs the queued drains one at a time (each
     batch, and the end of each drain, slowed down a little, so feedback lands mid-drain and just before
@@ -270,6 +298,7 @@ def test_concurrent_feedback_and_a_serial_worker_lose_no_rollup(coalescing, monk
     work: queues.Queue = queues.Queue()
     monkeypatch.setattr(tasks.rollup_pending, "apply_async", lambda args, **options: work.put(args))
     monkeypatch.setattr(tasks, "ROLLUP_BATCH", 7)
+    monkeypatch.setattr(tasks, "ROLLUP_LINGER_S", 0)  # each drain lets go at once: many releases, many races
     real_rollup_many = env.bus.rollup_many
     jitter = random.Random(4)
 
@@ -593,9 +622,9 @@ def test_on_a_real_worker_many_feedbacks_run_few_tasks_and_every_status_is_right
             task_runs.clear()
 
             # 2. Consumers and the worker at once: 300 events sent from 3 threads, each handled by both
-            # consumers (600 feedbacks, every one asking for a rollup while the worker drains). A worker
-            # that keeps up runs a drain for what came in during the last one (a few events: here some
-            # 90 to 160 tasks); one that falls behind drains more per task.
+            # consumers (600 feedbacks, every one asking for a rollup while the worker drains). A drain
+            # keeps going while feedback comes in less than ROLLUP_LINGER_S apart (here: one task); a new
+            # one starts only after such a pause, and the phase lasts seconds at most.
             live = [f"evt-live{n}" for n in range(300)]
             with serial_worker(celery_app, queue), RunningConsumers(ALPHA, BETA, bus=bus):
                 senders = [threading.Thread(target=lambda part=part: [
@@ -610,7 +639,7 @@ def test_on_a_real_worker_many_feedbacks_run_few_tasks_and_every_status_is_right
                 wait_for(lambda: cache.get(tasks.PendingRollups(queue).marker) is None, what="the drains ended")
             drains = [name for name in task_runs if name in rollups]
             assert set(drains) == {"wow_django.bus.rollup_pending"}
-            assert len(drains) <= 600 / 2, f"600 feedbacks, {len(drains)} rollup tasks"
+            assert len(drains) <= 600 / 20, f"600 feedbacks, {len(drains)} rollup tasks"
             assert not tasks.PendingRollups(queue).has_any()
         finally:
             delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], (ALPHA, BETA))

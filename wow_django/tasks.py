@@ -65,6 +65,11 @@ SNAPSHOT_PENDING_TTL_S = 60
 ROLLUP_QUEUED_TTL_S = 60
 # Events a drain rolls up between two updates of its progress in Redis.
 ROLLUP_BATCH = 200
+# A drain that found nothing pending watches for more this long before it lets go of the marker: under a
+# steady stream of feedback one task keeps rolling up, instead of a task (and its Celery overhead) per
+# handful of events. Rollups are not delayed by it: what comes in is rolled up at the next look.
+ROLLUP_LINGER_S = 0.1
+ROLLUP_LINGER_POLL_S = 0.01
 # A drain hands over to a new task after this long: a Redis broker redelivers a task still unacknowledged
 # after its visibility timeout (an hour by default), and other tasks of the queue wait behind it.
 ROLLUP_DRAIN_BUDGET_S = 30.0
@@ -136,6 +141,16 @@ class PendingRollups:
     def has_any(self) -> bool:
         """Whether an event is pending (or taken by a drain that did not finish)."""
         return bool(self._client().exists(self.pending, self.taken))
+
+    def wait_for_more(self, seconds: float, *, poll_s: float = ROLLUP_LINGER_POLL_S) -> bool:
+        """Whether an event became pending within ``seconds`` (looked for every ``poll_s``)."""
+        client = self._client()
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            time.sleep(poll_s)
+            if client.exists(self.pending):
+                return True
+        return False
 
     def drain(self, rollup_many: Callable[[list[str]], object], *, batch: int | None = None,
               deadline: float | None = None) -> int:
@@ -278,9 +293,10 @@ def rollup_event(event_id: str) -> str | None:
 def rollup_pending(queue: str) -> int:
     """Roll up every event pending on ``queue``'s set (:class:`PendingRollups`); how many rollups ran.
 
-    The queued marker is cleared only once nothing is pending, and taken back if a feedback came
-    in between: a feedback that found it set (and queued nothing) is always rolled up, by this run or
-    the next. Past ``ROLLUP_DRAIN_BUDGET_S`` the run queues its successor and ends.
+    The queued marker is cleared only once nothing has been pending for ``ROLLUP_LINGER_S``, and taken
+    back if a feedback came in between: a feedback that found it set (and queued nothing) is always
+    rolled up, by this run or the next. Past ``ROLLUP_DRAIN_BUDGET_S`` the run queues its successor and
+    ends.
     """
     if not PendingRollups.available():
         logger.error("bus rollup: this worker's CACHES['default'] is not Redis, so it cannot see the events "
@@ -298,6 +314,8 @@ def rollup_pending(queue: str) -> int:
                 cache.set(pending.marker, 1, ROLLUP_QUEUED_TTL_S)
                 rollup_pending.apply_async((queue,), queue=queue)
                 return done
+            if ROLLUP_LINGER_S and time.monotonic() < deadline and pending.wait_for_more(ROLLUP_LINGER_S):
+                continue  # still holding the marker: more feedback came in
             cache.delete(pending.marker)
             # A feedback added after the drain found nothing may have seen the marker still set.
             if not pending.has_any() or not cache.add(pending.marker, 1, ROLLUP_QUEUED_TTL_S):
