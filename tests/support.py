@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import threading
 import time
 import uuid
 from functools import cache
@@ -115,3 +116,22 @@ def stored_counts(store) -> tuple[int, int]:
     if isinstance(store, MongoBusStore):
         return store.events.count_documents({}), store.consumptions.count_documents({})
     return len(store._events), sum(len(attempts) for attempts in store._attempts.values())
+
+
+def in_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a thread of its own, as consumer workers run; its result, or its exception."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), f"{fn} did not return"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -21,7 +21,7 @@ from wow_django.testing.bus import ConsumerRecorder, delete_amqp_entities, uniqu
 from wow_django.testing.bus import RunningConsumers as Running
 from wow_django.testing.bus import event_status as status
 
-from .support import fresh_wow
+from .support import fresh_wow, in_thread
 
 ALPHA, BETA = "t-alpha", "t-beta"
 TOPIC = "shop.purchased"
@@ -49,25 +49,6 @@ def bus_env(bus_store):
         yield settings
         delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], (ALPHA, BETA, "t-gamma", "t-child"))
     disconnect(settings["MONGO_URI"])
-
-
-def in_thread(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in a thread of its own, as consumer workers run; its result, or its exception."""
-    outcome: dict = {}
-
-    def target():
-        try:
-            outcome["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive(), f"{fn} did not return"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def attempts(event_id, consumer_id):

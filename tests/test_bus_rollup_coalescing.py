@@ -36,7 +36,7 @@ from wow_django.exceptions import RecoverableStoreError
 from wow_django.testing.bus import RunningConsumers, amqp_url, delete_amqp_entities, unique_exchange, wait_for
 from wow_django.testing.bus import event_status as status
 
-from .support import fresh_wow
+from .support import fresh_wow, in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -98,25 +98,6 @@ def run_queued(env) -> int:
         tasks.rollup_pending(*args)
         runs += 1
     return runs
-
-
-def in_thread(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in a thread of its own, as consumer workers run; its result, or its exception."""
-    outcome: dict = {}
-
-    def target():
-        try:
-            outcome["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive(), f"{fn} did not return"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def send_events(bus, count: int, prefix: str) -> list[str]:
