@@ -117,3 +117,13 @@ def test_tenants_and_request_ids_that_share_characters_do_not_share_a_status(eve
     place(tenant="t 1", wait="SENT", request_id="x")
     assert gateway.status("order", "1 x", tenant_id="t") is None
     assert gateway.status("order", "x", tenant_id="t 1").succeeded
+
+
+def test_without_a_tenant_the_lookup_uses_the_default_tenant_as_send_does(every_backend):
+    from sample_project.orders.aggregates import OrderLine, PlaceOrder
+
+    gateway = get_runtime().gateway
+    gateway.send(PlaceOrder(customer_id="c-1", items=[OrderLine(sku="A-1", quantity=1, unit_price=Decimal("1"))]),
+                 request_id="r-default", wait="SENT")
+    assert gateway.status("order", "r-default").succeeded
+    assert gateway.status("order", "r-default", tenant_id="t1") is None

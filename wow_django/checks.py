@@ -108,8 +108,8 @@ def check_settings(app_configs=None, **kwargs):
         messages.append(checks.Warning(
             celery_problem,
             hint="Define your Celery app and import it in your project package's __init__.py (CELERY_BROKER_URL "
-                 "in settings, app.config_from_object('django.conf:settings', namespace='CELERY')), or set "
-                 "CELERY_TASK_ALWAYS_EAGER = True to run tasks inline.",
+                 "in settings, app.config_from_object('django.conf:settings', namespace='CELERY')); to run tasks "
+                 "inline instead, set CELERY_TASK_ALWAYS_EAGER = True, which only that app reads from settings.",
             id="wow_django.W007",
         ))
     if wow_settings.SNAPSHOT_MODE == "celery" and _cache_is_process_local():

@@ -343,7 +343,7 @@ class CommandGateway:
         self._record_status(result)
         return result
 
-    def status(self, aggregate: str | type[Aggregate], request_id: str, *, tenant_id: str,
+    def status(self, aggregate: str | type[Aggregate], request_id: str, *, tenant_id: str = DEFAULT_TENANT_ID,
                aggregate_id: str | None = None) -> CommandResult | None:
         """What became of the command sent with ``request_id``: the stage it reached and its error, if any.
 
@@ -383,6 +383,7 @@ class CommandGateway:
             stream = self.event_store.get_by_request_id(
                 AggregateId(cls.aggregate_name, candidate, self.context_name, tenant_id), request_id)
             if stream is not None:
+        ``tenant_id`` defaults to the default tenant, as in :meth:`send`.
                 return CommandResult(
                     command_id=stream.command_id, request_id=request_id, aggregate_name=cls.aggregate_name,
                     aggregate_id=candidate, tenant_id=tenant_id, aggregate_version=stream.version,
