@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 import wow_django
 from wow_django.backends.mongo.bus_store import MongoBusStore
+from wow_django.exceptions import EventVersionConflict
 
 
 def fresh_wow(storage: str, **extra) -> dict:
@@ -135,3 +136,35 @@ def in_thread(fn, *args, **kwargs):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+class RivalReads:
+    """One gateway's view of the shared event store.
+
+    Once armed, its next read waits at a barrier shared with the other
+    gateway's view: both have read the same version before either appends,
+    so their appends of the next version conflict, whatever the scheduling.
+    """
+
+    def __init__(self, inner, barrier: threading.Barrier, conflicts: list[int]):
+        self.inner = inner
+        self.barrier = barrier
+        self.conflicts = conflicts
+        self.armed = False
+
+    def load(self, *args, **kwargs):
+        streams = self.inner.load(*args, **kwargs)
+        if self.armed:  # read under the gateway's aggregate lock: one reader at a time per view
+            self.armed = False
+            self.barrier.wait()
+        return streams
+
+    def append(self, stream):
+        try:
+            self.inner.append(stream)
+        except EventVersionConflict:
+            self.conflicts.append(stream.version)
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)

@@ -21,10 +21,11 @@ from wow_django.exceptions import (
     AggregateNotFound,
     CommandExpectVersionConflict,
     CommandValidationError,
-    EventVersionConflict,
     RequestIdReused,
 )
 from wow_django.persistence.records import AggregateId
+
+from .support import RivalReads
 
 pytestmark = pytest.mark.usefixtures("queued_commands")
 
@@ -172,37 +173,12 @@ def test_commands_racing_with_one_expected_version_accept_exactly_one(backend):
     assert [v for v, _ in stored(customer)] == [1, 2]
 
 
-class SameReads:
-    """A gateway's view of the shared store whose next load waits for the other gateway's: both read version
-    1 before either appends, so their appends of version 2 conflict — two processes, whatever the scheduling."""
-
-    def __init__(self, inner, barrier: threading.Barrier, conflicts: list[int]):
-        self.inner, self.barrier, self.conflicts, self.armed = inner, barrier, conflicts, False
-
-    def load(self, *args, **kwargs):
-        streams = self.inner.load(*args, **kwargs)
-        if self.armed:
-            self.armed = False
-            self.barrier.wait()
-        return streams
-
-    def append(self, stream):
-        try:
-            self.inner.append(stream)
-        except EventVersionConflict:
-            self.conflicts.append(stream.version)
-            raise
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def test_two_processes_expecting_one_version_accept_exactly_one(backend):
     """The loser's append conflicts; its retry reloads, finds version 2 and refuses the command instead of
     handling it again on the new state."""
     customer = register().aggregate_id
     barrier, conflicts = threading.Barrier(2, timeout=10), []
-    views = [SameReads(get_runtime().event_store, barrier, conflicts) for _ in range(2)]
+    views = [RivalReads(get_runtime().event_store, barrier, conflicts) for _ in range(2)]
     gateways = [CommandGateway(view, None, context_name="order-service", retry_limit=5, retry_backoff_ms=0.2)
                 for view in views]
     for view in views:

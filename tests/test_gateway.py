@@ -34,6 +34,8 @@ from wow_django.exceptions import (
 )
 from wow_django.persistence.records import DEFAULT_TENANT_ID, AggregateId
 
+from .support import RivalReads
+
 
 def place(gateway=None, amount="9.99", quantity=2, **kwargs):
     gateway = gateway or get_runtime().gateway
@@ -509,38 +511,6 @@ def test_a_reservation_held_by_another_aggregate_is_never_released(wow_memory):
     with pytest.raises(DuplicateAggregateId):
         gateway.send(RegisterCustomer(username="linus", display_name="L2"), aggregate_id="cust-1")
     assert get_runtime().prepare_key("username").get("linus").value == "cust-1"
-
-
-class RivalReads:
-    """One gateway's view of the shared event store.
-
-    Once armed, its next read waits at a barrier shared with the other
-    gateway's view: both have read the same version before either appends,
-    so their appends of the next version conflict, whatever the scheduling.
-    """
-
-    def __init__(self, inner, barrier: threading.Barrier, conflicts: list[int]):
-        self.inner = inner
-        self.barrier = barrier
-        self.conflicts = conflicts
-        self.armed = False
-
-    def load(self, *args, **kwargs):
-        streams = self.inner.load(*args, **kwargs)
-        if self.armed:  # read under the gateway's aggregate lock: one reader at a time per view
-            self.armed = False
-            self.barrier.wait()
-        return streams
-
-    def append(self, stream):
-        try:
-            self.inner.append(stream)
-        except EventVersionConflict:
-            self.conflicts.append(stream.version)
-            raise
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def test_two_gateways_on_one_store_conflict_and_retry(wow):
