@@ -1,15 +1,27 @@
-"""The OpenAPI schema of the API, and a bounded schemathesis run against it.
+"""The OpenAPI schema of the API, and bounded schemathesis runs against it.
 
 Schemathesis drives the sample project's WSGI application in-process (no
-server, no network) with cases generated from the served schema, on both
-local backends. Every response must be no server error, have a documented
-status and content type, and match its documented schema.
+server, no network) with cases generated from the served schema:
+
+* on every backend, the aggregate routes with the classic checks: no server
+  error, a documented status and content type, an answer matching its schema;
+* on the django backend (the default storage), every route — the bus's
+  included, authenticated — with every check (``--checks all``) on positive and
+  negative data: a request the schema allows is accepted, one it forbids is
+  refused.
+
+The coverage phase (schemathesis' deterministic boundary cases) is left out:
+on the recursive condition grammar it draws thousands of cases per query
+operation (about a minute each to compute); the examples and fuzzing phases run.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import re
+import sys
 
 import pytest
 import schemathesis
@@ -20,11 +32,16 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    positive_data_acceptance,
     response_schema_conformance,
     status_code_conformance,
 )
 
 from sample_project.orders.aggregates import PlaceOrder
+from wow_django.application.gateway import id_pattern
+from wow_django.http.contract import python_pattern
+
+from .support import CONSUMERS, TOKENS, fresh_wow
 
 # Wait stage SENT queues through the queued_commands fixture, not Celery.
 pytestmark = pytest.mark.usefixtures("queued_commands")
@@ -86,11 +103,19 @@ def test_query_bodies_results_and_errors(openapi):
         return ops[operation_id][2]["requestBody"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
 
     assert [body(f"order_snapshot_{op}") for op in ("single", "list", "paged", "count")] == [
-        "WowSingleQuery", "WowListQuery", "WowPagedQuery", "WowCondition"]
+        "WowSingleQuery", "WowListQuery", "WowPagedQuery", "WowCountQuery"]
     assert [body(f"order_event_{op}") for op in ("list", "paged", "count")] == [
-        "WowListQuery", "WowPagedQuery", "WowCondition"]
+        "WowListQuery", "WowPagedQuery", "WowCountQuery"]
+    assert all(ops[f"order_snapshot_{op}"][2]["requestBody"]["required"] for op in ("single", "list", "count"))
     condition = components["WowCondition"]
-    assert condition["properties"]["children"]["items"] == {"$ref": "#/components/schemas/WowCondition"}
+    rules = {tuple(rule["if"]["properties"]["operator"]["enum"]): rule["then"] for rule in condition["allOf"]}
+    assert rules[("AND",)]["properties"]["children"]["items"] == {"$ref": "#/components/schemas/WowCondition"}
+    assert rules[("ELEM_MATCH",)]["properties"]["children"]["items"] == {
+        "$ref": "#/components/schemas/WowElementCondition"}
+    assert rules[("EARLIER_DAYS", "RECENT_DAYS")]["required"] == ["value"]
+    assert "RAW" not in condition["properties"]["operator"]["anyOf"][0]["enum"]  # QUERY_ALLOW_RAW is off
+    element = components["WowElementCondition"]["properties"]["operator"]["anyOf"][0]["enum"]
+    assert "MATCH" not in element and "ID" not in element and "EQ" in element
     assert components["WowPagination"]["properties"]["size"]["maximum"] == 200
     assert components["WowListQuery"]["properties"]["limit"]["maximum"] == 1000
     assert components["WowError"]["required"] == ["errorCode", "errorMsg", "bindingErrors"]
@@ -112,7 +137,10 @@ def test_headers_are_documented(openapi):
     ops = operations(openapi)
     command = {p["name"]: p for p in ops["order_pay_order"][2]["parameters"]}
     assert command["Command-Wait-Stage"]["in"] == "header"
-    assert command["Command-Request-Id"]["schema"]["maxLength"] == 128
+    assert command["Command-Request-Id"]["schema"] == {"$ref": "#/components/schemas/WowId"}
+    assert command["Command-Tenant-Id"]["schema"] == {"$ref": "#/components/schemas/WowId"}
+    assert command["id"]["schema"] == {"$ref": "#/components/schemas/WowPathId"}
+    assert openapi["components"]["schemas"]["WowId"]["pattern"] == id_pattern()
     assert command["Command-Tenant-Id"]["in"] == "header"
     assert command["Command-Aggregate-Version"]["schema"] == {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
     assert "CommandExpectVersionConflict" in command["Command-Aggregate-Version"]["description"]
@@ -123,6 +151,111 @@ def test_headers_are_documented(openapi):
     assert query == {"Command-Tenant-Id"}
     event_range = {p["name"]: p for p in ops["order_event_range"][2]["parameters"]}
     assert event_range["head"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
+
+
+def test_decimals_are_numbers_on_their_grid_or_plain_digits(openapi):
+    """PayOrder.amount: Decimal, gt=0, max_digits=12, decimal_places=2 (issue 13: "" was a valid Decimal)."""
+    number, text = openapi["components"]["schemas"]["PayOrder"]["properties"]["amount"]["anyOf"]
+    assert number == {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10**10, "multipleOf": 0.01}
+    pattern = re.compile(python_pattern(text["pattern"]))  # "$" is the end of the text, as in ECMAScript
+    assert all(pattern.search(v) for v in ("0.01", "7", "7.5", "9999999999.99", "10.00"))
+    assert not any(pattern.search(v) for v in ("", "0", "0.00", "-1", " 1.5", "1_0", "1e2", "1.505", "+1",
+                                               "10000000000", "٣", "1.5\n"))
+    quantity = openapi["components"]["schemas"]["OrderLine-Input"]["properties"]["quantity"]
+    assert (quantity["minimum"], quantity["maximum"]) == (1, 1000)
+    display = openapi["components"]["schemas"]["ChangeDisplayName"]["properties"]["display_name"]
+    assert re.search(display["pattern"], "Ada") and not re.search(display["pattern"], " Ada")  # stripped text
+
+
+def test_the_bus_endpoints_are_documented(openapi):
+    ops = operations(openapi)
+    found = {op_id: (method.upper(), path) for op_id, (path, method, _) in ops.items() if op_id.startswith("bus_")}
+    assert found == {
+        "bus_events_list": ("GET", "/bus/events/"), "bus_events_send": ("POST", "/bus/events/"),
+        "bus_event_detail": ("GET", "/bus/events/{event_id}/"),
+        "bus_event_repush": ("POST", "/bus/events/{event_id}/repush/"),
+        "bus_trace": ("GET", "/bus/traces/{trace_id}/"),
+        "bus_topic_consumers_list": ("GET", "/bus/topic-consumers/"),
+        "bus_topic_consumers_set": ("POST", "/bus/topic-consumers/"), "bus_callback": ("POST", "/bus/callback/"),
+    }
+    enable = ops["bus_topic_consumers_set"][2]
+    body = enable["requestBody"]["content"]["application/json"]["schema"]
+    assert enable["requestBody"]["required"] and body == {"$ref": "#/components/schemas/WowTopicConsumerChange"}
+    change = openapi["components"]["schemas"]["WowTopicConsumerChange"]
+    assert set(change["properties"]) == {"topic", "consumerId", "enabled", "description"}
+    assert change["required"] == ["topic", "consumerId"] and change["additionalProperties"] is False
+    assert {"200", "400", "401", "403"} <= set(enable["responses"])
+    assert enable["security"] and ops["bus_callback"][2]["security"] == [{"consumerToken": []}]
+    assert openapi["components"]["securitySchemes"]["consumerToken"]["scheme"] == "bearer"
+    listing = {p["name"] for p in ops["bus_events_list"][2]["parameters"]}
+    assert listing == {"status", "topic", "service", "since", "until", "traceId", "page", "size", "cursor"}
+    assert "409" in ops["bus_event_repush"][2]["responses"]
+
+
+def test_the_server_holds_bodies_to_the_schema(client):
+    """What pydantic or the parser would let by and the schema forbids is refused, naming the part."""
+    from wow_django.http import contract
+
+    assert contract.violations({"limit": 5}, "WowListQuery") == []
+    assert contract.violations(None, "WowListQuery") == []  # null: every part at its default
+    refused = contract.violations({"condition": {"operator": "OR", "children": []}}, "WowListQuery")
+    assert refused and refused[0]["name"].startswith("condition")
+    assert contract.violations({"operator": "TODAY", "field": "t", "options": {"zoneId": "Mars/Base"}},
+                               "WowCountQuery")
+    assert contract.violations({"operator": "TODAY", "field": "t", "options": {"zoneId": "Asia/Shanghai"}},
+                               "WowCountQuery") == []
+
+
+@pytest.mark.parametrize("amount", [" 7.00", "7_00", "7.000", "+7", "٧", True, "7e0"])
+def test_what_pydantic_would_coerce_is_refused_as_the_schema_says(client, wow, amount):
+    """PayOrder.amount is a number on its grid or plain digits: pydantic alone takes these."""
+    placed = client.post("/api/order/place_order", {"customer_id": "c", "items": [
+        {"sku": "A", "quantity": 1, "unit_price": "7.00"}]}, content_type="application/json")
+    assert placed.status_code == 200, placed.content
+    response = client.post(f"/api/order/{placed.json()['aggregateId']}/pay_order",
+                           {"amount": amount, "payment_id": "p"}, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["errorCode"] == "CommandValidation"
+    assert [e["name"] for e in response.json()["bindingErrors"]] == ["amount"]
+
+
+@pytest.mark.parametrize("quantity", ["1", True, 1.5])
+def test_an_integer_is_a_json_integer(client, wow, quantity):
+    response = client.post("/api/order/place_order", {"customer_id": "c", "items": [
+        {"sku": "A", "quantity": quantity, "unit_price": "7.00"}]}, content_type="application/json")
+    assert response.status_code == 400 and response.json()["errorCode"] == "CommandValidation", response.content
+    whole = client.post("/api/order/place_order", data='{"customer_id": "c", "items": [{"sku": "A", '
+                        '"quantity": 2.0, "unit_price": 7}]}', content_type="application/json")
+    assert whole.status_code == 200, whole.content  # 2.0 is the integer 2, as JSON Schema counts it
+
+
+@pytest.mark.parametrize(("headers", "name"), [
+    ({"HTTP_COMMAND_TENANT_ID": ""}, "Command-Tenant-Id"),
+    ({"HTTP_COMMAND_TENANT_ID": "a\tb"}, "Command-Tenant-Id"),
+    ({"HTTP_COMMAND_REQUEST_ID": ""}, "Command-Request-Id"),
+    ({"HTTP_COMMAND_WAIT_STAGE": ""}, "Command-Wait-Stage"),
+    ({"HTTP_COMMAND_WAIT_STAGE": "processed"}, "Command-Wait-Stage"),
+])
+def test_empty_or_misspelt_headers_are_refused_as_the_schema_says(client, wow, headers, name):
+    response = client.post("/api/customer/register_customer", {"username": "ada", "display_name": "Ada"},
+                           content_type="application/json", **headers)
+    assert response.status_code == 400, response.content
+    assert [e["name"] for e in response.json()["bindingErrors"]] == [name]
+
+
+@pytest.mark.parametrize("path", ["/api/order/x/state", "/api/order/snapshot/list", "/api/order/x/recover"])
+def test_an_undocumented_method_is_a_405_with_allow(client, wow, path):
+    """Not a 415 (the body check comes after the method's): QUERY, PATCH and the like."""
+    for method in ("QUERY", "PATCH"):
+        response = client.generic(method, path, "", content_type="text/plain")
+        assert response.status_code == 405, (method, path, response.content)
+        assert response["Allow"] and method not in response["Allow"]
+
+
+def test_a_body_less_delete_is_taken_whatever_its_content_type(client, wow):
+    placed = client.post("/api/order/place_order", {"customer_id": "c", "items": [
+        {"sku": "A", "quantity": 1, "unit_price": "7.00"}]}, content_type="application/json").json()["aggregateId"]
+    assert client.delete(f"/api/order/{placed}", content_type="text/plain").status_code == 200
 
 
 def test_swagger_ui_is_served(client):
@@ -146,11 +279,24 @@ def without_connection_housekeeping():
         request_finished.connect(close_old_connections)
 
 
+PHASES = ["examples", "fuzzing"]  # not the coverage phase: see the module docstring
+
 # Loaded once at collection (pytest-django has set Django up by then); the schema needs no store.
 with without_connection_housekeeping():
     api_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
         path_regex=r"^/api/(order|customer)/"
     )
+    api_schema.config.phases.update(phases=PHASES)
+    every_route = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
+        path_regex=r"^/(api/(order|customer)|bus)/"
+    )
+    every_route.config.phases.update(phases=PHASES)
+    every_route.config.generation.update(modes=list(schemathesis.GenerationMode), with_security_parameters=False)
+    # A valid request may meet the state other cases left: a deleted aggregate (410) or a request id already
+    # used for another command (422). Those answers are the API's rules about that state, not a refusal of
+    # the request's shape.
+    every_route.config.checks.positive_data_acceptance.expected_statuses = [
+        *every_route.config.checks.positive_data_acceptance.expected_statuses, "410", "422"]
 
 
 @pytest.fixture
@@ -172,3 +318,87 @@ def test_api_conforms_to_its_schema(case, every_backend, wsgi_requests):
     """Each operation's cases share one fresh store on each backend."""
     case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
                                    response_schema_conformance])
+
+
+# --- every check, positive and negative data, every route --------------------------------------------------
+
+STRICT_EXAMPLES = int(os.environ.get("WOW_STRICT_FUZZ_EXAMPLES", "120"))  # about 60 per mode per operation
+ADMIN_PASSWORD = "fuzz-admin-password"
+
+#: Refusals of valid-looking requests that no JSON Schema can foresee, by the message the server gives. Each is a
+#: rule about two parts of one request, or about what only the server knows:
+INHERENT = re.compile("|".join((
+    r"is already sorted on",          # two sort entries on one field (uniqueness of a property across items)
+    r"overlaps .* list a field or its parent",  # projection paths where one is another's parent
+    r"nested deeper than",            # QUERY_MAX_DEPTH (JSON Schema cannot count nesting)
+    r"must be later than occurredAt",  # expireAt against occurredAt (default: the time of the request)
+    r"is not a page cursor",          # a cursor is only what the server issued as `next`
+    r"two ways of paging",            # page and cursor together (two query parameters)
+    r"only one MATCH",                # a second full-text search (JSON Schema cannot count them in a tree)
+    r"MATCH \(full-text search\) may only appear",  # MATCH below OR or NOR (a rule on the path to a node)
+    r"too large for an SQL database",  # the SQL compiler's cost budget, counted over the whole query
+)))
+
+
+@pytest.fixture
+def deep_generation():
+    """Room for schemathesis' negative generation, which draws the recursive condition grammar by recursion."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 5000))
+    yield
+    sys.setrecursionlimit(limit)
+
+
+@pytest.fixture
+def strict_env(db, deep_generation):
+    """The django storage on the wow_sqlite database, the bus with its consumers and tokens, and an admin."""
+    from django.contrib.auth.models import User
+    from django.test import override_settings
+
+    from wow_django.backends.mongo.client import disconnect
+    from wow_django.bus import get_bus
+
+    settings = fresh_wow("django", DATABASE_ALIAS="wow_sqlite", SERVICE_NAME="order-service",
+                         BUS_CALLBACK_TOKENS=TOKENS)
+    User.objects.create_superuser("fuzz-admin", "admin@example.com", ADMIN_PASSWORD)
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer in CONSUMERS:
+            bus.set_topic_consumer("order.purchased", consumer)
+        yield settings
+    disconnect(settings["MONGO_URI"])
+
+
+def credentials(case) -> dict:
+    if case.operation.path == "/bus/callback/":
+        return {"Authorization": f"Bearer {TOKENS[CONSUMERS[0]]}"}
+    if case.operation.path.startswith("/bus/"):
+        token = base64.b64encode(f"fuzz-admin:{ADMIN_PASSWORD}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+    return {}
+
+
+def inherent_refusal(response) -> bool:
+    """A 400 whose every binding error is one of the INHERENT rules (one error: its message in full, as
+    errorMsg has it; a binding error's is cut to 200 characters, and it may start with a long field path)."""
+    if response.status_code != 400:
+        return False
+    body = response.json()
+    errors = body.get("bindingErrors") or []
+    if len(errors) == 1:
+        return bool(INHERENT.search(body.get("errorMsg", "")))
+    return bool(errors) and all(INHERENT.search(error.get("msg", "")) for error in errors)
+
+
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+@every_route.parametrize()
+@settings(max_examples=STRICT_EXAMPLES, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much])
+def test_every_route_honours_its_schema_with_every_check(case, strict_env, wsgi_requests):
+    """``--checks all`` on positive and negative data: what the schema allows is accepted (no 400, no 5xx),
+    what it forbids is refused, every status and answer is documented. Only the INHERENT refusals are let by."""
+    headers = credentials(case)
+    response = case.call_and_validate(headers=headers, excluded_checks=[positive_data_acceptance])
+    if not inherent_refusal(response):
+        case.validate_response(response, checks=[positive_data_acceptance], headers=headers)

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import logging
 import random
+import re
 import threading
 import time
 import weakref
@@ -72,6 +74,39 @@ from wow_django.persistence.records import DEFAULT_TENANT_ID, MAX_VERSION, Aggre
 logger = logging.getLogger("wow_django.application.gateway")
 
 MAX_ID_LENGTH = 128
+
+
+@functools.cache
+def printable_characters() -> str:
+    """A regular-expression character class body (no brackets) of the printable characters: those of the Basic
+    Multilingual Plane that ``str.isprintable`` accepts (no control, format, separator, surrogate, private-use or
+    unassigned character; the ASCII space is printable). Written with ``\\uXXXX`` escapes only, so Python,
+    ECMAScript (OpenAPI's pattern dialect) and Rust read it alike."""
+    parts, start = [], None
+    for code in range(0x10001):
+        printable = code < 0x10000 and chr(code).isprintable()
+        if printable and start is None:
+            start = code
+        elif not printable and start is not None:
+            end = code - 1
+            parts.append(f"\\u{start:04x}" if start == end else f"\\u{start:04x}-\\u{end:04x}")
+            start = None
+    return "".join(parts)
+
+
+@functools.cache
+def id_pattern() -> str:
+    """The pattern of every id a client gives (aggregate, request, tenant): :data:`ID_RULE`."""
+    return f"^[{printable_characters()}]{{1,{MAX_ID_LENGTH}}}$"
+
+
+@functools.cache
+def _id_re() -> re.Pattern:
+    return re.compile(f"[{printable_characters()}]{{1,{MAX_ID_LENGTH}}}")
+
+
+ID_RULE = (f"a printable string of 1 to {MAX_ID_LENGTH} characters of the Basic Multilingual Plane (no control, "
+           "format, separator or private-use character)")
 
 
 class WaitStage(enum.StrEnum):
@@ -174,19 +209,16 @@ class CommandMessage:
 
 
 def is_valid_id(value: Any) -> bool:
-    """Whether ``value`` can be an id (aggregate, request, tenant): a printable string of 1 to MAX_ID_LENGTH
-    characters."""
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and value.isprintable()
+    """Whether ``value`` can be an id (aggregate, request, tenant): :data:`ID_RULE`, the pattern
+    :func:`id_pattern` the OpenAPI schema gives."""
+    return isinstance(value, str) and _id_re().fullmatch(value) is not None
 
 
 def _check_id(value: Any, name: str) -> str:
     if not is_valid_id(value):
         shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else \
             f"{value[:40]!r}… ({len(value)} characters)"
-        raise CommandValidationError(
-            f"{name} must be a printable string of 1 to {MAX_ID_LENGTH} characters, got {shown}",
-            [{"name": name, "msg": f"must be a printable string of 1 to {MAX_ID_LENGTH} characters"}],
-        )
+        raise CommandValidationError(f"{name} must be {ID_RULE}, got {shown}", [{"name": name, "msg": f"must be {ID_RULE}"}])
     return value
 
 
@@ -351,6 +383,7 @@ class CommandGateway:
         for ``COMMAND_STATUS_TTL_S``) and for every command that stored events: a create command by its
         request id, a command on an existing aggregate given ``aggregate_id`` too. ``None`` otherwise,
         and for another tenant's request. A stored command whose snapshot has caught up is at SNAPSHOT.
+        ``tenant_id`` defaults to the default tenant, as in :meth:`send`.
         """
         name = aggregate if isinstance(aggregate, str) else aggregate.aggregate_name
         cls = aggregate_type(name)
@@ -383,7 +416,6 @@ class CommandGateway:
             stream = self.event_store.get_by_request_id(
                 AggregateId(cls.aggregate_name, candidate, self.context_name, tenant_id), request_id)
             if stream is not None:
-        ``tenant_id`` defaults to the default tenant, as in :meth:`send`.
                 return CommandResult(
                     command_id=stream.command_id, request_id=request_id, aggregate_name=cls.aggregate_name,
                     aggregate_id=candidate, tenant_id=tenant_id, aggregate_version=stream.version,

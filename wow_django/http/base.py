@@ -55,12 +55,15 @@ class WowView(APIView):
         DRF parses nothing for an empty body, so without this an empty cross-site form
         post (or a body-less ``fetch`` in no-cors mode), which a browser sends with the
         user's cookies or Basic credentials, would act. A DELETE or PUT without a body
-        may omit the header: no browser sends those cross-site without a CORS preflight.
+        may omit the header (a body-less DELETE may even name another type: there is
+        nothing to parse): no browser sends those cross-site without a CORS preflight.
         """
-        if request.method in ("GET", "HEAD", "OPTIONS", "TRACE"):
-            return
+        if request.method in ("GET", "HEAD", "OPTIONS", "TRACE") or not self.handles(request.method):
+            return  # a method the view does not have is a 405 (DRF answers it after this), not a 415
         given = request.META.get("CONTENT_TYPE", "")
-        if not given and request.method in ("DELETE", "PUT") and not _has_body(request):
+        if request.method == "DELETE" and not _has_body(request):
+            return  # nothing to parse, whatever it says; no browser sends a DELETE cross-site without a preflight
+        if not given and request.method == "PUT" and not _has_body(request):
             return
         media_type = MediaType(given)
         if (media_type.main_type, media_type.sub_type) == ("application", "json"):
@@ -70,6 +73,11 @@ class WowView(APIView):
             detail=f"{request.method} requests must send Content-Type: {JSON_MEDIA_TYPE}, even with an empty "
             f"body (got {_short(given) if given else 'no Content-Type'}); send {{}} as JSON for no arguments.",
         )
+
+    def handles(self, method: str) -> bool:
+        """Whether this view has a handler for ``method`` (else DRF answers 405)."""
+        name = method.lower()
+        return name in self.http_method_names and hasattr(self, name)
 
     def get_authentication_classes(self) -> list[type]:
         return default_authentication_classes()

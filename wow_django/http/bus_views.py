@@ -2,7 +2,10 @@
 
 Errors are ``{errorCode, errorMsg, bindingErrors}`` with 400 (bad input),
 401 (not authenticated), 403 (not allowed), 404 (unknown event or trace),
-409 (re-push refused), 503 (broker or store unavailable).
+409 (re-push refused), 503 (broker or store unavailable). The OpenAPI schema
+describes every endpoint (:class:`~wow_django.http.schema.WowBusSchema`), and
+each body and query parameter is held to it after the bus's own checks
+(:mod:`wow_django.http.contract`).
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ from rest_framework.response import Response
 
 from wow_django.application.runtime import get_runtime
 from wow_django.bus.context import bus_context
+from wow_django.bus.envelope import build_envelope, check_consumer_id, check_topic
 from wow_django.exceptions import EnvelopeValidationError
+from wow_django.http import contract
 from wow_django.http.base import WowView
 from wow_django.http.bus_authentication import ConsumerTokenAuthentication
 from wow_django.http.bus_permissions import CanManageConsumers, CanRepush, CanSendEvents, CanViewBus, IsConsumer
+from wow_django.http.schema import WowBusSchema
 
 
 class BusView(WowView):
     """Base of the bus endpoints: the project's authentication, JSON errors, the process's bus."""
 
-    schema = None  # not part of the aggregates' OpenAPI document
+    schema = WowBusSchema()
 
     def get_authenticate_header(self, request):
         # DRF asks only the first authenticator; session authentication has no
@@ -45,13 +51,23 @@ class BusView(WowView):
 
     @staticmethod
     def int_param(request, name: str, default: int) -> int:
+        """The query parameter ``name`` as written digits (as the schema's integer), or ``default`` without it."""
         raw = request.query_params.get(name)
-        if raw in (None, ""):
+        if raw is None:
             return default
-        try:
-            return int(raw)
-        except ValueError:
-            raise EnvelopeValidationError.from_errors("query", [{"name": name, "msg": "must be an integer"}]) from None
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+            raise EnvelopeValidationError.from_errors("query", [{"name": name, "msg": "must be an integer"}])
+        return int(raw)
+
+    @staticmethod
+    def conform(what: str, instance, component: str, name: str | None = None) -> None:
+        """Refuse ``instance`` (a body, or the query parameter ``name``) unless it is what the schema's
+        ``component`` says (after the bus's own checks)."""
+        errors = contract.violations(instance, component)
+        if errors:
+            if name is not None:
+                errors = [{"name": name, "msg": error["msg"]} for error in errors]
+            raise EnvelopeValidationError.from_errors(what, errors)
 
 
 def _user_name(request) -> str:
@@ -70,6 +86,9 @@ class EventListView(BusView):
         """By page number (``page``, with ``total``), or by cursor (``cursor``: empty for the first page,
         then each answer's ``next``; no total): a deep page by cursor costs what the first does."""
         params = request.query_params
+        for name, component in (("since", "WowBusTime"), ("until", "WowBusTime")):
+            if params.get(name):
+                self.conform("event query", params[name], component, name=name)
         filters = {"status": params.get("status") or None, "topic": params.get("topic") or None,
                    "service": params.get("service") or None, "since": params.get("since") or None,
                    "until": params.get("until") or None, "trace_id": params.get("traceId") or None}
@@ -84,6 +103,11 @@ class EventListView(BusView):
 
     def post(self, request):
         data = self.body(request)
+        for name in ("contractVersion", "sequence"):  # 2.0 is the whole number 2, as the schema's integers count it
+            if isinstance(data.get(name), float) and data[name].is_integer():
+                data[name] = int(data[name])
+        build_envelope(data, default_service=self.bus.service_name)  # the bus's own rules, their own words first
+        self.conform("envelope", data, "WowEnvelope")
         with bus_context(user_id=_user_name(request) or None,
                          client_request_id=request.headers.get("X-Request-Id") or None):
             result = self.bus.send_envelope(data)
@@ -104,11 +128,12 @@ class RepushView(BusView):
     permission_classes = [CanRepush]
 
     def post(self, request, event_id: str):
-        data = self.body(request) if request.data else {}
+        data = self.body(request)
         unknown = set(data) - {"consumerId"}
         if unknown:
             raise EnvelopeValidationError.from_errors(
                 "re-push", [{"name": k, "msg": "unknown field: only consumerId is accepted"} for k in sorted(unknown)])
+        self.conform("re-push", data, "WowRepush")
         consumer_id = data.get("consumerId") or None
         result = self.bus.repush(event_id, requested_by=_user_name(request), consumer_id=consumer_id)
         return Response(result.to_json())
@@ -139,6 +164,9 @@ class TopicConsumersView(BusView):
         if unknown:
             raise EnvelopeValidationError.from_errors(
                 "topic consumer", [{"name": k, "msg": "unknown field"} for k in sorted(unknown)])
+        check_topic(data.get("topic"))
+        check_consumer_id(data.get("consumerId"))
+        self.conform("topic consumer", data, "WowTopicConsumerChange")
         saved = self.bus.set_topic_consumer(data.get("topic"), data.get("consumerId"),
                                             enabled=data.get("enabled", True), description=data.get("description"),
                                             updated_by=_user_name(request))
@@ -173,6 +201,7 @@ class CallbackView(BusView):
             errors.append({"name": "error", "msg": "must be a string"})
         if errors:
             raise EnvelopeValidationError.from_errors("feedback", errors)
+        self.conform("feedback", data, "WowFeedback")
         consumer_id = request.user.consumer_id
         claimed = data.get("consumerId")
         if claimed not in (None, "", consumer_id):

@@ -14,7 +14,9 @@ which DRF does not apply to JSON.
 :class:`CommandJSONParser`, the parser of command bodies, reads numbers with a
 fraction or an exponent as :class:`~wow_django.domain.messages.JSONDecimal`
 instead of ``float``, so ``0.99999999999999999999`` reaches the command's
-model as written (and is refused by ``decimal_places=2``) rather than as ``1.0``.
+model as written (and is refused by ``decimal_places=2``) rather than as ``1.0``;
+:class:`QueryJSONParser`, the parser of query bodies, reads ``5.0`` as the whole
+number 5 and an integer past 64 bits the float it is.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class WowJSONParser(BaseParser):
     media_type = "application/json"
     renderer_class = JSONRenderer
     parse_float = staticmethod(_finite)
+    parse_int = staticmethod(_int64)
 
     def parse(self, stream, media_type=None, parser_context=None):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -94,7 +97,8 @@ class WowJSONParser(BaseParser):
         except (UnicodeDecodeError, LookupError):
             raise ParseError(f"The request body is not valid {encoding} text.")
         try:
-            data = json.loads(text, parse_float=self.parse_float, parse_int=_int64, parse_constant=_no_constants)
+            data = json.loads(text, parse_float=self.parse_float, parse_int=self.parse_int,
+                              parse_constant=_no_constants)
         except RecursionError:
             raise ParseError("Malformed JSON: nested too deeply.")
         except ValueError as exc:
@@ -104,6 +108,25 @@ class WowJSONParser(BaseParser):
         except UnicodeEncodeError:
             raise ParseError("Malformed JSON: strings must not contain lone surrogates (\\ud800-\\udfff).")
         return data
+
+
+def _whole_or_float(text: str) -> int | float:
+    number = _finite(text)
+    return int(number) if number.is_integer() and INT64_MIN <= number <= INT64_MAX else number
+
+
+def _int_or_float(text: str) -> int | float:
+    number = int(text)  # ValueError past Python's digit limit
+    return number if INT64_MIN <= number <= INT64_MAX else _finite(text)
+
+
+class QueryJSONParser(WowJSONParser):
+    """The JSON parser of query bodies: numbers are the numbers JSON means — ``5.0`` is the whole number 5, as
+    JSON Schema's ``integer`` counts it (a limit, a page, a day count may be written so), and an integer past 64
+    bits is the float it is (a value to compare with, never stored)."""
+
+    parse_float = staticmethod(_whole_or_float)
+    parse_int = staticmethod(_int_or_float)
 
 
 class CommandJSONParser(WowJSONParser):

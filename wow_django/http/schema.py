@@ -16,18 +16,19 @@ Pydantic emits JSON Schema 2020-12, which is what OpenAPI 3.1 uses: set
 
 from __future__ import annotations
 
-import functools
+import copy
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
-from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import OpenApiParameter
-from pydantic.json_schema import models_json_schema
 
-from wow_django.application.gateway import MAX_ID_LENGTH, WaitStage
+from wow_django.application.gateway import WaitStage
+from wow_django.bus.service import MAX_PAGE
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import aggregates
 from wow_django.domain.messages import RecoverAggregate
+from wow_django.http import contract
 from wow_django.http.headers import (
     AGGREGATE_VERSION_HEADER,
     MAX_WAIT_TIMEOUT_MS,
@@ -35,18 +36,9 @@ from wow_django.http.headers import (
     WAIT_STAGE_HEADER,
     WAIT_TIMEOUT_HEADER,
 )
+from wow_django.persistence.bus import EventStatus
 from wow_django.persistence.query import SNAPSHOT
 from wow_django.persistence.records import MAX_VERSION
-from wow_django.query.condition import (
-    MAX_LIST_SIZE,
-    MAX_SORT_FIELDS,
-    OPTION_KEYS,
-    DeletionState,
-    Direction,
-    Operator,
-)
-
-REF = "#/components/schemas/{model}"
 
 ERROR_STATUSES = {
     "400": "Invalid body, condition, path parameter or header (bindingErrors name each): CommandValidation "
@@ -62,174 +54,26 @@ ERROR_STATUSES = {
 }
 
 
-def _nullable(schema: dict) -> dict:
-    if spectacular_settings.OAS_VERSION.startswith("3.0"):
-        return {**schema, "nullable": True}
-    return {**schema, "type": [schema["type"], "null"]}
+#: The component of each query operation's body.
+QUERY_BODIES = {"single": "WowSingleQuery", "list": "WowListQuery", "paged": "WowPagedQuery",
+                "count": "WowCountQuery"}
 
 
 def _ref(name: str) -> dict:
-    return {"$ref": REF.format(model=name)}
+    return contract.ref(name)
 
 
 def _integer(minimum: int, maximum: int) -> dict:
-    return {"type": "integer", "minimum": minimum, "maximum": maximum}
-
-
-# --- the API's own components --------------------------------------------------------------
+    return contract.integer(minimum, maximum)
 
 
 def wow_components() -> dict[str, dict]:
     """The components every Wow API schema shares, by name (reads the QUERY_* settings)."""
-    string = {"type": "string"}
-    string_list = {"type": "array", "items": string, "maxItems": MAX_LIST_SIZE}
-    return {
-        "WowBindingError": {
-            "type": "object",
-            "properties": {"name": {**string, "description": "The offending field, path or header."},
-                           "msg": {**string, "description": "The rule it breaks."}},
-            "required": ["name", "msg"],
-        },
-        "WowError": {
-            "type": "object",
-            "description": "Every error: a stable code, a message saying what to do, and the offending inputs.",
-            "properties": {
-                "errorCode": string,
-                "errorMsg": string,
-                "bindingErrors": {"type": "array", "items": _ref("WowBindingError")},
-            },
-            "required": ["errorCode", "errorMsg", "bindingErrors"],
-        },
-        "WowConditionOptions": {
-            "type": "object",
-            "properties": {
-                "ignoreCase": {"type": "boolean"},
-                "zoneId": {**string, "description": "IANA zone of the date operators (default UTC)."},
-                "datePattern": {**string, "description": "Java-style pattern of a text date field (yyyy-MM-dd)."},
-            },
-            "additionalProperties": False,
-        },
-        "WowCondition": {
-            "type": "object",
-            "description": (
-                "A condition node. `field` is a path of letters, digits and '_' joined by '.'; `value` is the "
-                "operator's argument (DELETED takes " + ", ".join(s.value for s in DeletionState) + "); "
-                "AND, OR, NOR and ELEM_MATCH take `children`. RAW is refused unless the server allows it. "
-                f"Options: {', '.join(OPTION_KEYS)}."
-            ),
-            "properties": {
-                "field": string,
-                "operator": {"type": "string", "enum": [o.value for o in Operator]},
-                "value": {"description": "Any JSON value; its shape depends on the operator."},
-                "children": {"type": "array", "items": _ref("WowCondition"), "maxItems": MAX_LIST_SIZE},
-                "options": _ref("WowConditionOptions"),
-            },
-            "required": ["operator"],
-            "additionalProperties": False,
-        },
-        "WowProjection": {
-            "type": "object",
-            "description": "Return only `include`d fields (plus the id), or all but `exclude`d ones; not both.",
-            "properties": {"include": string_list, "exclude": string_list},
-            "additionalProperties": False,
-        },
-        "WowSortField": {
-            "type": "object",
-            "properties": {"field": string, "direction": {"type": "string", "enum": [d.value for d in Direction]}},
-            "required": ["field"],
-            "additionalProperties": False,
-        },
-        "WowPagination": {
-            "type": "object",
-            "properties": {
-                "index": _integer(1, 2**31 - 1),
-                "size": _integer(1, wow_settings.QUERY_MAX_PAGE_SIZE),
-            },
-            "additionalProperties": False,
-        },
-        **{
-            name: {
-                "type": "object",
-                "properties": {
-                    "condition": _ref("WowCondition"),
-                    "projection": _ref("WowProjection"),
-                    "sort": {"type": "array", "items": _ref("WowSortField"), "maxItems": MAX_SORT_FIELDS},
-                    **extra,
-                },
-                "additionalProperties": False,
-            }
-            for name, extra in (
-                ("WowSingleQuery", {}),
-                ("WowListQuery", {"limit": _integer(1, wow_settings.QUERY_MAX_LIMIT)}),
-                ("WowPagedQuery", {"pagination": _ref("WowPagination")}),
-            )
-        },
-        "WowCommandResult": {
-            "type": "object",
-            "properties": {
-                "commandId": string,
-                "requestId": string,
-                "aggregateName": string,
-                "aggregateId": string,
-                "tenantId": string,
-                "aggregateVersion": _nullable({"type": "integer"}),
-                "stage": {"type": "string", "enum": [s.value for s in WaitStage]},
-                "events": {"type": "array", "items": string},
-                "duplicate": {"type": "boolean"},
-                "errorCode": {**string, "description": "Ok, or why the asked stage was not confirmed "
-                              "(RequestTimeout, DispatchFailed): the events are stored either way."},
-                "errorMsg": string,
-                "bindingErrors": {"type": "array", "items": _ref("WowBindingError")},
-            },
-            "required": ["commandId", "requestId", "aggregateName", "aggregateId", "tenantId", "aggregateVersion",
-                         "stage", "events", "duplicate", "errorCode", "errorMsg", "bindingErrors"],
-        },
-        "WowSnapshot": {
-            "type": "object",
-            "description": "A snapshot (read model); a projection may leave fields out.",
-            "properties": {
-                "aggregateId": string, "contextName": string, "aggregateName": string, "tenantId": string,
-                "ownerId": string, "version": {"type": "integer"}, "eventId": string, "firstOperator": string,
-                "operator": string, "firstEventTime": {"type": "integer"}, "eventTime": {"type": "integer"},
-                "snapshotTime": {"type": "integer"}, "deleted": {"type": "boolean"},
-                "state": {"type": "object", "description": "The aggregate's state."},
-            },
-        },
-        "WowDomainEvent": {
-            "type": "object",
-            "properties": {"id": string, "name": string, "revision": string, "bodyType": string,
-                           "body": {"type": "object"}},
-        },
-        "WowEventStream": {
-            "type": "object",
-            "description": "The events one command produced; a projection may leave fields out.",
-            "properties": {
-                "id": string, "contextName": string, "aggregateName": string, "aggregateId": string,
-                "tenantId": string, "ownerId": string, "requestId": string, "commandId": string,
-                "version": {"type": "integer"}, "header": {"type": "object"},
-                "body": {"type": "array", "items": _ref("WowDomainEvent")}, "size": {"type": "integer"},
-                "createTime": {"type": "integer", "description": "Epoch milliseconds."},
-            },
-        },
-        "WowPagedSnapshotList": {
-            "type": "object",
-            "properties": {"total": {"type": "integer", "minimum": 0},
-                           "list": {"type": "array", "items": _ref("WowSnapshot")}},
-            "required": ["total", "list"],
-        },
-        "WowPagedEventStreamList": {
-            "type": "object",
-            "properties": {"total": {"type": "integer", "minimum": 0},
-                           "list": {"type": "array", "items": _ref("WowEventStream")}},
-            "required": ["total", "list"],
-        },
-    }
+    return contract.wow_components()
 
 
-@functools.lru_cache(maxsize=8)
 def _pydantic_schemas(models: tuple[tuple[type, str], ...]) -> tuple[dict, dict]:
-    keys, definitions = models_json_schema(list(models), ref_template=REF)
-    return keys, definitions.get("$defs", {})
+    return contract.pydantic_schemas(models)
 
 
 def pydantic_models() -> tuple[tuple[type, str], ...]:
@@ -242,23 +86,35 @@ def pydantic_models() -> tuple[tuple[type, str], ...]:
     return tuple(found)
 
 
-# --- the inspector -------------------------------------------------------------------------------
-
-
-class WowAutoSchema(AutoSchema):
-    """Describes the generated Wow views (see the module docstring)."""
+class _Components:
+    """Registers the API's components with drf-spectacular's registry and refers to them."""
 
     def _register(self, name: str, schema: dict) -> dict:
-        component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=schema)
+        # A copy: drf-spectacular's post-processing hooks change the registered schemas in place, and these are
+        # the very schemas the API holds requests to (contract.violations).
+        component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name,
+                                      schema=copy.deepcopy(schema))
         self.registry.register_on_missing(component)
         return component.ref
 
     def _wow(self, name: str) -> dict:
-        components = wow_components()
-        # Register the referenced components too (they refer to each other by name).
-        for other, schema in components.items():
+        # Register them all: they refer to each other by name.
+        for other, schema in wow_components().items():
             self._register(other, schema)
         return _ref(name)
+
+    def _get_request_body(self, direction="request"):
+        body = super()._get_request_body(direction)
+        if body is not None and self.method == "POST":
+            body["required"] = True  # a POST without a JSON body is a 415: send {} for no arguments
+        return body
+
+
+# --- the inspector -------------------------------------------------------------------------------
+
+
+class WowAutoSchema(_Components, AutoSchema):
+    """Describes the generated Wow views (see the module docstring)."""
 
     def _pydantic(self, model: type, mode: str) -> dict:
         keys, definitions = _pydantic_schemas(pydantic_models())
@@ -339,19 +195,16 @@ class WowAutoSchema(AutoSchema):
     def get_override_parameters(self) -> list:
         view = self.view
         parameters: list = []
+        path_id, any_id = self._wow("WowPathId"), self._wow("WowId")
         if "{id}" in self.path:
-            parameters.append(OpenApiParameter(
-                "id", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}, OpenApiParameter.PATH,
-                description="The aggregate id.",
-            ))
+            parameters.append(OpenApiParameter("id", path_id, OpenApiParameter.PATH, description="The aggregate id."))
         if "{request_id}" in self.path:
             parameters.append(OpenApiParameter(
-                "request_id", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH}, OpenApiParameter.PATH,
+                "request_id", path_id, OpenApiParameter.PATH,
                 description="The command's request id (Command-Request-Id).",
             ))
             parameters.append(OpenApiParameter(
-                "aggregateId", {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
-                OpenApiParameter.QUERY,
+                "aggregateId", any_id, OpenApiParameter.QUERY,
                 description="For a command on an existing aggregate that was not queued: the aggregate it was sent to.",
             ))
         for name in ("head", "tail"):
@@ -362,7 +215,8 @@ class WowAutoSchema(AutoSchema):
                 ))
         if view.action in ("command", "delete", "recover"):
             parameters.append(OpenApiParameter(
-                WAIT_STAGE_HEADER, {"type": "string", "enum": [s.value for s in WaitStage]}, OpenApiParameter.HEADER,
+                WAIT_STAGE_HEADER, {"type": "string", "enum": [s.value for s in WaitStage]},
+                OpenApiParameter.HEADER,
                 description="How far to go before answering (default PROCESSED).",
             ))
             parameters.append(OpenApiParameter(
@@ -371,8 +225,7 @@ class WowAutoSchema(AutoSchema):
                 f"COMMAND_WAIT_TIMEOUT_S, {wow_settings.COMMAND_WAIT_TIMEOUT_S:g} s, its default).",
             ))
             parameters.append(OpenApiParameter(
-                REQUEST_ID_HEADER, {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
-                OpenApiParameter.HEADER,
+                REQUEST_ID_HEADER, any_id, OpenApiParameter.HEADER,
                 description="Idempotency key: a retry with the same id is recognised and appends nothing. A create "
                 "command's aggregate id is derived from it.",
             ))
@@ -396,10 +249,14 @@ class WowAutoSchema(AutoSchema):
         if view.action == "recover":
             return {"application/json": self._pydantic(RecoverAggregate, "validation")}
         if view.action in ("snapshot_query", "event_query"):
-            name = {"single": "WowSingleQuery", "list": "WowListQuery", "paged": "WowPagedQuery",
-                    "count": "WowCondition"}[view.operation]
-            return {"application/json": self._wow(name)}
+            return {"application/json": self._wow(QUERY_BODIES[view.operation])}
         return None
+
+    def _get_request_body(self, direction="request"):
+        body = super()._get_request_body(direction)
+        if body is not None and self.view.action == "recover":
+            body["required"] = False  # a body-less PUT recovers too
+        return body
 
     # --- outputs ------------------------------------------------------------------------------
 
@@ -454,4 +311,140 @@ class WowAutoSchema(AutoSchema):
                                        "(RequestIdReused); send this command with a new one.")
         elif status_code == "202":
             response["description"] = "Queued, or stored without the asked stage confirmed."
+        return response
+
+
+# --- the bus endpoints ---------------------------------------------------------------------------------
+
+
+class ConsumerTokenScheme(OpenApiAuthenticationExtension):
+    """The consumers' callback token (``Authorization: Bearer <token>``, ``WOW["BUS_CALLBACK_TOKENS"]``)."""
+
+    target_class = "wow_django.http.bus_authentication.ConsumerTokenAuthentication"
+    name = "consumerToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "A consumer's callback token (WOW['BUS_CALLBACK_TOKENS'])."}
+
+
+#: (view name, method) → (operationId, summary, request body component, {status: response component}).
+BUS_OPERATIONS = {
+    ("EventListView", "GET"): ("bus_events_list", "Bus events, newest first, by page or by cursor", None,
+                               {"200": "WowBusEventPage"}),
+    ("EventListView", "POST"): ("bus_events_send", "Send an integration event", "WowEnvelope",
+                                {"200": "WowSendResult", "201": "WowSendResult"}),
+    ("EventDetailView", "GET"): ("bus_event_detail", "One event: feedback per consumer, parent, children, "
+                                 "re-pushes", None, {"200": "WowBusEventDetail"}),
+    ("RepushView", "POST"): ("bus_event_repush", "Re-push an event, to every consumer or to one", "WowRepush",
+                             {"200": "WowRepushResult"}),
+    ("TraceView", "GET"): ("bus_trace", "Every event of a trace: time line and parent → child tree", None,
+                           {"200": "WowTrace"}),
+    ("TopicConsumersView", "GET"): ("bus_topic_consumers_list", "Who consumes which topic", None,
+                                    {"200": "WowTopicConsumerList"}),
+    ("TopicConsumersView", "POST"): ("bus_topic_consumers_set", "Create, update, enable or disable a topic consumer",
+                                     "WowTopicConsumerChange", {"200": "WowTopicConsumer"}),
+    ("CallbackView", "POST"): ("bus_callback", "A consumer's feedback on an event (its callback token)",
+                               "WowFeedback", {"201": "WowFeedbackResult"}),
+}
+
+BUS_ERRORS = {
+    "400": "An invalid envelope, body, query parameter or page cursor (BusValidation, IllegalArgument for "
+           "malformed JSON); bindingErrors name each.",
+    "401": "Not authenticated (NotAuthenticated, AuthenticationFailed).",
+    "403": "Not allowed: the wow_bus permission is missing (PermissionDenied), or a consumer reports on an event "
+           "it was not sent or for another consumer (ConsumerNotExpected, PermissionDenied).",
+    "404": "No such event or trace (NotFound).",
+    "406": "The Accept header excludes application/json (NotAcceptable).",
+    "409": "The re-push is refused (RepushNotAllowed, RepushTooEarly, RepushLimitReached, RepushConflict, "
+           "AlreadyConsumed, EventExpired, ConsumerNotExpected).",
+    "413": "The body is too large (PayloadTooLarge).",
+    "415": "The body is not application/json (UnsupportedMediaType).",
+    "503": "The store or the broker is unavailable (StoreUnavailable, BusTransportUnavailable, BusError); retry "
+           "(see Retry-After).",
+}
+
+
+class WowBusSchema(_Components, AutoSchema):
+    """Describes the bus endpoints (:mod:`wow_django.http.bus_views`): parameters, bodies, answers, errors."""
+
+    def _key(self):
+        for cls in type(self.view).__mro__:
+            if (cls.__name__, self.method) in BUS_OPERATIONS:
+                return BUS_OPERATIONS[(cls.__name__, self.method)]
+        raise KeyError(f"{type(self.view).__name__} {self.method} is not a bus operation")
+
+    def get_operation_id(self) -> str:
+        return self._key()[0]
+
+    def get_summary(self) -> str:
+        return self._key()[1]
+
+    def get_description(self) -> str:
+        return (self.view.__doc__ or "").strip()
+
+    def get_tags(self) -> list[str]:
+        return ["bus"]
+
+    def get_override_parameters(self) -> list:
+        operation = self._key()[0]
+        event_id = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
+        parameters: list = []
+        if "{event_id}" in self.path:
+            parameters.append(OpenApiParameter("event_id", event_id, OpenApiParameter.PATH, description="eventId."))
+        if "{trace_id}" in self.path:
+            parameters.append(OpenApiParameter("trace_id", event_id, OpenApiParameter.PATH, description="traceId."))
+        if operation == "bus_events_list":
+            self._wow("WowBusTime")
+            blank = {"const": ""}
+            parameters += [
+                OpenApiParameter("status", contract.choice(["", *(s.value for s in EventStatus)]),
+                                 OpenApiParameter.QUERY),
+                OpenApiParameter("topic", {"anyOf": [blank, _ref("WowTopic")]}, OpenApiParameter.QUERY),
+                OpenApiParameter("service", {"type": "string"}, OpenApiParameter.QUERY,
+                                 description="initiator.service"),
+                OpenApiParameter("since", {"anyOf": [blank, _ref("WowBusTime")]}, OpenApiParameter.QUERY,
+                                 description="occurredAt at or after (ISO 8601)."),
+                OpenApiParameter("until", {"anyOf": [blank, _ref("WowBusTime")]}, OpenApiParameter.QUERY,
+                                 description="occurredAt before (ISO 8601)."),
+                OpenApiParameter("traceId", {"type": "string"}, OpenApiParameter.QUERY),
+                OpenApiParameter("page", _integer(1, MAX_PAGE), OpenApiParameter.QUERY,
+                                 description="Page number, from 1 (default 1; not with cursor)."),
+                OpenApiParameter("size", _ref("WowBusPageSize"), OpenApiParameter.QUERY,
+                                 description="Events per page (default 20)."),
+                OpenApiParameter("cursor", {"type": "string"}, OpenApiParameter.QUERY,
+                                 description="Keyset paging: empty for the first page, then the answer's `next` "
+                                 "(a cursor only the server issues; not with page)."),
+            ]
+        if operation == "bus_topic_consumers_list":
+            parameters += [OpenApiParameter("topic", {"type": "string"}, OpenApiParameter.QUERY),
+                           OpenApiParameter("consumerId", {"type": "string"}, OpenApiParameter.QUERY)]
+        if operation == "bus_events_send":
+            parameters.append(OpenApiParameter(
+                "X-Request-Id", {"type": "string"}, OpenApiParameter.HEADER,
+                description="The client's request id, kept as initiator.clientRequestId when the envelope names "
+                "none."))
+        return parameters
+
+    def get_request_serializer(self):
+        body = self._key()[2]
+        return {"application/json": self._wow(body)} if body else None
+
+    def get_response_serializers(self):
+        responses = {code: self._wow(name) for code, name in self._key()[3].items()}
+        error = self._wow("WowError")
+        for code in BUS_ERRORS:
+            if code == "409" and self._key()[0] != "bus_event_repush":
+                continue
+            if code in ("413", "415") and self.method != "POST":
+                continue
+            responses[code] = error
+        return responses
+
+    def _get_response_for_code(self, serializer, status_code, media_types=None, direction="response"):
+        response = super()._get_response_for_code(serializer, status_code, media_types, direction)
+        if status_code in BUS_ERRORS:
+            response["description"] = BUS_ERRORS[status_code]
+        elif status_code == "201":
+            response["description"] = "Stored (and published, unless the broker is down: then PENDING)."
         return response

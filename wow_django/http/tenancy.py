@@ -6,7 +6,8 @@ is "not found"), queries are ANDed with it, reads by id check it. Nothing in
 a request body can widen it.
 
 * :class:`HeaderTenantResolver` (the default) takes the ``Command-Tenant-Id``
-  header, or the default tenant ``(0)`` without one. The client chooses, so
+  header, or the default tenant ``(0)`` without one (an empty header is refused:
+  a tenant id is an id, :data:`~wow_django.application.gateway.ID_RULE`). The client chooses, so
   use it behind a gateway that sets the header, or for a single tenant.
 * :class:`UserTenantResolver` takes the tenant from the authenticated user
   (``request.user.tenant_id`` by default; set ``attribute`` to a dotted path
@@ -25,17 +26,18 @@ from abc import ABC, abstractmethod
 
 from rest_framework.exceptions import NotAuthenticated, PermissionDenied
 
+from wow_django.application.gateway import ID_RULE, MAX_ID_LENGTH, is_valid_id
 from wow_django.http.errors import InvalidRequest
 from wow_django.persistence.records import DEFAULT_TENANT_ID
 
 TENANT_HEADER = "Command-Tenant-Id"
-MAX_TENANT_ID_LENGTH = 128
-TENANT_RULE = f"a tenant id is a printable string of 1 to {MAX_TENANT_ID_LENGTH} characters"
+MAX_TENANT_ID_LENGTH = MAX_ID_LENGTH
+TENANT_RULE = f"a tenant id is {ID_RULE}"
 
 
 def check_tenant_id(value, name: str) -> str:
-    """``value`` if it is a usable tenant id, else InvalidRequest (400) naming ``name``."""
-    if not isinstance(value, str) or not value or len(value) > MAX_TENANT_ID_LENGTH or not value.isprintable():
+    """``value`` if it is a usable tenant id (the id rule), else InvalidRequest (400) naming ``name``."""
+    if not is_valid_id(value):
         raise InvalidRequest(name, TENANT_RULE)
     return value
 
@@ -53,14 +55,14 @@ class TenantResolver(ABC):
 
 
 class HeaderTenantResolver(TenantResolver):
-    """The ``Command-Tenant-Id`` header, or ``default`` when it is absent or empty."""
+    """The ``Command-Tenant-Id`` header, or ``default`` when it is absent."""
 
     header = TENANT_HEADER
     default = DEFAULT_TENANT_ID
 
     def resolve(self, request) -> str:
         value = request.headers.get(self.header)
-        if value is None or value == "":
+        if value is None:
             return self.default
         return check_tenant_id(value, self.header)
 
@@ -71,7 +73,8 @@ class HeaderTenantResolver(TenantResolver):
             "required": False,
             "description": f"The tenant to act for (default {self.default!r}). Commands and queries never "
             "reach another tenant's aggregates.",
-            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_TENANT_ID_LENGTH},
+            # The id rule: the OpenAPI schema's shared component WowId (its pattern is id_pattern()).
+            "schema": {"$ref": "#/components/schemas/WowId"},
         }]
 
 

@@ -25,13 +25,21 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from wow_django.application import queries
-from wow_django.application.gateway import MAX_ID_LENGTH, CommandGateway, CommandResult, WaitStage, is_valid_id
+from wow_django.application.gateway import ID_RULE as GATEWAY_ID_RULE
+from wow_django.application.gateway import CommandGateway, CommandResult, WaitStage, is_valid_id
 from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
 from wow_django.domain.messages import Command, DeleteAggregate, RecoverAggregate
 from wow_django.domain.values import stored
-from wow_django.exceptions import AggregateIsDeleted, CommandValidationError, UnknownAggregate, UnknownCommand
+from wow_django.exceptions import (
+    AggregateIsDeleted,
+    CommandValidationError,
+    UnknownAggregate,
+    UnknownCommand,
+    binding_summary,
+)
+from wow_django.http import contract
 from wow_django.http.base import WowView, default_authentication_classes, import_classes
 from wow_django.http.errors import InvalidRequest, ResourceNotFound
 from wow_django.http.headers import (
@@ -41,14 +49,14 @@ from wow_django.http.headers import (
     WAIT_STAGE_HEADER,
     WAIT_TIMEOUT_HEADER,
 )
-from wow_django.http.parsers import CommandJSONParser
-from wow_django.http.schema import WowAutoSchema
+from wow_django.http.parsers import CommandJSONParser, QueryJSONParser
+from wow_django.http.schema import QUERY_BODIES, WowAutoSchema, pydantic_models
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
 from wow_django.query.condition import Condition, DeletionState, Operator, SingleQuery, and_conditions
 
-ID_RULE = f"an aggregate id is a printable string of 1 to {MAX_ID_LENGTH} characters"
+ID_RULE = f"an id is {GATEWAY_ID_RULE}"
 
 
 def check_aggregate_id(value: str, name: str = "id") -> str:
@@ -125,15 +133,22 @@ class CommandSenderView(WowAPIView):
     parser_classes = [CommandJSONParser]
 
     def get_request_id(self) -> str | None:
-        value = self.request.headers.get(REQUEST_ID_HEADER) or None
+        """``Command-Request-Id``, or None without the header (an empty one is refused, as the schema says)."""
+        value = self.request.headers.get(REQUEST_ID_HEADER)
         if value is not None and not is_valid_id(value):
             # Named as the client sent it (the header), not as the gateway's argument; never echoed in full.
-            rule = f"must be a printable string of 1 to {MAX_ID_LENGTH} characters (got {len(value)} characters)"
+            rule = f"must be {GATEWAY_ID_RULE} (got {len(value)} characters)"
             raise CommandValidationError(f"{REQUEST_ID_HEADER} {rule}", [{"name": REQUEST_ID_HEADER, "msg": rule}])
         return value
 
     def get_wait_stage(self) -> WaitStage:
-        return WaitStage.parse(self.request.headers.get(WAIT_STAGE_HEADER), name=WAIT_STAGE_HEADER)
+        """``Command-Wait-Stage``: one of the stages, spelled as the schema's enum; PROCESSED without the header."""
+        value = self.request.headers.get(WAIT_STAGE_HEADER)
+        if value is None:
+            return WaitStage.PROCESSED
+        if value not in WaitStage.__members__:
+            _refuse_wait_stage(value)
+        return WaitStage(value)
 
     def get_wait_timeout(self) -> float | None:
         """``Command-Wait-Timeout`` (whole milliseconds) in seconds, at most ``COMMAND_WAIT_TIMEOUT_S``; None
@@ -156,6 +171,7 @@ class CommandSenderView(WowAPIView):
     def send_command(self, *, aggregate_id: str | None, body) -> Response:
         if aggregate_id is not None:
             check_aggregate_id(aggregate_id)
+        self.check_body(body)
         result = self.get_gateway().send_json(
             self.aggregate.aggregate_name,
             self.command.command_name,
@@ -172,12 +188,33 @@ class CommandSenderView(WowAPIView):
         )
         return Response(result.to_json(), status=self.result_status(result))
 
+    def check_body(self, body) -> None:
+        """The command's own validation first (pydantic's words), then the OpenAPI schema's, which also refuses
+        what pydantic would coerce (``"5"`` for an integer, ``" 1.5"`` for a Decimal): CommandValidationError."""
+        if self.command is DeleteAggregate:  # no body: nothing to check
+            return
+        self.command.from_json(body if body is not None else {})
+        models = pydantic_models()
+        if (self.command, "validation") not in models:  # declared after the schema's models were listed
+            models = ((self.command, "validation"),)
+        errors = contract.violations(body, contract.component_name(self.command, "validation", models), models)
+        if errors:
+            raise CommandValidationError(f"Invalid {self.command.command_name!r} command: "
+                                         f"{binding_summary(errors)}", errors)
+
     @staticmethod
     def result_status(result: CommandResult) -> int:
         """200 when the asked stage was reached; 202 when queued (SENT) or stored but the stage not confirmed."""
         if result.stage is WaitStage.SENT or not result.succeeded:
             return status.HTTP_202_ACCEPTED
         return status.HTTP_200_OK
+
+
+def _refuse_wait_stage(value: str) -> None:
+    allowed = ", ".join(s.value for s in WaitStage)
+    shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}… ({len(value)} characters)"
+    raise CommandValidationError(f"{WAIT_STAGE_HEADER} {shown} is not one of {allowed}",
+                                 [{"name": WAIT_STAGE_HEADER, "msg": f"must be one of {allowed}"}])
 
 
 def _whole_number_header(request, name: str, maximum: int, meaning: str) -> int | None:
@@ -295,7 +332,8 @@ class SnapshotView(WowAPIView):
 
 
 class EventRangeView(WowAPIView):
-    """``GET {aggregate}/{id}/event/{head}/{tail}``: the event streams with ``head <= version <= tail``."""
+    """``GET {aggregate}/{id}/event/{head}/{tail}``: the event streams with ``head <= version <= tail`` (none when
+    ``tail < head``); 404 when the aggregate does not exist for this tenant."""
 
     action = "event_range"
 
@@ -308,14 +346,13 @@ class EventRangeView(WowAPIView):
         for name, value in (("head", head), ("tail", tail)):
             if not 1 <= value <= MAX_VERSION:
                 raise InvalidRequest(name, f"a version is a whole number from 1 to {MAX_VERSION}")
-        if tail < head:
-            raise InvalidRequest("tail", f"tail ({tail}) must be at least head ({head})")
         store = get_runtime().event_store
         key = AggregateId(self.aggregate.aggregate_name, aggregate_id, wow_settings.CONTEXT_NAME,
                           self.get_tenant_id())
         # Versions are contiguous: reading up to head + limit loads at most limit + 1 streams, whatever the tail.
+        # A tail below the head is an empty range (no version lies in it), as any range past the last version.
         limit = wow_settings.QUERY_MAX_LIMIT
-        streams = store.load(key, head, min(tail, head + limit))
+        streams = store.load(key, head, min(tail, head + limit)) if head <= tail else []
         owner = streams[0] if streams else store.last(key)
         if owner is None or owner.aggregate_id.tenant_id != self.get_tenant_id():
             raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} does not exist.")
@@ -334,6 +371,7 @@ class QueryView(WowAPIView):
 
     kind = SNAPSHOT
     operation = "list"
+    parser_classes = [QueryJSONParser]  # 5.0 is the whole number 5, as the schema's integers count it
     OPERATIONS = {
         SNAPSHOT: ("single", "list", "paged", "count"),
         EVENT_STREAM: ("list", "paged", "count"),
@@ -355,7 +393,16 @@ class QueryView(WowAPIView):
 
     def post(self, request):
         query = self.parse_query(request.data)
+        self.check_body(request.data)
         return Response(self.run_query(self.get_query_service(), query))
+
+    def check_body(self, data) -> None:
+        """After the parser (its words first): the OpenAPI schema's, which also refuses what the parser lets by."""
+        errors = contract.violations(data, QUERY_BODIES[self.operation])
+        if errors:
+            refusal = InvalidRequest(errors[0]["name"], errors[0]["msg"])
+            refusal.binding_errors = errors
+            raise refusal
 
     def get_query_service(self):
         name = self.aggregate.aggregate_name
