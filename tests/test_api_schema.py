@@ -192,6 +192,25 @@ def test_the_bus_endpoints_are_documented(openapi):
     assert "409" in ops["bus_event_repush"][2]["responses"]
 
 
+def test_bus_times_are_every_real_date_and_no_other():
+    """The envelope's times: ISO 8601 with the days each month has (and February 29 of leap years)."""
+    from datetime import date, timedelta
+
+    from wow_django.http.contract import BUS_TIME_PATTERN
+
+    pattern = re.compile(python_pattern(BUS_TIME_PATTERN))
+    day, missed = date(1000, 1, 1), []
+    while day <= date(8999, 12, 31):
+        if not pattern.search(f"{day.isoformat()}T00:00:00Z"):
+            missed.append(day)
+        day += timedelta(days=1)
+    assert missed == []
+    assert not any(pattern.search(t) for t in ("2023-02-29T00:00:00Z", "1900-02-29T00:00:00Z",
+                                               "2024-04-31T00:00:00Z", "2024-01-01", "2024-01-01 10:00:00Z",
+                                               "2024-01-01T24:00:00Z", "2024-01-01T10:00:00+15:00"))
+    assert pattern.search("2024-12-31T23:59:59.123456-14:00") and pattern.search("2024-06-30T12:00:00")
+
+
 def test_the_server_holds_bodies_to_the_schema(client):
     """What pydantic or the parser would let by and the schema forbids is refused, naming the part."""
     from wow_django.http import contract

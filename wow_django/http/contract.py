@@ -585,12 +585,15 @@ def _wow_components(limits: tuple) -> dict[str, dict]:
 
 # --- the bus ----------------------------------------------------------------------------------------------
 
-#: A date-time the bus reads (ISO 8601; no offset is UTC): within years 2 to 9989, days up to 28, so that every
-#: text the pattern allows is a real moment within MongoDB's and Python's range.
+#: A date-time the bus reads (ISO 8601; no offset is UTC), as a pattern that allows real dates only (the days of
+#: each month, February 29 in leap years) in years 1000 to 8999 (far from the edges where an offset would leave
+#: Python's and MongoDB's range), offsets up to ±14:00.
+_YEAR = "[1-8][0-9]{3}"
+_LEAP_YEAR = "([1-8][0-9](0[48]|[2468][048]|[13579][26])|(1[26]|[2468][048]|[357][26])00)"
 BUS_TIME_PATTERN = (
-    "^(000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9])"
-    "-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?"
-    "(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9])?$"
+    f"^({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|{_YEAR}-(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    f"|{_YEAR}-02-(0[1-9]|1[0-9]|2[0-8])|{_LEAP_YEAR}-02-29)"
+    "T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]|[+-]14:00)?$"
 )
 
 
