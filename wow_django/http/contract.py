@@ -623,7 +623,8 @@ def bus_components(max_page_size: int) -> dict[str, dict]:
         "WowPrintable": {"type": "string", "pattern": f"^[{printable_characters()}]*$",
                          "description": "Printable text (characters of the Basic Multilingual Plane)."},
         "WowBusTime": {"type": "string", "pattern": BUS_TIME_PATTERN,
-                       "description": "ISO 8601 date-time, e.g. 2024-02-28T10:00:00Z (no offset: UTC)."},
+                       "description": "ISO 8601 date-time with seconds, e.g. 2024-02-28T10:00:00Z (no offset: "
+                                      "UTC), in years 1000 to 8999."},
         "WowTopic": {"type": "string", "minLength": 1, "maxLength": MAX_TOPIC_LENGTH, "pattern": TOPIC_RE.pattern,
                      "description": "Words of letters, digits, '_' or '-' separated by '.' (order.purchased)."},
         "WowConsumerId": consumer_id,
