@@ -288,3 +288,83 @@ def test_wow_rebuild_snapshots_rewrites_snapshots_stored_with_decimals_as_text(b
     assert query("order", over_50) == []  # text does not compare with numbers
     call_command("wow_rebuild_snapshots", "order", stdout=StringIO())
     assert totals(query("order", over_50)) == [Decimal("100.00")]
+
+
+# --- found unpinned by a mutation pass ------------------------------------------------------------------------
+
+
+def place_lines(prices: list[str], tenant="t1") -> str:
+    from sample_project.orders.aggregates import OrderLine, PlaceOrder
+
+    lines = [OrderLine(sku=f"A-{n}", quantity=1, unit_price=Decimal(price)) for n, price in enumerate(prices)]
+    result = get_runtime().gateway.send(PlaceOrder(customer_id="c-1", items=lines), tenant_id=tenant,
+                                        wait="SNAPSHOT")
+    assert result.succeeded, result
+    return result.aggregate_id
+
+
+def test_decimals_inside_lists_are_typed_stored_and_read_back(backend):
+    both = place_lines(["5.00", "7.50"])
+    place_lines(["5.00", "9.99"])
+    runtime = get_runtime()
+    key = AggregateId("order", both, "order-service", "t1")
+    prices = [line["unit_price"] for line in runtime.snapshot_store.load(key).state["items"]]
+    assert prices == [Decimal("5.00"), Decimal("7.50")] and all(isinstance(p, Decimal) for p in prices)
+    body = runtime.event_store.load(key)[0].body[0].body
+    assert [line["unit_price"] for line in body["items"]] == [Decimal("5.00"), Decimal("7.50")]
+    assert runtime.gateway.repository.load(_order(), both, tenant_id="t1").state.items[1].unit_price == Decimal("7.5")
+    found = query("order", {"field": "state.items.unit_price", "operator": "ALL_IN", "value": ["5", 7.5]})
+    assert [doc["aggregateId"] for doc in found] == [both]
+    found = query("order", {"field": "state.items", "operator": "ELEM_MATCH", "children": [
+        {"field": "unit_price", "operator": "GT", "value": "7"}, {"field": "unit_price", "operator": "LT", "value": 8}]})
+    assert [doc["aggregateId"] for doc in found] == [both]
+    found = query("order", {"field": "state.items.unit_price", "operator": "EQ", "value": 9.99})  # as written
+    assert len(found) == 1 and found[0]["aggregateId"] != both
+
+
+def test_typed_conditions_under_and_or_nor(backend):
+    place_orders()
+    found = query("order", {"operator": "OR", "children": [
+        {"operator": "AND", "children": [{"field": "state.total_amount", "operator": "GT", "value": "200"}]},
+        {"operator": "NOR", "children": [{"field": "state.total_amount", "operator": "GTE", "value": "10"}]},
+    ]}, sort=[{"field": "state.total_amount", "direction": "ASC"}])
+    assert [str(t) for t in totals(found)] == ["9.99", "250.50"]
+
+
+def test_on_mongo_a_misplaced_match_built_by_hand_is_refused_with_decimal128_or_without(backend):
+    """The parser refuses MATCH under OR; MongoDB refuses $text there too. The embedded engine, which runs MATCH
+    in Python, refuses it as a server would, whether the collection holds Decimal128 (all in Python) or not."""
+    from wow_django.query.condition import Condition, Operator
+
+    if "mongo" not in backend:
+        pytest.skip("the other backends run MATCH wherever it stands")
+    misplaced = Condition(operator=Operator.OR, children=(
+        Condition(operator=Operator.MATCH, value="c-1"),
+        Condition(operator=Operator.GT, field="state.total_amount", value=Decimal(0))))
+    service = get_runtime().snapshot_queries("order")
+    for orders in ([], ["1.00"]):
+        place_orders(orders)
+        with pytest.raises(QueryValidationError, match="MATCH"):
+            service.list(ListQuery(condition=misplaced, limit=10), tenant_id="t1")
+        with pytest.raises(QueryValidationError, match="MATCH"):
+            service.count(misplaced, tenant_id="t1")
+
+
+def test_raw_runs_on_mongo_over_a_collection_that_holds_decimal128(backend):
+    if "mongo" not in backend:
+        pytest.skip("RAW is MongoDB's own language: the other backends refuse it (tests/test_query_service.py)")
+    order_id = place_orders(["1.00"])[0]
+    raw = parse_condition({"operator": "RAW", "value": {"state.customer_id": "c-1"}}, allow_raw=True)
+    found = get_runtime().snapshot_queries("order").list(ListQuery(condition=raw, limit=10), tenant_id="t1")
+    assert [doc["aggregateId"] for doc in found] == [order_id]
+
+
+def test_decimal_bounds_compare_exactly_where_the_database_can(backend):
+    """SQLite binds a Decimal as a REAL (its JSON fractions are REALs): a 21-digit bound rounds there."""
+    place_orders(["100.00", "99.99"])
+    close = "99.999999999999999999"  # a float rounds it to 100.0
+    found = query("order", {"field": "state.total_amount", "operator": "GT", "value": close})
+    assert [str(t) for t in totals(found)] == ([] if backend == "django_sqlite" else ["100.00"])
+    found = query("order", {"field": "state.total_amount", "operator": "IN", "value": [close, "99.99"]},
+                  sort=[{"field": "state.total_amount", "direction": "ASC"}])
+    assert [str(t) for t in totals(found)] == (["99.99", "100.00"] if backend == "django_sqlite" else ["99.99"])
