@@ -34,21 +34,32 @@ ON_POSTGRES = pytest.mark.django_db(databases=["default", "wow_pg"], transaction
 REAL_MONGO = pytest.mark.skipif(not real_mongo_uri(), reason=REAL_MONGO_REASON)
 
 
-@pytest.fixture(params=["in_memory", "mongo", pytest.param("real_mongo", marks=REAL_MONGO),
-                        pytest.param("django_sqlite", marks=ON_SQLITE), pytest.param("django_pg", marks=ON_POSTGRES)])
-def backend(request):
-    if request.param.startswith("django"):
-        settings = fresh_wow("django", DATABASE_ALIAS="wow_" + request.param.split("_")[1])
-    elif request.param == "real_mongo":
+def _on(param: str):
+    """The WOW settings of one backend, in force while the generator runs (real MongoDB: dropped after)."""
+    if param.startswith("django"):
+        settings = fresh_wow("django", DATABASE_ALIAS="wow_" + param.split("_")[1])
+    elif param == "real_mongo":
         settings = fresh_wow("mongo", MONGO_URI=f"{real_mongo_uri().rstrip('/')}/wow_typed_{uuid.uuid4().hex[:8]}")
     else:
-        settings = fresh_wow(request.param)
+        settings = fresh_wow(param)
     with override_settings(WOW=settings):
-        yield request.param
-        if request.param == "real_mongo":
+        yield param
+        if param == "real_mongo":
             store = get_runtime().event_store
             store.database.client.drop_database(store.database.name)
     disconnect(settings["MONGO_URI"])
+
+
+@pytest.fixture(params=["in_memory", "mongo", pytest.param("real_mongo", marks=REAL_MONGO),
+                        pytest.param("django_sqlite", marks=ON_SQLITE), pytest.param("django_pg", marks=ON_POSTGRES)])
+def backend(request):
+    yield from _on(request.param)
+
+
+@pytest.fixture(params=["mongo", pytest.param("real_mongo", marks=REAL_MONGO)])
+def mongo_backend(request):
+    """The MongoDB backends only: the embedded engine and, with WOW_TEST_MONGO_URI, a real server."""
+    yield from _on(request.param)
 
 
 TOTALS = ["9.99", "250.5", "100.00", "50", "49.99"]  # stored as 9.99, 250.50, 100.00, 50.00, 49.99: as text,
@@ -331,13 +342,12 @@ def test_typed_conditions_under_and_or_nor(backend):
     assert [str(t) for t in totals(found)] == ["9.99", "250.50"]
 
 
-def test_on_mongo_a_misplaced_match_built_by_hand_is_refused_with_decimal128_or_without(backend):
+def test_on_mongo_a_misplaced_match_built_by_hand_is_refused_with_decimal128_or_without(mongo_backend):
     """The parser refuses MATCH under OR; MongoDB refuses $text there too. The embedded engine, which runs MATCH
     in Python, refuses it as a server would, whether the collection holds Decimal128 (all in Python) or not."""
     from wow_django.query.condition import Condition, Operator
 
-    if "mongo" not in backend:
-        pytest.skip("the other backends run MATCH wherever it stands")
+    # (The other backends run MATCH wherever it stands.)
     misplaced = Condition(operator=Operator.OR, children=(
         Condition(operator=Operator.MATCH, value="c-1"),
         Condition(operator=Operator.GT, field="state.total_amount", value=Decimal(0))))
@@ -350,9 +360,8 @@ def test_on_mongo_a_misplaced_match_built_by_hand_is_refused_with_decimal128_or_
             service.count(misplaced, tenant_id="t1")
 
 
-def test_raw_runs_on_mongo_over_a_collection_that_holds_decimal128(backend):
-    if "mongo" not in backend:
-        pytest.skip("RAW is MongoDB's own language: the other backends refuse it (tests/test_query_service.py)")
+def test_raw_runs_on_mongo_over_a_collection_that_holds_decimal128(mongo_backend):
+    # RAW is MongoDB's own language: the other backends refuse it (tests/test_query_service.py).
     order_id = place_orders(["1.00"])[0]
     raw = parse_condition({"operator": "RAW", "value": {"state.customer_id": "c-1"}}, allow_raw=True)
     found = get_runtime().snapshot_queries("order").list(ListQuery(condition=raw, limit=10), tenant_id="t1")
