@@ -12,8 +12,8 @@ import pytest
 from .support import imports_of, modules
 
 # Lowest first. A module may import modules of its own layer and of lower ones.
-# The bus package's __init__ is its public facade (get_bus, send) and sits with the edges,
-# as do its Django app parts; the bus's own modules sit below the application. The app's models
+# The bus package (its facade get_bus/send included: the runtime installs the process's bus through
+# wow_django.bus.provider) sits below the application; its Django app parts are edges. The app's models
 # module and migrations are edges too: they expose the django backend's tables to Django.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("wow_django", "wow_django.exceptions")),
@@ -22,12 +22,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("settings", ("wow_django.conf",)),
     ("persistence", ("wow_django.persistence",)),
     ("backends", ("wow_django.backends",)),
-    ("bus", ("wow_django.bus.",)),
+    ("bus", ("wow_django.bus",)),
     ("application", ("wow_django.application",)),
     ("edges", ("wow_django.http", "wow_django.tasks", "wow_django.management", "wow_django.testing",
                "wow_django.checks", "wow_django.apps", "wow_django.models", "wow_django.migrations",
                "wow_django.admin", "wow_django.console",
-               "wow_django.bus",
                "wow_django.bus.apps", "wow_django.bus.models", "wow_django.bus.checks", "wow_django.bus.migrations")),
 ]
 FOREIGN_TO_DOMAIN = ("django", "pymongo", "bson", "mongomock", "rest_framework", "celery", "kombu", "redis",
@@ -90,9 +89,38 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_scan_sees_function_level_imports():
-    # The bus facade imports the runtime inside get_bus(): the scan must see it.
-    assert "wow_django.application.runtime" in {t for t, _ in imports_of("wow_django.bus")}
+    # The apps' ready() import the runtime and the checks inside the method: the scan must see it.
+    assert "wow_django.application.runtime" in {t for t, _ in imports_of("wow_django.apps")}
     assert len(modules()) > 60
+
+
+def test_the_bus_facade_finds_the_bus_without_importing_the_application():
+    """get_bus() answers through the provider the runtime installs; the bus package never imports upward."""
+    from wow_django.application.runtime import get_runtime
+    from wow_django.bus import get_bus, provider
+
+    assert not any(t.startswith("wow_django.application") for t, _ in imports_of("wow_django.bus"))
+    assert get_bus() is get_runtime().bus
+    installed = provider._provider
+    provider.install(None)
+    try:
+        with pytest.raises(Exception, match="INSTALLED_APPS"):
+            get_bus()
+    finally:
+        provider.install(installed)
+
+
+def test_a_backend_is_one_folder():
+    """The query package is the DSL, its semantics and the evaluator; each compiler is in its backend's folder,
+    and nothing outside a backend's folder imports its compiler."""
+    query_modules = {n for n in modules() if n.startswith("wow_django.query")}
+    assert {"wow_django.query.orm", "wow_django.query.mongo"} & query_modules == set()
+    assert {"wow_django.backends.django.compiler", "wow_django.backends.mongo.compiler"} <= set(modules())
+    for name in modules():
+        for target, line in imports_of(name):
+            if target.startswith("wow_django.backends.") and target.endswith(".compiler"):
+                folder = target.rsplit(".", 1)[0]
+                assert name.startswith(folder + ".") or name == folder, f"{name}:{line} imports {target}"
 
 
 def test_no_import_cycles_inside_wow_django():

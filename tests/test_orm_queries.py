@@ -8,7 +8,7 @@ order of each sort, to be what the evaluator says. Hypothesis runs
 derandomised and bounded, so the suite is repeatable.
 
 Documents are generated with sorted object keys: sub-document equality is the
-one place the ORM compiler ignores key order (see ``wow_django.query.orm``),
+one place the ORM compiler ignores key order (see ``wow_django.backends.django.compiler``),
 tested on its own in ``test_condition.py``.
 """
 
@@ -26,6 +26,15 @@ from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from wow_django.backends.django.compiler import (
+    ConditionExpression,
+    are_literal,
+    compile_condition,
+    compile_order_by,
+    compile_q,
+    condition_data,
+    query_size,
+)
 from wow_django.backends.django.queries import (
     EVENT_STREAM_COLUMNS,
     SNAPSHOT_COLUMNS,
@@ -47,15 +56,6 @@ from wow_django.query.condition import (
 )
 from wow_django.query.errors import QueryTooExpensive, QueryValidationError
 from wow_django.query.evaluator import _field_sort_key, matches, sort_documents
-from wow_django.query.orm import (
-    ConditionExpression,
-    are_literal,
-    compile_condition,
-    compile_order_by,
-    compile_q,
-    condition_data,
-    query_size,
-)
 from wow_django.query.semantics import map_field
 
 from .query_app.stores import ALIASES, event_store, snapshot_store

@@ -12,5 +12,6 @@ class WowDjangoConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from wow_django import checks  # noqa: F401
+        from wow_django.application import runtime  # noqa: F401  (installs the bus facade's provider)
 
         autodiscover_modules("aggregates", "projections", "followers")

@@ -71,6 +71,7 @@ from wow_django.backends.django.connection import after_fork as django_connectio
 from wow_django.backends.memory import MemoryBackend
 from wow_django.backends.mongo import MongoBackend
 from wow_django.backends.mongo.client import connections
+from wow_django.bus import provider as bus_provider
 from wow_django.bus.service import EventBus
 from wow_django.bus.transport import BusTransport
 from wow_django.conf import wow_settings
@@ -323,6 +324,10 @@ def _build() -> Runtime:
         if _runtime is None or _runtime.closed:
             _runtime = Runtime()
         return _runtime
+
+
+#: The bus facade (wow_django.bus.get_bus) finds this process's bus here.
+bus_provider.install(lambda: get_runtime().bus)
 
 
 def _close(part: Any) -> None:

@@ -17,9 +17,10 @@ process's memory (:mod:`wow_django.backends.memory.bus_store`); both keep the co
 of :mod:`wow_django.persistence.bus`.
 
 This package's ``__init__`` is the bus's public facade: :func:`get_bus` and
-:func:`send` reach the process's runtime (:mod:`wow_django.application.runtime`)
-when called. The modules inside it (service, consumer, envelope, …) never
-import the application layer.
+:func:`send` use the process's bus, which the runtime
+(:mod:`wow_django.application.runtime`) owns and installs through
+:mod:`wow_django.bus.provider` when it is loaded (the apps' ``ready()`` load it).
+Nothing in this package imports the application layer.
 
 HTTP: include ``wow_django.http.bus_urls`` (e.g. at ``bus/``). Add
 ``"wow_django.bus"`` to ``INSTALLED_APPS`` for its permissions, its schema in
@@ -38,6 +39,7 @@ from wow_django.bus.consumer import (
 from wow_django.bus.context import BusContext, bus_context, current_context
 from wow_django.bus.envelope import Envelope, EventStatus, Initiator
 from wow_django.bus.ordering import SequenceTracker, is_stale
+from wow_django.bus.provider import current_bus
 from wow_django.bus.service import EventBus, RelayReport, RepushResult, SendResult
 from wow_django.exceptions import (
     BusError,
@@ -52,9 +54,7 @@ from wow_django.exceptions import (
 
 def get_bus() -> EventBus:
     """The process's bus (``get_runtime().bus``), built from the ``WOW`` settings on first use."""
-    from wow_django.application.runtime import get_runtime  # the facade reaches up, on call only
-
-    return get_runtime().bus
+    return current_bus()
 
 
 def send(topic: str, payload, **fields) -> SendResult:

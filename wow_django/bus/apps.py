@@ -14,6 +14,7 @@ class BusConfig(AppConfig):
         # installed apps. Talks to no server.
         from django.utils.module_loading import autodiscover_modules
 
+        from wow_django.application import runtime  # noqa: F401  (installs the bus facade's provider)
         from wow_django.bus import checks  # noqa: F401
 
         autodiscover_modules("consumers", "integration")

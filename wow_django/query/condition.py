@@ -9,7 +9,7 @@ A condition arrives as JSON::
 node (``condition.children[1].value``) and the rule it breaks. The query
 parsers (:func:`parse_single_query`, :func:`parse_list_query`,
 :func:`parse_paged_query`, :func:`parse_count_query`) add projection, sort,
-limit and pagination. Backends (``wow_django.query.mongo``,
+limit and pagination. Backends (``wow_django.backends.mongo.compiler``,
 ``wow_django.query.evaluator``) only ever see parsed, valid conditions.
 
 No Django and no pymongo here.

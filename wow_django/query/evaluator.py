@@ -249,7 +249,7 @@ def matches(
     """Whether ``document`` satisfies ``condition`` (see the module docstring for the rules).
 
     ``field_map`` and ``now`` mean what they mean for
-    :func:`wow_django.query.mongo.compile_filter`. Raises QueryValidationError
+    :func:`wow_django.backends.mongo.compiler.compile_filter`. Raises QueryValidationError
     for RAW conditions.
     """
     return _Evaluator(field_map, dates.resolve_now(now)).match(condition, document, "condition", top_level=True)

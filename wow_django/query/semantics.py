@@ -1,6 +1,6 @@
 """What every compiler of the condition DSL agrees on: field renaming, text patterns, date windows.
 
-The Mongo compiler (:mod:`wow_django.query.mongo`), the Python evaluator
+The Mongo compiler (:mod:`wow_django.backends.mongo.compiler`), the Python evaluator
 (:mod:`wow_django.query.evaluator`) and the ORM compiler use these, so one
 condition means the same on every backend.
 """

@@ -1,7 +1,7 @@
 """Query services on the project's SQL database (the django storage backend): compiled ``Q`` and ``order_by``.
 
 Conditions, sorts and the scope rules of :mod:`wow_django.persistence.query`
-compile with :mod:`wow_django.query.orm` to one SQL query per call (plus one
+compile with :mod:`wow_django.backends.django.compiler` to one SQL query per call (plus one
 count for ``paged``), with the evaluator's semantics on SQLite and PostgreSQL.
 Projections read only the columns they keep; paths inside JSON columns are
 projected in Python with the evaluator's :func:`apply_projection`. RAW is
@@ -27,7 +27,7 @@ Errors: a lost connection, a timeout or another ``OperationalError`` /
 ``InterfaceError`` is a :class:`~wow_django.exceptions.RecoverableStoreError`
 (retry); a bad query is a :class:`~wow_django.query.errors.QueryValidationError`:
 RAW, a field path over 100 segments, a query over the compiler's size budget
-(see :mod:`wow_django.query.orm`), or, should one get past those, a query the
+(see :mod:`wow_django.backends.django.compiler`), or, should one get past those, a query the
 engine calls too complex.
 """
 
@@ -39,12 +39,7 @@ from typing import ClassVar
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from wow_django.exceptions import RecoverableStoreError
-from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, QueryService
-from wow_django.query.condition import Condition, Projection, SortField
-from wow_django.query.errors import QueryTooExpensive, QueryValidationError
-from wow_django.query.evaluator import apply_projection
-from wow_django.query.orm import (
+from wow_django.backends.django.compiler import (
     NOTHING,
     RAW_REFUSAL,
     Column,
@@ -55,6 +50,11 @@ from wow_django.query.orm import (
     projection_fields,
     uses_raw,
 )
+from wow_django.exceptions import RecoverableStoreError
+from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, QueryService
+from wow_django.query.condition import Condition, Projection, SortField
+from wow_django.query.errors import QueryTooExpensive, QueryValidationError
+from wow_django.query.evaluator import apply_projection
 
 S, N, B, J = Kind.STRING, Kind.INTEGER, Kind.BOOLEAN, Kind.JSON
 

@@ -26,6 +26,7 @@ from bson import Binary, Decimal128, ObjectId
 from bson import errors as bson_errors
 from pymongo import errors as pymongo_errors
 
+from wow_django.backends.mongo.compiler import compile_filter, compile_projection, compile_sort, needs_text_search
 from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.domain.values import canonical_time
 from wow_django.exceptions import RecoverableStoreError
@@ -39,7 +40,6 @@ from wow_django.persistence.query import (
 from wow_django.query.condition import Condition, Operator, Projection, SortField, uses_operator
 from wow_django.query.errors import QueryTooExpensive, QueryValidationError
 from wow_django.query.evaluator import count_matching, evaluate
-from wow_django.query.mongo import compile_filter, compile_projection, compile_sort, needs_text_search
 
 INDEX_NOT_FOUND = 27  # the server's code for "text index required for $text query"
 # Failures about the caller's rights or the deployment, not about the query: never reported as a bad query.

@@ -1329,7 +1329,7 @@ def compile_q(
 
     ``columns`` maps top-level document fields to columns; ``field_map``
     renames the first segment of client paths (``{"id": "_id"}``) outside
-    ELEM_MATCH, as for :func:`wow_django.query.mongo.compile_filter`; ``now``
+    ELEM_MATCH, as for :func:`wow_django.backends.mongo.compiler.compile_filter`; ``now``
     anchors the date operators. A condition that can match nothing gives
     ``Q(pk__in=[])`` (Django then skips the query), one that matches all ``Q()``.
     Raises :class:`QueryValidationError` for RAW (``path`` names the root).
