@@ -10,6 +10,11 @@ server, no network) with cases generated from the served schema:
   negative data: a request the schema allows is accepted, one it forbids is
   refused.
 
+Both runs fuzz every one of their operations in both tiers: the default tier at a small budget (10 cases per
+operation and backend; 30 per operation with every check), the deep tier (``pytest -m deep``) at the full one
+(300; 200). Cases are drawn anew each run; Hypothesis' database of failures (``WOW_HYPOTHESIS_DB``, kept by
+``.ci/run`` between its runs) replays what failed before first.
+
 The coverage phase (schemathesis' deterministic boundary cases) is left out:
 on the recursive condition grammar it draws thousands of cases per query
 operation (about a minute each to compute); the examples and fuzzing phases run.
@@ -29,6 +34,7 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -42,6 +48,7 @@ from wow_django.application.gateway import id_pattern
 from wow_django.http.contract import python_pattern
 
 from .support import CONSUMERS, TOKENS, fresh_wow
+from .workers import examples_directory
 
 # Wait stage SENT queues through the queued_commands fixture, not Celery.
 pytestmark = pytest.mark.usefixtures("queued_commands")
@@ -324,24 +331,43 @@ def wsgi_requests():
         yield
 
 
-# A few hundred cases per operation and backend (WOW_FUZZ_EXAMPLES changes it for a quick local run). Every
-# health check is on but the fixture one: the store is meant to be shared by the cases of one operation (state
-# left by one case is what the next may meet in production too).
-FUZZ_EXAMPLES = int(os.environ.get("WOW_FUZZ_EXAMPLES", "300"))
+# Budgets, in cases per operation (and per backend for the classic checks). The default tier fuzzes every
+# operation of both runs at a small budget, the deep tier (pytest -m deep) at the full one; both draw new cases
+# each run and keep what failed in Hypothesis' database (tests/workers.py: examples_directory), which replays it
+# first on the next run. The WOW_*FUZZ_EXAMPLES variables change a budget for a local run.
+FUZZ_EXAMPLES = int(os.environ.get("WOW_FUZZ_EXAMPLES", "10"))
+DEEP_FUZZ_EXAMPLES = int(os.environ.get("WOW_DEEP_FUZZ_EXAMPLES", "300"))
+STRICT_EXAMPLES = int(os.environ.get("WOW_STRICT_FUZZ_EXAMPLES", "30"))
+DEEP_STRICT_EXAMPLES = int(os.environ.get("WOW_DEEP_STRICT_FUZZ_EXAMPLES", "200"))  # about 100 per mode
+
+# Every health check is on but the fixture one: the store is meant to be shared by the cases of one operation
+# (state left by one case is what the next may meet in production too).
+FUZZING = settings(deadline=None, database=DirectoryBasedExampleDatabase(examples_directory()),
+                   suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@api_schema.parametrize()
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_api_conforms_to_its_schema(case, every_backend, wsgi_requests):
-    """Each operation's cases share one fresh store on each backend."""
+def conforms(case) -> None:
     case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
                                    response_schema_conformance])
 
 
+@api_schema.parametrize()
+@settings(FUZZING, max_examples=FUZZ_EXAMPLES)
+def test_api_conforms_to_its_schema(case, every_backend, wsgi_requests):
+    """Each operation's cases share one fresh store on each backend (the default tier's budget)."""
+    conforms(case)
+
+
+@pytest.mark.deep
+@api_schema.parametrize()
+@settings(FUZZING, max_examples=DEEP_FUZZ_EXAMPLES)
+def test_api_conforms_to_its_schema_at_full_budget(case, every_backend, wsgi_requests):
+    """The same at the deep tier's budget."""
+    conforms(case)
+
+
 # --- every check, positive and negative data, every route --------------------------------------------------
 
-STRICT_EXAMPLES = int(os.environ.get("WOW_STRICT_FUZZ_EXAMPLES", "120"))  # about 60 per mode per operation
 ADMIN_PASSWORD = "fuzz-admin-password"
 
 #: Refusals of valid-looking requests that no JSON Schema can foresee, by the message the server gives. Each is a
@@ -409,15 +435,31 @@ def inherent_refusal(response) -> bool:
     return bool(errors) and all(INHERENT.search(error.get("msg", "")) for error in errors)
 
 
-@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
-@every_route.parametrize()
-@settings(max_examples=STRICT_EXAMPLES, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much])
-def test_every_route_honours_its_schema_with_every_check(case, strict_env, wsgi_requests):
-    """``--checks all`` on positive and negative data: what the schema allows is accepted (no 400, no 5xx),
-    what it forbids is refused, every status and answer is documented. Only the INHERENT refusals are let by."""
+STRICT_FUZZING = settings(FUZZING, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                                          HealthCheck.filter_too_much])
+
+
+def honours_every_check(case) -> None:
     headers = credentials(case)
     response = case.call_and_validate(headers=headers, excluded_checks=[positive_data_acceptance])
     if not inherent_refusal(response):
         case.validate_response(response, checks=[positive_data_acceptance], headers=headers)
+
+
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+@every_route.parametrize()
+@settings(STRICT_FUZZING, max_examples=STRICT_EXAMPLES)
+def test_every_route_honours_its_schema_with_every_check(case, strict_env, wsgi_requests):
+    """``--checks all`` on positive and negative data: what the schema allows is accepted (no 400, no 5xx),
+    what it forbids is refused, every status and answer is documented. Only the INHERENT refusals are let by.
+    The default tier's budget."""
+    honours_every_check(case)
+
+
+@pytest.mark.deep
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+@every_route.parametrize()
+@settings(STRICT_FUZZING, max_examples=DEEP_STRICT_EXAMPLES)
+def test_every_route_honours_its_schema_with_every_check_at_full_budget(case, strict_env, wsgi_requests):
+    """The same at the deep tier's budget."""
+    honours_every_check(case)

@@ -8,7 +8,6 @@ test takes down and brings back. ``.ci/run`` starts RabbitMQ and Redis;
 
 from __future__ import annotations
 
-import os
 import threading
 
 import kombu.pools
@@ -40,12 +39,13 @@ from wow_django.testing.bus import (
 )
 
 from .support import fresh_wow
+from .workers import redis_url
 
 pytestmark = pytest.mark.integration
 
 ALPHA, BETA = "it-alpha", "it-beta"
 TOPIC = "shop.purchased"
-REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+REDIS_URL = redis_url()
 TOKENS = {ALPHA: "alpha-token-0123456789abcdef", BETA: "beta-token-0123456789abcdef"}
 
 

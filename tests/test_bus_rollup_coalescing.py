@@ -9,7 +9,6 @@ worker would; the last tests run them on a real Celery worker thread.
 from __future__ import annotations
 
 import logging
-import os
 import queue as queues
 import random
 import threading
@@ -37,10 +36,11 @@ from wow_django.testing.bus import RunningConsumers, amqp_url, delete_amqp_entit
 from wow_django.testing.bus import event_status as status
 
 from .support import fresh_wow, in_thread
+from .workers import redis_url
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url()
 ALPHA, BETA = "co-alpha", "co-beta"
 TOPIC = "shop.paid"
 

@@ -7,7 +7,6 @@ on 127.0.0.1 (``.ci/run`` starts it). ``WOW_TEST_REDIS_URL`` overrides.
 
 from __future__ import annotations
 
-import os
 import uuid
 from decimal import Decimal
 
@@ -24,10 +23,11 @@ from wow_django.application.runtime import get_runtime
 from wow_django.persistence.records import AggregateId
 
 from .support import fresh_wow, wait_for
+from .workers import redis_url
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url()
 
 
 @pytest.fixture(scope="module")

@@ -51,11 +51,12 @@ import redis
 from wow_django.testing.bus import amqp_url, delete_amqp_entities, queue_depth, unique_exchange
 
 from .pg import pg_connect_kwargs
+from .workers import redis_url
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_URL = os.environ.get("WOW_DEPLOY_REDIS_URL", "redis://127.0.0.1:6379/13")
+REDIS_URL = os.environ.get("WOW_DEPLOY_REDIS_URL") or redis_url()
 PG = pg_connect_kwargs()
 MEMBER, MESSAGE = "member-service", "message-service"
 PURCHASED, POINTS_ADDED, NOTIFICATION_SENT = "order.purchased", "points.added", "notification.sent"

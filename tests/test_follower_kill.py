@@ -60,6 +60,8 @@ def checkpoint(database: str, name: str) -> int:
     return found[0][0] if found else 0
 
 
+@pytest.mark.deep  # a kill test (about 30 s): the deep tier; tests/test_follower_commands.py runs wow_follow in a
+# process in the default tier
 def test_a_follower_process_killed_mid_batch_loses_nothing_and_applies_nothing_twice(kill_env, tmp_path):
     env, database = kill_env
     manage(env, "migrate", "-v0")

@@ -543,7 +543,9 @@ def run_pytest(project: Path, storage: str, tests: list[str]) -> subprocess.Comp
         cwd=project, env=project_env(SHOP_STORAGE=storage), capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("storage", ["django", "in_memory", "mongomock"])
+# The default storage in the default tier; the other two (a new project's pytest run each) in the deep one.
+@pytest.mark.parametrize("storage", ["django", pytest.param("in_memory", marks=pytest.mark.deep),
+                                     pytest.param("mongomock", marks=pytest.mark.deep)])
 def test_a_new_project_runs_its_isolated_tests_with_pytest(new_project, storage):
     # Both orders of the same two tests, then with a read model (TestCase-like and committed).
     order = ["test_isolated_a[1]", "test_isolated_b[1]", "test_isolated_b[2]", "test_isolated_a[2]",

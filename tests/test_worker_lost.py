@@ -21,11 +21,12 @@ import psycopg
 import pytest
 
 from tests.pg import pg_connect_kwargs
+from tests.workers import redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/12")
+REDIS_URL = redis_url()
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deep]  # a kill test: the deep tier
 
 
 def test_the_queued_tasks_ask_for_redelivery_when_their_worker_is_lost():

@@ -6,6 +6,7 @@ import os
 
 from sample_project.settings import *  # noqa: F401,F403
 from tests.pg import pg_database
+from tests.workers import redis_url
 
 DATABASES = {"default": pg_database(os.environ["WOW_KILL_PG_DB"])}
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.worker_app"]  # noqa: F405
@@ -16,7 +17,7 @@ WOW = {
     "BUS_TRANSPORT_URL": "memory://",
     "SNAPSHOT_STRATEGY": "none",
 }
-CELERY_BROKER_URL = os.environ.get("WOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/12")
+CELERY_BROKER_URL = redis_url()  # the test passes its own WOW_TEST_REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = False

@@ -90,17 +90,21 @@ class _Components:
     """Registers the API's components with drf-spectacular's registry and refers to them."""
 
     def _register(self, name: str, schema: dict) -> dict:
-        # A copy: drf-spectacular's post-processing hooks change the registered schemas in place, and these are
-        # the very schemas the API holds requests to (contract.violations).
-        component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name,
-                                      schema=copy.deepcopy(schema))
-        self.registry.register_on_missing(component)
+        component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name)
+        if component not in self.registry:
+            # A copy: drf-spectacular's post-processing hooks change the registered schemas in place, and these
+            # are the very schemas the API holds requests to (contract.violations). Copied once per schema
+            # document: every operation registers every component again (copying each time cost seconds).
+            component.schema = copy.deepcopy(schema)
+            self.registry.register_on_missing(component)
         return component.ref
 
     def _wow(self, name: str) -> dict:
-        # Register them all: they refer to each other by name.
-        for other, schema in wow_components().items():
-            self._register(other, schema)
+        # Register them all, once per schema document: they refer to each other by name.
+        if not getattr(self.registry, "wow_components_registered", False):
+            for other, schema in wow_components().items():
+                self._register(other, schema)
+            self.registry.wow_components_registered = True
         return _ref(name)
 
     def _get_request_body(self, direction="request"):
