@@ -353,7 +353,7 @@ def conforms(case) -> None:
 
 @api_schema.parametrize()
 @settings(FUZZING, max_examples=FUZZ_EXAMPLES)
-def test_api_conforms_to_its_schema(case, every_backend, wsgi_requests):
+def test_api_conforms_to_its_schema(case, every_backend, wsgi_requests, deep_generation):
     """Each operation's cases share one fresh store on each backend (the default tier's budget)."""
     conforms(case)
 
@@ -361,7 +361,7 @@ def test_api_conforms_to_its_schema(case, every_backend, wsgi_requests):
 @pytest.mark.deep
 @api_schema.parametrize()
 @settings(FUZZING, max_examples=DEEP_FUZZ_EXAMPLES)
-def test_api_conforms_to_its_schema_at_full_budget(case, every_backend, wsgi_requests):
+def test_api_conforms_to_its_schema_at_full_budget(case, every_backend, wsgi_requests, deep_generation):
     """The same at the deep tier's budget."""
     conforms(case)
 
