@@ -348,3 +348,62 @@ def test_an_ownership_claim_that_loses_the_insert_is_retried_once():
     database = Racing()
     report = claim_database(database, "orders")
     assert database.calls == 2 and not report.ownership
+
+
+# --- the driver's exception stays the cause of a mapped error (issue 22, item 16) ---------------------
+
+
+@pytest.mark.parametrize("index, pattern, expected", [
+    ("aggregateId_1_version_1", {"aggregateId": 1, "version": 1}, EventVersionConflict),
+    ("aggregateId_1_requestId_1", {"aggregateId": 1, "requestId": 1}, DuplicateRequestId),
+    ("_id_", {"_id": 1}, DuplicateEventStreamId),
+])
+def test_a_mapped_duplicate_key_keeps_the_drivers_error_as_its_cause(index, pattern, expected):
+    """Operators see the server's message (index, key) behind the mapped error. The error is the one a
+    server raises (the embedded engine's carries no index name): injected by a fake collection."""
+    error = duplicate(index, pattern)
+    store = store_with(FakeCollection(error))
+    with pytest.raises(expected) as caught:
+        store.append(make_stream(AGG, 2))
+    assert caught.value.__cause__ is error
+
+
+def test_a_mapped_error_of_a_batch_keeps_the_servers_write_error_as_its_cause():
+    """Each stream's error has a cause naming its own write error (code, message), chained to the batch's
+    ``BulkWriteError``. Injected: only a server reports per-document errors with index names."""
+    details = {
+        "writeErrors": [
+            {**server_error("aggregateId_1_version_1", {"aggregateId": 1, "version": 1}), "index": 1},
+            {"index": 2, "code": 2, "errmsg": "BadValue: something the server refused"},
+        ],
+        "nInserted": 1,
+    }
+    bulk = pymongo_errors.BulkWriteError(details)
+    store = store_with(FakeCollection(bulk))
+    results = store.append_many([make_stream(AGG, 3), make_stream(AGG, 4), make_stream(AGG, 5)])
+    assert results[0] is None
+    conflict, other = results[1], results[2]
+    assert isinstance(conflict, EventVersionConflict)
+    assert isinstance(conflict.__cause__, pymongo_errors.DuplicateKeyError)
+    assert conflict.__cause__.code == 11000 and "aggregateId_1_version_1" in str(conflict.__cause__)
+    assert conflict.__cause__.__cause__ is bulk
+    assert isinstance(other.__cause__, pymongo_errors.WriteError) and other.__cause__.code == 2
+    assert "something the server refused" in str(other)
+
+
+# --- recoverable write errors, as in Wow (issue 22, item 15) ---------------------------------------------
+
+
+@pytest.mark.parametrize("code", [133, 264])  # FailedToSatisfyReadPreference; StaleEpoch (sharding)
+def test_write_errors_133_and_264_are_recoverable_as_in_wow(code):
+    """A server answers these in a failover or a chunk migration; injected by a fake collection."""
+    single = pymongo_errors.WriteError(f"write error {code}", code, {"code": code, "errmsg": f"error {code}"})
+    assert is_recoverable(single)
+    store = store_with(FakeCollection(single))
+    with pytest.raises(RecoverableStoreError) as caught:
+        store.append(make_stream(AGG, 2))
+    assert caught.value.__cause__ is single
+    details = {"writeErrors": [{"index": 0, "code": code, "errmsg": f"error {code}"}], "nInserted": 1}
+    store = store_with(FakeCollection(pymongo_errors.BulkWriteError(details)))
+    results = store.append_many([make_stream(AGG, 3), make_stream(AGG, 4)])
+    assert isinstance(results[0], RecoverableStoreError) and results[1] is None

@@ -42,6 +42,22 @@ from wow_django.persistence.documents import document_to_stream, stream_to_docum
 from wow_django.persistence.followers import AppendNotifier
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
 
+
+def _write_error(details: dict, batch: pymongo_errors.BulkWriteError) -> pymongo_errors.WriteError:
+    """One document's write error of a batch as the driver's own exception (chained to the batch's), so
+    the error mapped from it shows the server's code and message."""
+    kind = pymongo_errors.DuplicateKeyError if is_duplicate_key(details) else pymongo_errors.WriteError
+    error = kind(details.get("errmsg", "write error"), details.get("code"), details)
+    error.__cause__ = batch
+    return error
+
+
+def _caused(error: Exception, cause: BaseException) -> Exception:
+    """``error`` (returned, not raised) with the driver's exception as its cause, as ``raise … from`` does."""
+    error.__cause__ = cause
+    return error
+
+
 #: What an aggregate's full id is read from (scans, locate).
 _IDENTITY_FIELDS = {"aggregateId": 1, "aggregateName": 1, "contextName": 1, "tenantId": 1}
 
@@ -156,16 +172,18 @@ class MongoEventStore(EventStore):
                 refused: dict[str, list[int]] = {}
                 for write_error in exc.details.get("writeErrors", []):
                     stream_index = indexes[write_error["index"]]
+                    cause = _write_error(write_error, exc)
                     if is_duplicate_key(write_error):
-                        results[stream_index] = self._conflict(collection, streams[stream_index], write_error)
+                        error = self._conflict(collection, streams[stream_index], write_error)
                         document = documents[write_error["index"]]
                         refused.setdefault(document["contextName"], []).append(document["position"])
                     elif write_error.get("code") in RECOVERABLE_CODES:
-                        results[stream_index] = RecoverableStoreError(
+                        error = RecoverableStoreError(
                             f"appending {name} stream {streams[stream_index].id!r} failed transiently "
                             f"({write_error.get('errmsg', 'write error')}); retry")
                     else:
-                        results[stream_index] = EventStoreError(write_error.get("errmsg", "write error"))
+                        error = EventStoreError(write_error.get("errmsg", "write error"))
+                    results[stream_index] = _caused(error, cause)
                 for context_name, positions in refused.items():
                     self._void(context_name, positions)
                 concern = exc.details.get("writeConcernErrors") or []
@@ -196,7 +214,7 @@ class MongoEventStore(EventStore):
                     result = collection.insert_one(document)
         except pymongo_errors.DuplicateKeyError as exc:
             self._void(document["contextName"], [document["position"]])
-            return self._conflict(collection, stream, exc.details)
+            return _caused(self._conflict(collection, stream, exc.details), exc)
         except Exception as exc:
             return exc
         if not result.acknowledged:
