@@ -14,7 +14,9 @@ from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
 from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.prepare_key import MongoPrepareKey
+from wow_django.backends.mongo.schema import SchemaGuard
 from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
+from wow_django.exceptions import SchemaConflictError
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.records import AggregateId
@@ -279,3 +281,35 @@ class TestRealMongoPrepareKey(RealMongoDatabase, PrepareKeyContract, unittest.Te
     def make_prepare_key(self, name, clock):
         connection, db, guard = self.mongo()
         return MongoPrepareKey(name, connection, db, schema=guard, clock=clock)
+
+
+# --- Mongo schema and ownership (issue 22) ------------------------------------------------------------------
+
+
+class MongoSchemaRules:
+    """What the schema guard refuses or writes, on the embedded engine and on a real server."""
+
+    def test_a_unique_request_id_index_is_refused_by_its_keys_whatever_its_name_and_direction(self):
+        """Item 14: a legacy unique ``{requestId: -1}`` would let the per-aggregate mode start and later
+        refuse a request id reused by another aggregate with an unclassified error."""
+        connection, name, guard = self.mongo()
+        database = connection.database(name)
+        database["order_event_stream"].create_index([("requestId", -1)], name="legacy_request", unique=True)
+        store = MongoEventStore(connection, name, schema=guard, request_id_index="aggregate")
+        with self.assertRaisesRegex(SchemaConflictError, "'legacy_request' is not allowed"):
+            store.append(make_stream(AggregateId("order", "o-1", "test-context"), 1))
+        # The global mode refuses the per-aggregate uniqueness by its fields too, whatever their order.
+        database["customer_event_stream"].create_index([("requestId", 1), ("aggregateId", -1)],
+                                                       name="per_aggregate", unique=True)
+        store = MongoEventStore(connection, name, schema=SchemaGuard("test-context"), request_id_index="global")
+        with self.assertRaisesRegex(SchemaConflictError, "'per_aggregate' is not allowed"):
+            store.append(make_stream(AggregateId("customer", "c-1", "test-context"), 1))
+
+
+class TestEmbeddedMongoSchemaRules(EmbeddedMongoDatabase, MongoSchemaRules, unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoSchemaRules(RealMongoDatabase, MongoSchemaRules, unittest.TestCase):
+    pass

@@ -55,8 +55,9 @@ class IndexSpec:
 class CollectionSpec:
     name: str
     indexes: tuple[IndexSpec, ...]
-    # Uniqueness that must not exist (the other request-id mode's): refused by its keys when unique,
-    # whatever the index is called; a non-unique index with those keys is only a lookup index.
+    # Uniqueness that must not exist (the other request-id mode's): refused by its fields when unique,
+    # whatever the index is called and whatever its key order and directions; a non-unique index with
+    # those keys is only a lookup index.
     forbidden: tuple[tuple[IndexSpec, str], ...] = ()  # (index, why)
     # Why the collection must not be sharded, if it must not (a unique index a shard key cannot carry).
     unshardable: str | None = None
@@ -158,6 +159,12 @@ def _normalise_keys(key) -> tuple[tuple[str, int | str], ...]:
     return tuple(out)
 
 
+def _fields(key) -> frozenset[str]:
+    """The fields of an index key, without order or direction: what a unique index makes unique
+    (``{requestId: -1}`` refuses the same documents as ``{requestId: 1}``)."""
+    return frozenset(name for name, _ in _normalise_keys(key))
+
+
 def _option_problems(spec: IndexSpec, existing: dict) -> list[str]:
     problems = []
     if bool(existing.get("unique", False)) != spec.unique:
@@ -250,7 +257,7 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
         report.conflicts.append(f"{db_name}.{spec.name} is sharded: {spec.unshardable}.")
     for index, why in spec.forbidden:
         for name, current in existing.items():
-            if _normalise_keys(current["key"]) == index.keys and current.get("unique"):
+            if _fields(current["key"]) == _fields(index.keys) and current.get("unique"):
                 report.add(db_name, spec.name, name, "conflict")
                 report.conflicts.append(f"{db_name}.{spec.name}: index {name!r} is not allowed "
                                         f"({index.describe()}): {why}.")
