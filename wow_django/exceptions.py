@@ -204,6 +204,20 @@ class KeyAlreadyPrepared(WowError):
         super().__init__(f"{key!r} is already taken in prepare key {name!r}.")
 
 
+class KeyNotHeld(WowError):
+    """A reservation was to be moved from ``key`` but ``key`` is not held with the expected value (missing,
+    expired or another's); the move changed nothing and ``new_key`` was released again."""
+
+    error_code = "KeyNotHeld"
+
+    def __init__(self, name: str, key: str, new_key: str):
+        self.name = name
+        self.key = key
+        self.new_key = new_key
+        super().__init__(f"{key!r} is not held with the expected value in prepare key {name!r}: the move to "
+                         f"{new_key!r} was undone. Read the key's current value and retry.")
+
+
 # --- commands --------------------------------------------------------------------
 
 
