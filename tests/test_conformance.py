@@ -16,7 +16,7 @@ from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.prepare_key import MongoPrepareKey
 from wow_django.backends.mongo.schema import SchemaGuard
 from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
-from wow_django.exceptions import SchemaConflictError
+from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.records import AggregateId
@@ -304,6 +304,55 @@ class MongoSchemaRules:
         store = MongoEventStore(connection, name, schema=SchemaGuard("test-context"), request_id_index="global")
         with self.assertRaisesRegex(SchemaConflictError, "'per_aggregate' is not allowed"):
             store.append(make_stream(AggregateId("customer", "c-1", "test-context"), 1))
+
+
+    def test_the_ownership_marker_is_wows_document(self):
+        """Item 13: ``{_id: "boundedContext", contextName, layoutVersion: 1}``, as Wow writes and reads it."""
+        connection, name, guard = self.mongo()
+        MongoEventStore(connection, name, schema=guard).append(make_stream(AggregateId("order", "o-1",
+                                                                                       "test-context"), 1))
+        marker = connection.database(name)["wow_database_metadata"].find_one({"_id": "boundedContext"})
+        self.assertEqual((marker["contextName"], marker["layoutVersion"]), ("test-context", 1))
+
+    def test_a_database_claimed_by_a_wow_service_is_refused(self):
+        """Item 13: Wow's own marker (no wow_django writer) of this context, of another context, or of a
+        layout this version does not know: refused before anything is written."""
+        cases = [({"contextName": "test-context", "layoutVersion": 1}, "claimed by a Wow \\(Kotlin\\) service"),
+                 ({"contextName": "billing", "layoutVersion": 1}, "belongs to bounded context 'billing'"),
+                 ({"contextName": "test-context", "layoutVersion": 2, "writer": "wow_django"}, "layout version 2")]
+        connection, name, _ = self.mongo()
+        database = connection.database(name)
+        for marker, message in cases:
+            with self.subTest(marker=marker):
+                database["wow_database_metadata"].delete_many({})
+                database["wow_database_metadata"].insert_one({"_id": "boundedContext", **marker})
+                store = MongoEventStore(connection, name, schema=SchemaGuard("test-context"))
+                with self.assertRaisesRegex(DatabaseOwnershipError, message):
+                    store.append(make_stream(AggregateId("order", "o-1", "test-context"), 1))
+                self.assertNotIn("order_event_stream", database.list_collection_names())
+
+    def test_snapshots_of_another_context_are_seen_before_claiming(self):
+        """Item 13: an unclaimed database with another context's snapshots (and no event streams) is
+        another service's."""
+        connection, name, guard = self.mongo()
+        database = connection.database(name)
+        database["order_snapshot"].insert_one({"_id": "o-1", "contextName": "billing", "version": 1})
+        store = MongoEventStore(connection, name, schema=guard)
+        with self.assertRaisesRegex(DatabaseOwnershipError, "snapshots of bounded context 'billing'"):
+            store.append(make_stream(AggregateId("order", "o-2", "test-context"), 1))
+        self.assertIsNone(database["wow_database_metadata"].find_one({}))
+
+    def test_an_earlier_wow_django_claim_is_still_this_services(self):
+        connection, name, _ = self.mongo()
+        database = connection.database(name)
+        database["wow_database_metadata"].insert_one({"_id": "bounded_context", "contextName": "test-context"})
+        MongoEventStore(connection, name, schema=SchemaGuard("test-context")).append(
+            make_stream(AggregateId("order", "o-1", "test-context"), 1))
+        self.assertEqual(database["wow_database_metadata"].find_one({"_id": "boundedContext"})["contextName"],
+                         "test-context")
+        with self.assertRaisesRegex(DatabaseOwnershipError, "belongs to bounded context 'test-context'"):
+            MongoEventStore(connection, name, schema=SchemaGuard("billing")).load(
+                AggregateId("order", "o-1", "billing"))
 
 
 class TestEmbeddedMongoSchemaRules(EmbeddedMongoDatabase, MongoSchemaRules, unittest.TestCase):

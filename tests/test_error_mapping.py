@@ -339,7 +339,8 @@ def test_an_ownership_claim_that_loses_the_insert_is_retried_once():
                 def find_one_and_update(self, *args, **kwargs):
                     outer.calls += 1
                     if outer.calls == 1:  # another process inserted the claim between our filter and insert
-                        collection.insert_one({"_id": "bounded_context", "contextName": "orders"})
+                        collection.insert_one({"_id": "boundedContext", "contextName": "orders",
+                                               "layoutVersion": 1, "writer": "wow_django"})
                         raise pymongo_errors.DuplicateKeyError("E11000", 11000)
                     return collection.find_one_and_update(*args, **kwargs)
 

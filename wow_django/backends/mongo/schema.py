@@ -24,7 +24,15 @@ NAMESPACE_EXISTS = 48  # server error code when a collection is created twice
 # report (IndexOptionsConflict, IndexKeySpecsConflict, CannotCreateIndex, DuplicateKey — existing data
 # breaks the uniqueness — and InvalidIndexSpecificationOption). Any other failure is not the schema's.
 INDEX_CONFLICT_CODES = {85, 86, 67, 11000, 197}
-OWNERSHIP_ID = "bounded_context"
+# The ownership marker is Wow's document: {_id: "boundedContext", contextName, layoutVersion: 1}. wow_django
+# adds "writer": a marker without it was written by a Wow (Kotlin) service. Earlier wow_django versions wrote
+# {_id: "bounded_context", contextName}; it is still recognised as this service's claim.
+OWNERSHIP_ID = "boundedContext"
+LEGACY_OWNERSHIP_ID = "bounded_context"
+LAYOUT_VERSION = 1
+WRITER = "wow_django"
+# Collections that hold a bounded context's documents (each with its contextName), as Wow names them.
+CONTEXT_COLLECTION_SUFFIXES = ("_event_stream", "_snapshot", "_snapshot_checkpoint")
 
 
 @dataclass(frozen=True)
@@ -278,20 +286,22 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
     return report
 
 
-def _foreign_streams(database, context_name: str) -> str | None:
+def _foreign_documents(database, context_name: str) -> str | None:
     """Why ``database`` already belongs to another service, or None. Looked at before a first claim: an
     unclaimed database may still be another service's.
 
-    Two signs: event streams of another bounded context; or event streams without a ``position``, which
-    every wow_django append writes and Wow's own (Kotlin) services do not — Wow leaves no marker document,
-    so its streams are what recognises a database a Wow service writes to.
+    Two signs: event streams or snapshots of another bounded context; or event streams without a
+    ``position``, which every wow_django append writes and Wow's own (Kotlin) services do not.
     """
     for name in sorted(database.list_collection_names()):
-        if not name.endswith("_event_stream"):
+        if not name.endswith(CONTEXT_COLLECTION_SUFFIXES):
             continue
         other = database[name].find_one({"contextName": {"$ne": context_name}}, {"contextName": 1})
         if other is not None:
-            return f"already holds event streams of bounded context {other.get('contextName')!r} (in {name})"
+            what = "event streams" if name.endswith("_event_stream") else "snapshots"
+            return f"already holds {what} of bounded context {other.get('contextName')!r} (in {name})"
+        if not name.endswith("_event_stream"):
+            continue
         unpositioned = database[name].find_one({"position": {"$exists": False}}, {"_id": 1})
         if unpositioned is not None:
             return (f"already holds event streams that wow_django did not write (in {name}: stream "
@@ -301,50 +311,74 @@ def _foreign_streams(database, context_name: str) -> str | None:
     return None
 
 
-def claim_database(database, context_name: str, *, check_only: bool = False) -> SchemaReport:
-    """Claim ``database`` for ``context_name`` in ``wow_database_metadata``.
+def _marker_problem(database, marker: dict, context_name: str) -> str | None:
+    """Why the ownership ``marker`` does not let ``context_name`` of wow_django use ``database``, or None."""
+    owner = marker.get("contextName")
+    layout = marker.get("layoutVersion")
+    if layout != LAYOUT_VERSION:
+        return (f"database {database.name!r} has an ownership marker of layout version {layout!r} "
+                f"(in {METADATA_COLLECTION}); wow_django knows layout version {LAYOUT_VERSION} only")
+    if owner != context_name:
+        return (f"database {database.name!r} belongs to bounded context {owner!r}, not {context_name!r}. "
+                "Collection names carry no context prefix, so two contexts must not share a database: point "
+                "this context at its own database (WOW['MONGO_URI'] or the *_DATABASE settings), or set "
+                "WOW['CONTEXT_NAME'] if this is that context.")
+    if marker.get("writer") != WRITER:
+        return (f"database {database.name!r} is claimed by a Wow (Kotlin) service of bounded context {owner!r} "
+                f"(its marker in {METADATA_COLLECTION} was not written by wow_django): two services appending "
+                "to one database would race each other's versions and request ids unseen. Point this service "
+                "at its own database.")
+    return None
 
-    Atomic: the first context to claim wins; any other gets a problem.
+
+def claim_database(database, context_name: str, *, check_only: bool = False) -> SchemaReport:
+    """Claim ``database`` for ``context_name`` with Wow's ownership marker in ``wow_database_metadata``.
+
+    Atomic: the first service to claim wins; a claim by another context, or by a Wow (Kotlin) service, is
+    a problem. Before a first claim, the database's event streams and snapshots are looked at.
     """
     report = SchemaReport()
     collection = database[METADATA_COLLECTION]
     with recoverable_errors(f"claiming database {database.name}"):
-        existing = collection.find_one({"_id": OWNERSHIP_ID})
-        foreign = None if existing is not None else _foreign_streams(database, context_name)
-        if foreign is not None:
-            report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
-            report.ownership.append(
-                f"database {database.name!r} has no owner yet but {foreign}; it is not claimed for "
-                f"{context_name!r}. Point this context at its own database, or set WOW['CONTEXT_NAME'] if "
-                "this is that context."
-            )
-            return report
-        if check_only:
-            claim = existing
-        else:
-            def claim_it():
-                return collection.find_one_and_update(
-                    {"_id": OWNERSHIP_ID},
-                    {"$setOnInsert": {"contextName": context_name,
-                                      "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
-                    upsert=True,
-                    return_document=True,
+        claim = collection.find_one({"_id": OWNERSHIP_ID})
+        if claim is None:
+            legacy = collection.find_one({"_id": LEGACY_OWNERSHIP_ID})
+            if legacy is not None:  # an earlier wow_django's claim
+                legacy = {"contextName": legacy.get("contextName"), "layoutVersion": LAYOUT_VERSION,
+                          "writer": WRITER}
+            foreign = _foreign_documents(database, context_name) if legacy is None else None
+            if foreign is not None:
+                report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
+                report.ownership.append(
+                    f"database {database.name!r} has no owner yet but {foreign}; it is not claimed for "
+                    f"{context_name!r}. Point this context at its own database, or set WOW['CONTEXT_NAME'] if "
+                    "this is that context."
                 )
+                return report
+            owner = context_name if legacy is None else legacy["contextName"]
+            if check_only or (legacy is not None and owner != context_name):
+                claim = legacy
+            else:
+                def claim_it():
+                    return collection.find_one_and_update(
+                        {"_id": OWNERSHIP_ID},
+                        {"$setOnInsert": {"contextName": owner, "layoutVersion": LAYOUT_VERSION, "writer": WRITER,
+                                          "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
+                        upsert=True,
+                        return_document=True,
+                    )
 
-            try:
-                claim = claim_it()
-            except pymongo_errors.DuplicateKeyError:
-                claim = claim_it()  # two processes claimed at once and the server did not retry: the claim exists now
+                try:
+                    claim = claim_it()
+                except pymongo_errors.DuplicateKeyError:
+                    claim = claim_it()  # two processes claimed at once and the server did not retry: it exists now
     if claim is None:
         report.add(database.name, METADATA_COLLECTION, "ownership", "missing")
-    elif claim.get("contextName") != context_name:
+        return report
+    problem = _marker_problem(database, claim, context_name)
+    if problem is not None:
         report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
-        report.ownership.append(
-            f"database {database.name!r} belongs to bounded context {claim.get('contextName')!r}, "
-            f"not {context_name!r}. Collection names carry no context prefix, so two contexts must not "
-            "share a database: point this context at its own database (WOW['MONGO_URI'] or the "
-            "*_DATABASE settings), or set WOW['CONTEXT_NAME'] if this is that context."
-        )
+        report.ownership.append(problem)
     else:
         report.add(database.name, METADATA_COLLECTION, "ownership", "verified")
     return report
