@@ -137,6 +137,56 @@ class MongoEventStoreReadOrder:
                 self.assertEqual(store.last(agg), streams[5])
 
 
+class MongoEventStoreBatchAttribution:
+    """Issue 22, item 9: a batch's documents that cannot be stored fail alone, before any is sent.
+
+    Before, pymongo sent the batch in chunks: a document it could not encode in a later chunk fell back to
+    one-by-one inserts that hit the earlier chunks' stored documents (reported DuplicateEventStreamId), and
+    an integer beyond 64 bits (OverflowError) failed the whole group while part of it was stored.
+    """
+
+    def test_unstorable_documents_fail_alone_and_the_others_are_stored_once(self):
+        from bson import errors as bson_errors
+        from pymongo import errors as pymongo_errors
+
+        connection, name, guard = self.mongo()
+        store = self.make_batch_store(MongoEventStore(connection, name, schema=guard))
+        aggregates = [AggregateId("order", f"batch-{i}", "test-context") for i in range(6)]
+        streams = [make_stream(agg, 1) for agg in aggregates]
+        streams[1] = make_stream(aggregates[1], 1, header={"huge": 2**70})  # no 64-bit integer
+        streams[3] = make_stream(aggregates[3], 1, header={"thing": object()})  # not BSON at all
+        streams[4] = make_stream(aggregates[4], 1, header={"blob": "x" * (16 * 1024 * 1024)})  # over 16 MiB
+        results = store.append_many(streams)
+        self.assertIsInstance(results[1], OverflowError)
+        self.assertIsInstance(results[3], bson_errors.InvalidDocument)
+        self.assertIsInstance(results[4], pymongo_errors.DocumentTooLarge)
+        for index in (0, 2, 5):
+            self.assertIsNone(results[index], index)
+            self.assertEqual(store.load(aggregates[index]), [streams[index]])
+        for index in (1, 3, 4):
+            self.assertEqual(store.load(aggregates[index]), [])
+        # A single append refuses the same, before a position is taken (followers wait for none).
+        collection = connection.database(name)["wow_position"]
+        before = collection.find_one({"_id": "test-context"})["position"]
+        with self.assertRaises(OverflowError):
+            store.append(make_stream(AggregateId("order", "single", "test-context"), 1, header={"n": -(2**64)}))
+        self.assertEqual(collection.find_one({"_id": "test-context"})["position"], before)
+
+    def make_batch_store(self, store):
+        return store
+
+
+class TestEmbeddedMongoEventStoreBatchAttribution(EmbeddedMongoDatabase, MongoEventStoreBatchAttribution,
+                                                  unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoEventStoreBatchAttribution(RealMongoDatabase, MongoEventStoreBatchAttribution,
+                                              unittest.TestCase):
+    pass
+
+
 class TestEmbeddedMongoEventStoreReadOrder(EmbeddedMongoDatabase, MongoEventStoreReadOrder, unittest.TestCase):
     pass
 

@@ -408,3 +408,35 @@ def test_write_errors_133_and_264_are_recoverable_as_in_wow(code):
     store = store_with(FakeCollection(pymongo_errors.BulkWriteError(details)))
     results = store.append_many([make_stream(AGG, 3), make_stream(AGG, 4)])
     assert isinstance(results[0], RecoverableStoreError) and results[1] is None
+
+
+class ChunkedCollection:
+    """A real (embedded) collection whose ``insert_many`` stores the first ``stored`` documents, then raises
+    ``InvalidDocument`` — what pymongo does when it cannot encode a document of a later chunk of a large batch
+    (only a batch past the server's message size has chunks)."""
+
+    def __init__(self, collection, stored: int):
+        self.collection, self.stored = collection, stored
+
+    def __getattr__(self, name):
+        return getattr(self.collection, name)
+
+    def insert_many(self, documents, ordered=True):
+        self.collection.insert_many(documents[:self.stored], ordered=ordered)
+        raise bson_errors.InvalidDocument("cannot encode an object of a later chunk")
+
+
+def test_a_batch_that_fails_after_an_earlier_chunk_was_stored_reports_no_duplicates():
+    """Issue 22, item 9: the one-by-one fallback found the earlier chunk's documents stored and reported
+    DuplicateEventStreamId (the gateway would then release the keys of a stored command)."""
+    store = MongoEventStore(embedded_connection(), "chunked", schema=SchemaGuard("t"))
+    store._collections["order"] = ChunkedCollection(store.collection("order"), stored=2)
+    aggregates = [AggregateId("order", f"o-{i}", "t") for i in range(4)]
+    streams = [make_stream(agg, 1) for agg in aggregates]
+    assert store.append_many(streams) == [None, None, None, None]
+    for agg, stream in zip(aggregates, streams, strict=True):
+        assert store.load(agg) == [stream]
+    # A true duplicate in the fallback is still one.
+    again = make_stream(aggregates[0], 1)
+    [result] = store.append_many([again])
+    assert isinstance(result, DuplicateAggregateId)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
+import bson
 from bson import errors as bson_errors
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions
 from pymongo import ASCENDING, ReturnDocument
 from pymongo import errors as pymongo_errors
 
@@ -56,6 +59,31 @@ def _caused(error: Exception, cause: BaseException) -> Exception:
     """``error`` (returned, not raised) with the driver's exception as its cause, as ``raise … from`` does."""
     error.__cause__ = cause
     return error
+
+
+#: MongoDB's largest document (BSON ``maxBsonObjectSize``): a stream beyond it is refused before it is sent.
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+#: Encodes as a 64-bit integer, the widest a position takes: a document checked with it fits with any position.
+_POSITION_PROBE = 2**62
+#: The codec options of the stores' clients (``uuidRepresentation="standard"``), for the embedded engine.
+_CODEC_OPTIONS = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
+#: What the driver raises for a document it cannot send: each fails its own stream only.
+UNSTORABLE = (bson_errors.InvalidDocument, OverflowError, pymongo_errors.DocumentTooLarge)
+
+
+def check_storable(collection, document: dict) -> None:
+    """Raise what the driver would for ``document`` (``InvalidDocument``, ``OverflowError`` for an integer
+    beyond 64 bits, ``DocumentTooLarge`` beyond 16 MiB) *before* it is given a position or sent: a batch
+    then fails only the streams at fault (pymongo encodes a batch chunk by chunk, after earlier chunks were
+    stored), and a refused append leaves no position for followers to wait on."""
+    options = getattr(collection, "codec_options", None)
+    if not isinstance(options, CodecOptions):  # the embedded engine's own class
+        options = _CODEC_OPTIONS
+    size = len(bson.encode({**document, "position": _POSITION_PROBE}, codec_options=options))
+    if size > MAX_DOCUMENT_BYTES:
+        raise pymongo_errors.DocumentTooLarge(
+            f"event stream {document.get('_id')!r} is {size} bytes as BSON; MongoDB stores documents of at most "
+            f"{MAX_DOCUMENT_BYTES} bytes")
 
 
 #: What an aggregate's full id is read from (scans, locate).
@@ -135,6 +163,7 @@ class MongoEventStore(EventStore):
         if any(holds_decimal(event["body"]) for event in document["body"]):
             document["body"] = to_bson(document["body"])
             self.connection.note_decimals(collection)
+        check_storable(collection, document)
         return document
 
     def append(self, stream: EventStream) -> None:
@@ -147,18 +176,32 @@ class MongoEventStore(EventStore):
         self.append_notifier.notify()
 
     def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
-        """One unordered ``insert_many`` per aggregate type; per-stream results."""
+        """One unordered ``insert_many`` per aggregate type; per-stream results.
+
+        A stream whose document cannot be sent (see :func:`check_storable`) fails alone before positions
+        are taken; a write error fails its own stream only.
+        """
         results: list[Exception | None] = [None] * len(streams)
         by_name: dict[str, list[int]] = {}
         for index, stream in enumerate(streams):
             by_name.setdefault(stream.aggregate_name, []).append(index)
-        for name, indexes in by_name.items():
+        for name, group in by_name.items():
+            indexes: list[int] = []
+            documents: list[dict] = []
             try:
                 collection = self.collection(name)
-                documents = self._positioned([streams[i] for i in indexes])
+                for index in group:
+                    try:
+                        documents.append(self._document(collection, streams[index]))
+                        indexes.append(index)
+                    except (*UNSTORABLE, ValueError) as exc:
+                        results[index] = exc
+                if not documents:
+                    continue
+                self._position(documents)
             except Exception as exc:
-                for index in indexes:
-                    results[index] = exc
+                for index in indexes or group:
+                    results[index] = results[index] or exc
                 continue
             try:
                 with recoverable_errors(f"appending {len(documents)} {name} streams"):
@@ -194,11 +237,12 @@ class MongoEventStore(EventStore):
             except RecoverableStoreError as exc:
                 for index in indexes:
                     results[index] = exc
-            except (bson_errors.InvalidDocument, pymongo_errors.DocumentTooLarge):
-                # Refused before anything of the group was sent: one document is at fault, so each is
-                # appended on its own and only that one fails.
+            except UNSTORABLE:
+                # Checked before: only a driver that encodes differently gets here, maybe after earlier chunks
+                # of the batch were stored. Each document is inserted on its own; one found stored with its own
+                # position is this batch's, not a duplicate.
                 for index, document in zip(indexes, documents, strict=True):
-                    results[index] = self._append_one(collection, streams[index], document)
+                    results[index] = self._append_one(collection, streams[index], document, after_batch=True)
             except Exception as exc:  # this group's failure only: the other groups' results stand
                 for index in indexes:
                     results[index] = exc
@@ -206,13 +250,17 @@ class MongoEventStore(EventStore):
             self.append_notifier.notify()
         return results
 
-    def _append_one(self, collection, stream: EventStream, document: dict) -> Exception | None:
-        """Insert one positioned document; its error, or None when stored."""
+    def _append_one(self, collection, stream: EventStream, document: dict, *,
+                    after_batch: bool = False) -> Exception | None:
+        """Insert one positioned document; its error, or None when stored (``after_batch``: also when a batch
+        that failed part-way stored it already)."""
         try:
             with recoverable_errors(f"appending {stream.aggregate_name} {stream.aggregate_id.id!r}"):
                 with self.connection.guard(collection):
                     result = collection.insert_one(document)
         except pymongo_errors.DuplicateKeyError as exc:
+            if after_batch and self._stored_as(collection, document):
+                return None
             self._void(document["contextName"], [document["position"]])
             return _caused(self._conflict(collection, stream, exc.details), exc)
         except Exception as exc:
@@ -223,9 +271,15 @@ class MongoEventStore(EventStore):
                 "acknowledged; use a write concern of w ≥ 1 for the event store")
         return None
 
-    def _positioned(self, streams: Sequence[EventStream]) -> list[dict]:
-        """The streams' documents with positions: one allocation per context of the batch."""
-        documents = [self._document(self.collection(stream.aggregate_name), stream) for stream in streams]
+    def _stored_as(self, collection, document: dict) -> bool:
+        """Whether ``document`` itself is stored: its ``_id`` with its own position (positions are never
+        given twice)."""
+        with recoverable_errors("confirming a stored stream"), self.connection.guard(collection):
+            stored = collection.find_one({"_id": document["_id"]}, {"position": 1})
+        return stored is not None and stored.get("position") == document["position"]
+
+    def _position(self, documents: list[dict]) -> None:
+        """Give the documents positions: one allocation per context of the batch."""
         by_context: dict[str, list[dict]] = {}
         for document in documents:
             by_context.setdefault(document["contextName"], []).append(document)
@@ -233,7 +287,6 @@ class MongoEventStore(EventStore):
             first = self.allocate_positions(context_name, len(group))
             for offset, document in enumerate(group):
                 document["position"] = first + offset
-        return documents
 
     def _conflict(self, collection, stream: EventStream, error: dict | None) -> EventStoreError:
         """The error for a duplicate key, confirmed by a read when the engine did not name the index."""
