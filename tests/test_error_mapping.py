@@ -8,6 +8,8 @@ conformance suite covers that path.
 
 from __future__ import annotations
 
+import contextlib
+
 import mongomock
 import pytest
 from bson import errors as bson_errors
@@ -299,7 +301,8 @@ def test_a_bulk_error_with_write_errors_is_not_recoverable_as_a_whole():
 
 def test_a_first_snapshot_save_that_loses_the_insert_is_retried_once():
     store = MongoSnapshotStore(embedded_connection(), "mapping", schema=SchemaGuard("t"))
-    store.connection = type("Server", (), {"embedded": False})()  # the server path (an update pipeline)
+    store.connection = type("Server", (), {"embedded": False,  # the server path (an update pipeline)
+                                           "write_limit": lambda self: contextlib.nullcontext()})()
     calls = []
 
     class Racing:

@@ -110,8 +110,9 @@ class MongoBusStore(BusStore):
         return self.collection(schema.EVENT_REPUSHES_SPEC)
 
     def run(self, collection, action: str, fn):
-        """Run one operation on ``collection`` with error mapping and the embedded engine's guard."""
-        with recoverable_errors(action), self.connection.guard(collection):
+        """Run one operation on ``collection`` with error mapping, the embedded engine's guard and the write
+        time limit (reads too: they carry ``maxTimeMS`` already)."""
+        with recoverable_errors(action), self.connection.guard(collection, write=True):
             return fn(collection)
 
     @staticmethod

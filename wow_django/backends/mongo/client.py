@@ -123,11 +123,27 @@ class MongoConnection:
 
         return self.client.get_database(name, read_preference=ReadPreference.PRIMARY)
 
+    def write_limit(self):
+        """The operation and socket time limit of one write (pymongo's client-side operation timeout,
+        ``COMMAND_STORAGE_TIMEOUT_S``), as the gateway's: a batch, a follower's checkpoint or lease, a bus
+        record never waits on a failing server for longer. Nested in the gateway's own (shorter) deadline,
+        the shorter one wins. The embedded engine has no operation timeout."""
+        from wow_django.conf import wow_settings
+
+        seconds = wow_settings.COMMAND_STORAGE_TIMEOUT_S
+        if self.embedded or seconds is None:
+            return contextlib.nullcontext()
+        import pymongo
+
+        return pymongo.timeout(seconds)
+
     @contextlib.contextmanager
-    def guard(self, collection) -> Iterator[None]:
-        """Serialise operations on ``collection`` on the embedded engine only."""
+    def guard(self, collection, *, write: bool = False) -> Iterator[None]:
+        """Serialise operations on ``collection`` on the embedded engine only; a ``write`` runs within
+        :meth:`write_limit` on a server."""
         if not self.embedded:
-            yield
+            with self.write_limit() if write else contextlib.nullcontext():
+                yield
             return
         key = (collection.database.name, collection.name)
         lock = self._guards.get(key)

@@ -137,7 +137,7 @@ class MongoEventStore(EventStore):
     def allocate_positions(self, context_name: str, count: int) -> int:
         """Reserve ``count`` consecutive positions of ``context_name``; the first. One round trip."""
         counters = self._support(positions_spec())
-        with recoverable_errors(f"allocating positions in {context_name!r}"), self.connection.guard(counters):
+        with recoverable_errors(f"allocating positions in {context_name!r}"), self.connection.guard(counters, write=True):
             counter = counters.find_one_and_update(
                 {"_id": context_name}, {"$inc": {"position": count}}, upsert=True,
                 return_document=ReturnDocument.AFTER)
@@ -149,7 +149,7 @@ class MongoEventStore(EventStore):
             return
         voids = self._support(void_positions_spec())
         try:
-            with recoverable_errors("recording void positions"), self.connection.guard(voids):
+            with recoverable_errors("recording void positions"), self.connection.guard(voids, write=True):
                 voids.insert_many([{"_id": f"{context_name}:{p}", "contextName": context_name, "position": p}
                                    for p in positions], ordered=False)
         except (RecoverableStoreError, pymongo_errors.PyMongoError):
@@ -205,7 +205,7 @@ class MongoEventStore(EventStore):
                 continue
             try:
                 with recoverable_errors(f"appending {len(documents)} {name} streams"):
-                    with self.connection.guard(collection):
+                    with self.connection.guard(collection, write=True):
                         result = collection.insert_many(documents, ordered=False)
                 if not result.acknowledged:
                     error = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
@@ -256,7 +256,7 @@ class MongoEventStore(EventStore):
         that failed part-way stored it already)."""
         try:
             with recoverable_errors(f"appending {stream.aggregate_name} {stream.aggregate_id.id!r}"):
-                with self.connection.guard(collection):
+                with self.connection.guard(collection, write=True):
                     result = collection.insert_one(document)
         except pymongo_errors.DuplicateKeyError as exc:
             if after_batch and self._stored_as(collection, document):

@@ -208,14 +208,14 @@ class MongoFollowerStore(FollowerStore):
                                    "poison": None, "lastGap": None, "extra": {}}}
         try:
             with recoverable_errors(f"acquiring the lease of follower {name!r}"):
-                with self.connection.guard(self.followers):
+                with self.connection.guard(self.followers, write=True):
                     self.followers.update_one(free, update, upsert=True)
         except pymongo_errors.DuplicateKeyError:
             return False  # the document exists and the filter did not match: the lease is held
         return True
 
     def release(self, name: str, owner: str) -> None:
-        with recoverable_errors(f"releasing the lease of follower {name!r}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"releasing the lease of follower {name!r}"), self.connection.guard(self.followers, write=True):
             self.followers.update_one({"_id": name, "leaseOwner": owner},
                                       {"$set": {"leaseOwner": None, "leaseUntil": None}})
 
@@ -238,7 +238,7 @@ class MongoFollowerStore(FollowerStore):
                                                             "updatedAt": to_micros(now)}}
         if not forward["$inc"]:
             del forward["$inc"]
-        with recoverable_errors(f"advancing follower {name!r} to {position}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"advancing follower {name!r} to {position}"), self.connection.guard(self.followers, write=True):
             moved = self.followers.update_one({**leased, "position": {"$lt": position}}, forward).matched_count
             if not moved:
                 # Not forward (or the lease is gone): record the gaps alone, under the same lease condition.
@@ -255,20 +255,20 @@ class MongoFollowerStore(FollowerStore):
     def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
         now = poison_time(poison, now)
         with recoverable_errors(f"setting the poison event of follower {name!r}"):
-            with self.connection.guard(self.followers):
+            with self.connection.guard(self.followers, write=True):
                 result = self.followers.update_one(self._leased(name, owner, now),
                                                    {"$set": {"poison": poison_to_json(poison) if poison else None}})
                 if not result.matched_count:
                     raise LeaseLost(name, owner, self._holder(name))
 
     def set_paused(self, name: str, paused: bool) -> None:
-        with recoverable_errors(f"pausing follower {name!r}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"pausing follower {name!r}"), self.connection.guard(self.followers, write=True):
             if not self.followers.update_one({"_id": name}, {"$set": {"paused": bool(paused)}}).matched_count:
                 raise UnknownFollower(name)
 
     def rewind(self, name: str, position: int, *, now: datetime) -> None:
         check_position(position)
-        with recoverable_errors(f"rewinding follower {name!r} to {position}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"rewinding follower {name!r} to {position}"), self.connection.guard(self.followers, write=True):
             result = self.followers.update_one(
                 {"_id": name}, {"$set": {"position": position, "poison": None, "updatedAt": to_micros(now)}})
             if not result.matched_count:
@@ -277,7 +277,7 @@ class MongoFollowerStore(FollowerStore):
     def skip_poison(self, name: str, *, by: str, reason: str, now: datetime) -> PoisonEvent:
         micros = to_micros(now)
         with recoverable_errors(f"skipping the poison event of follower {name!r}"):
-            with self.connection.guard(self.followers):
+            with self.connection.guard(self.followers, write=True):
                 while True:
                     document = self.followers.find_one({"_id": name})
                     if document is None:
@@ -298,7 +298,7 @@ class MongoFollowerStore(FollowerStore):
 
     def skipped(self, name: str) -> list[dict]:
         with recoverable_errors(f"reading the skipped poison events of follower {name!r}"):
-            with self.connection.guard(self.skip_records):
+            with self.connection.guard(self.skip_records, write=True):
                 documents = list(self.skip_records.find({"follower": name}, max_time_ms=self.max_time_ms)
                                  .sort([("at", ASCENDING), ("_id", ASCENDING)]))
         return [{"position": d["position"], "streamId": d["streamId"], "aggregate": d["aggregate"],

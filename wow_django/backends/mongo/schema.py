@@ -43,7 +43,9 @@ class IndexSpec:
     expire_after_seconds: int | None = None
 
     def create_kwargs(self) -> dict:
-        kwargs: dict = {"name": self.name}
+        # The simple (binary) collation, explicitly: a collection's default collation would otherwise slip
+        # into the index (and a unique index would count ids differing in case or accents as one).
+        kwargs: dict = {"name": self.name, "collation": {"locale": "simple"}}
         if self.unique:
             kwargs["unique"] = True
         if self.expire_after_seconds is not None:
