@@ -380,3 +380,38 @@ def test_every_write_path_runs_within_the_storage_time_limit(monkeypatch):
     assert {name for name, _ in seen} >= {"insert_one", "insert_many", "update_one", "find_one_and_update"}
     unbounded = [name for name, timeout in seen if timeout is None or timeout > 7]
     assert not unbounded, seen
+
+
+def test_followers_and_the_gateways_read_back_read_with_read_concern_majority(monkeypatch):
+    """Issue 22, item 7: a follower must never relay an event a failover rolls back, nor may the gateway take
+    such a write as stored. Only a replica set applies read concerns: each read of the embedded collections
+    records the read concern it was given."""
+    import mongomock
+
+    from wow_django.backends.mongo.event_store import MongoEventStore
+    from wow_django.backends.mongo.followers import MongoStreamFeed
+    from wow_django.backends.mongo.schema import SchemaGuard
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing import make_stream
+    from wow_django.testing.mongo import embedded_connection
+
+    seen: list[tuple[str, str | None]] = []
+    for name in ("find", "count_documents"):
+        original = getattr(mongomock.collection.Collection, name)
+
+        def recording(self, *args, _original=original, **kwargs):
+            seen.append((self.name, self.read_concern.level))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(mongomock.collection.Collection, name, recording)
+    store = MongoEventStore(embedded_connection(), "majority", schema=SchemaGuard("ctx"))
+    agg = AggregateId("order", "o-1", "ctx")
+    stream = make_stream(agg, 1)
+    store.append(stream)
+    feed = MongoStreamFeed(store, "ctx")
+    seen.clear()
+    assert [s.stream for s in feed.read(0, 10)] == [stream]
+    assert feed.head() == 1 and feed.count_between(0, 1) == 1 and feed.void_positions(0, 1) == []
+    assert feed.position_of("order", "o-1", 1) == 1
+    assert store.get_by_request_id(agg, stream.request_id) == stream
+    assert seen and all(level == "majority" for _, level in seen), seen

@@ -21,6 +21,7 @@ from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
 from pymongo import ASCENDING, ReturnDocument
 from pymongo import errors as pymongo_errors
+from pymongo.read_concern import ReadConcern
 
 from wow_django.backends.mongo.client import MongoConnection
 from wow_django.backends.mongo.codec import from_bson, holds_decimal, to_bson
@@ -335,8 +336,11 @@ class MongoEventStore(EventStore):
         """
         return {"aggregateId": aggregate_id.id, "tenantId": aggregate_id.tenant_id}
 
-    def _find(self, aggregate_name: str, query: dict, sort=None, limit: int = 0) -> list[EventStream]:
+    def _find(self, aggregate_name: str, query: dict, sort=None, limit: int = 0, *,
+              majority: bool = False) -> list[EventStream]:
         collection = self.collection(aggregate_name)
+        if majority:
+            collection = collection.with_options(read_concern=ReadConcern("majority"))
         with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
             cursor = collection.find(query, max_time_ms=self.max_time_ms)
             if sort:
@@ -400,8 +404,10 @@ class MongoEventStore(EventStore):
             return collection.find_one(query, {"_id": 1}, max_time_ms=self.max_time_ms) is not None
 
     def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
+        # The gateway's read-back after an unknown outcome: from the primary (the database's read preference)
+        # with read concern majority, so a write a failover will roll back is not taken as stored.
         found = self._find(aggregate_id.aggregate_name, {**self._owned(aggregate_id), "requestId": request_id},
-                           limit=1)
+                           limit=1, majority=True)
         return found[0] if found else None
 
     def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:

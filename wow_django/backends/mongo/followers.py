@@ -23,6 +23,7 @@ from datetime import datetime
 
 from pymongo import ASCENDING, DESCENDING
 from pymongo import errors as pymongo_errors
+from pymongo.read_concern import ReadConcern
 
 from wow_django.backends.mongo.changes import ChangeWatcher
 from wow_django.backends.mongo.codec import from_bson
@@ -93,6 +94,12 @@ class MongoStreamFeed(StreamFeed):
         if self.watcher is not None:
             self.watcher.close()
 
+    @staticmethod
+    def _majority(collection):
+        """``collection`` read with read concern majority: a follower hands on only what a majority holds, so
+        an event a failover rolls back is never projected nor relayed."""
+        return collection.with_options(read_concern=ReadConcern("majority"))
+
     def _collections(self) -> list:
         """Every event stream collection of the database (one ``listCollections``).
 
@@ -101,7 +108,8 @@ class MongoStreamFeed(StreamFeed):
         ``FOLLOWER_GAP_TIMEOUT_S`` is passed for good. One round trip per batch buys that certainty."""
         with recoverable_errors(f"listing the event stream collections of {self.database.name}"):
             names = self.database.list_collection_names()
-        return [self.database[name] for name in sorted(names) if name.endswith(_SUFFIX) and name != _SUFFIX]
+        return [self._majority(self.database[name]) for name in sorted(names)
+                if name.endswith(_SUFFIX) and name != _SUFFIX]
 
     def read(self, after: int, limit: int) -> list[PositionedStream]:
         check_read_args(after, limit)
@@ -148,7 +156,7 @@ class MongoStreamFeed(StreamFeed):
         return total
 
     def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
-        collection = self.database[event_stream_collection(aggregate_name)]
+        collection = self._majority(self.database[event_stream_collection(aggregate_name)])
         with recoverable_errors(f"reading the position of {aggregate_name} {aggregate_id!r} v{version}"):
             with self.connection.guard(collection):
                 document = collection.find_one(
@@ -157,7 +165,7 @@ class MongoStreamFeed(StreamFeed):
         return document.get("position") if document else None
 
     def void_positions(self, after: int, upto: int) -> list[int]:
-        voids = self.database[VOID_POSITIONS_COLLECTION]
+        voids = self._majority(self.database[VOID_POSITIONS_COLLECTION])
         with recoverable_errors("reading void positions"), self.connection.guard(voids):
             documents = list(voids.find({"contextName": self.context_name, "position": {"$gt": after, "$lte": upto}},
                                         {"position": 1}, max_time_ms=self.max_time_ms))
