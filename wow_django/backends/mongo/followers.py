@@ -76,7 +76,7 @@ class MongoStreamFeed(StreamFeed):
         #: One change stream for the followers of this process (started on the first read), or None.
         self.watcher: ChangeWatcher | None = None
         if watch_changes and not store.connection.embedded:
-            self.watcher = ChangeWatcher(self.database, self.notifier)
+            self.watcher = ChangeWatcher(self.database, self.notifier, context_name=context_name)
 
     def start_watching(self) -> None:
         if self.watcher is not None:
