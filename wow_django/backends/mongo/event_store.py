@@ -6,8 +6,18 @@ incremented before the insert (one ``findOneAndUpdate`` per append, or per
 context and batch in :meth:`MongoEventStore.append_many`). Positions are thus
 allocated before their streams commit, so a follower may see position 7 before
 position 6 (``gaps_are_final`` is false, see ``wow_django.persistence.followers``).
-When an insert is refused (a duplicate key) its position is recorded in
-``wow_void_position`` so followers do not wait for it.
+When an insert surely wrote nothing (a duplicate key or another write error, no
+server selected; on the embedded engine any error) its position is recorded in
+``wow_void_position`` at once so followers do not wait for it; a network error
+or a timeout after sending is not (the insert may still land).
+
+The embedded engine (one process, no transactions) allocates and inserts under
+a per-context lock (``MongoConnection.positions_lock``) that the feed's reads
+take too, so its gaps are final. On a server a gap is held for
+``FOLLOWER_GAP_TIMEOUT_S``: an insert landing later than that is still not
+handed (making it final there needs the counter update and the insert in one
+transaction on a replica set, read at one snapshot — not built yet; only a
+real replica set could prove it).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from wow_django.exceptions import (
     EventStoreError,
     EventVersionConflict,
     RecoverableStoreError,
+    StoreUnreachable,
     UnacknowledgedWriteError,
 )
 from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
@@ -170,8 +181,10 @@ class MongoEventStore(EventStore):
     def append(self, stream: EventStream) -> None:
         collection = self.collection(stream.aggregate_name)
         document = self._document(collection, stream)
-        document["position"] = self.allocate_positions(stream.aggregate_id.context_name, 1)
-        error = self._append_one(collection, stream, document)
+        context_name = stream.aggregate_id.context_name
+        with self.connection.positions_lock(self.database.name, [context_name]):
+            document["position"] = self.allocate_positions(context_name, 1)
+            error = self._append_one(collection, stream, document)
         if error is not None:
             raise error
         self.append_notifier.notify()
@@ -199,57 +212,73 @@ class MongoEventStore(EventStore):
                         results[index] = exc
                 if not documents:
                     continue
-                self._position(documents)
             except Exception as exc:
                 for index in indexes or group:
                     results[index] = results[index] or exc
                 continue
-            try:
-                with recoverable_errors(f"appending {len(documents)} {name} streams"):
-                    with self.connection.guard(collection, write=True):
-                        result = collection.insert_many(documents, ordered=False)
-                if not result.acknowledged:
-                    error = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
-                    for index in indexes:
-                        results[index] = error
-            except pymongo_errors.BulkWriteError as exc:
-                refused: dict[str, list[int]] = {}
-                for write_error in exc.details.get("writeErrors", []):
-                    stream_index = indexes[write_error["index"]]
-                    cause = _write_error(write_error, exc)
-                    if is_duplicate_key(write_error):
-                        error = self._conflict(collection, streams[stream_index], write_error)
-                        document = documents[write_error["index"]]
-                        refused.setdefault(document["contextName"], []).append(document["position"])
-                    elif write_error.get("code") in RECOVERABLE_CODES:
-                        error = RecoverableStoreError(
-                            f"appending {name} stream {streams[stream_index].id!r} failed transiently "
-                            f"({write_error.get('errmsg', 'write error')}); retry")
-                    else:
-                        error = EventStoreError(write_error.get("errmsg", "write error"))
-                    results[stream_index] = _caused(error, cause)
-                for context_name, positions in refused.items():
-                    self._void(context_name, positions)
-                concern = exc.details.get("writeConcernErrors") or []
-                if concern:
-                    error = RecoverableStoreError(f"write concern failed for batched append: {concern[0]}")
-                    for index in indexes:
-                        results[index] = results[index] or error
-            except RecoverableStoreError as exc:
-                for index in indexes:
-                    results[index] = exc
-            except UNSTORABLE:
-                # Checked before: only a driver that encodes differently gets here, maybe after earlier chunks
-                # of the batch were stored. Each document is inserted on its own; one found stored with its own
-                # position is this batch's, not a duplicate.
-                for index, document in zip(indexes, documents, strict=True):
-                    results[index] = self._append_one(collection, streams[index], document, after_batch=True)
-            except Exception as exc:  # this group's failure only: the other groups' results stand
-                for index in indexes:
-                    results[index] = exc
+            with self.connection.positions_lock(self.database.name, [d["contextName"] for d in documents]):
+                self._insert_group(name, collection, streams, indexes, documents, results)
         if any(result is None for result in results):
             self.append_notifier.notify()
         return results
+
+    def _insert_group(self, name: str, collection, streams: Sequence[EventStream], indexes: list[int],
+                      documents: list[dict], results: list[Exception | None]) -> None:
+        """Position and insert one aggregate type's documents of a batch; each stream's result in ``results``."""
+        try:
+            self._position(documents)
+        except Exception as exc:
+            for index in indexes:
+                results[index] = results[index] or exc
+            return
+        try:
+            with recoverable_errors(f"appending {len(documents)} {name} streams"):
+                with self.connection.guard(collection, write=True):
+                    result = collection.insert_many(documents, ordered=False)
+            if not result.acknowledged:
+                error = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
+                for index in indexes:
+                    results[index] = error
+        except pymongo_errors.BulkWriteError as exc:
+            refused: dict[str, list[int]] = {}
+            for write_error in exc.details.get("writeErrors", []):
+                stream_index = indexes[write_error["index"]]
+                cause = _write_error(write_error, exc)
+                document = documents[write_error["index"]]
+                # A write error is the server's answer that this document was not written: void at once.
+                refused.setdefault(document["contextName"], []).append(document["position"])
+                if is_duplicate_key(write_error):
+                    error = self._conflict(collection, streams[stream_index], write_error)
+                elif write_error.get("code") in RECOVERABLE_CODES:
+                    error = RecoverableStoreError(
+                        f"appending {name} stream {streams[stream_index].id!r} failed transiently "
+                        f"({write_error.get('errmsg', 'write error')}); retry")
+                else:
+                    error = EventStoreError(write_error.get("errmsg", "write error"))
+                results[stream_index] = _caused(error, cause)
+            for context_name, positions in refused.items():
+                self._void(context_name, positions)
+            concern = exc.details.get("writeConcernErrors") or []
+            if concern:
+                error = RecoverableStoreError(f"write concern failed for batched append: {concern[0]}")
+                for index in indexes:
+                    results[index] = results[index] or error
+        except RecoverableStoreError as exc:
+            for index in indexes:
+                results[index] = exc
+            if self._not_written(exc):
+                self._void_documents(documents)
+        except UNSTORABLE:
+            # Checked before: only a driver that encodes differently gets here, maybe after earlier chunks
+            # of the batch were stored. Each document is inserted on its own; one found stored with its own
+            # position is this batch's, not a duplicate.
+            for index, document in zip(indexes, documents, strict=True):
+                results[index] = self._append_one(collection, streams[index], document, after_batch=True)
+        except Exception as exc:  # this group's failure only: the other groups' results stand
+            for index in indexes:
+                results[index] = exc
+            if self._not_written(exc):
+                self._void_documents(documents)
 
     def _append_one(self, collection, stream: EventStream, document: dict, *,
                     after_batch: bool = False) -> Exception | None:
@@ -265,12 +294,34 @@ class MongoEventStore(EventStore):
             self._void(document["contextName"], [document["position"]])
             return _caused(self._conflict(collection, stream, exc.details), exc)
         except Exception as exc:
+            if self._not_written(exc) and not (after_batch and self._stored_as(collection, document)):
+                self._void(document["contextName"], [document["position"]])
             return exc
         if not result.acknowledged:
             return UnacknowledgedWriteError(
                 f"append of {stream.aggregate_name} {stream.aggregate_id.id!r} v{stream.version} was not "
                 "acknowledged; use a write concern of w ≥ 1 for the event store")
         return None
+
+    def _not_written(self, exc: BaseException) -> bool:
+        """Whether a failed insert surely wrote nothing, so that its position can be voided at once: any error
+        of the embedded engine (in this process, under the position lock), a server's write error, or no
+        server selected (nothing sent). A network error or a timeout after sending is not: the insert may
+        still land, and voiding its position would make followers pass it for good."""
+        if self.connection.embedded:
+            return True
+        if isinstance(exc, StoreUnreachable):
+            return True
+        cause = exc.__cause__ if isinstance(exc, RecoverableStoreError) else exc
+        return isinstance(cause, pymongo_errors.WriteError) and not isinstance(cause, pymongo_errors.WriteConcernError)
+
+    def _void_documents(self, documents: list[dict]) -> None:
+        by_context: dict[str, list[int]] = {}
+        for document in documents:
+            if isinstance(document.get("position"), int):
+                by_context.setdefault(document["contextName"], []).append(document["position"])
+        for context_name, positions in by_context.items():
+            self._void(context_name, positions)
 
     def _stored_as(self, collection, document: dict) -> bool:
         """Whether ``document`` itself is stored: its ``_id`` with its own position (positions are never

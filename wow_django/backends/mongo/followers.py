@@ -1,10 +1,12 @@
 """Followers on MongoDB: the event streams read by global position, and followers' state in ``wow_follower``.
 
 Positions come from a per-context counter incremented *before* each insert
-(see :mod:`wow_django.backends.mongo.event_store`), so a position can become
-visible after a higher one: ``gaps_are_final`` is false and the follower holds
-a missing position until it appears, is reported void, or the gap timeout
-passes. Each ``{aggregate}_event_stream`` collection of the context's database
+(see :mod:`wow_django.backends.mongo.event_store`), so on a server a position
+can become visible after a higher one: ``gaps_are_final`` is false and the
+follower holds a missing position until it appears, is reported void, or the
+gap timeout passes. On the embedded engine (one process, no transactions)
+allocation and insert run under a per-context lock that reads take as well, so
+its gaps are final. Each ``{aggregate}_event_stream`` collection of the context's database
 is read with the ``contextName_1_position_1`` index and the collections'
 answers are merged by position.
 
@@ -64,7 +66,12 @@ _SUFFIX = event_stream_collection("")
 class MongoStreamFeed(StreamFeed):
     """The streams of one context in the event store's database, by position (see the module docstring)."""
 
-    gaps_are_final = False
+    @property
+    def gaps_are_final(self) -> bool:
+        """True on the embedded engine only: its inserts are ordered by position under a lock that reads take
+        too (see ``MongoConnection.positions_lock``). On a server a position is taken before its insert
+        commits, so a missing position is held for the gap timeout."""
+        return self.connection.embedded
 
     def __init__(self, store: MongoEventStore, context_name: str, *, watch_changes: bool = False):
         self.store = store
@@ -115,11 +122,16 @@ class MongoStreamFeed(StreamFeed):
         check_read_args(after, limit)
         query = {"contextName": self.context_name, "position": {"$gt": after}}
         answers = []
-        for collection in self._collections():
-            with recoverable_errors(f"reading {collection.name} after {after}"), self.connection.guard(collection):
-                cursor = collection.find(query, max_time_ms=self.max_time_ms)
-                documents = list(cursor.sort([("position", ASCENDING)]).limit(limit))
-            answers.append([(document["position"], index, document) for index, document in enumerate(documents)])
+        # Embedded engine: every collection read with no insert in between (no position missing below a
+        # visible one); a server takes no lock here.
+        with self.connection.positions_lock(self.database.name, [self.context_name]):
+            for collection in self._collections():
+                with recoverable_errors(f"reading {collection.name} after {after}"), \
+                        self.connection.guard(collection):
+                    cursor = collection.find(query, max_time_ms=self.max_time_ms)
+                    documents = list(cursor.sort([("position", ASCENDING)]).limit(limit))
+                answers.append([(document["position"], index, document)
+                                for index, document in enumerate(documents)])
         merged = heapq.merge(*answers, key=lambda item: item[0])
         found = []
         for position, _, document in merged:
