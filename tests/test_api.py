@@ -35,6 +35,7 @@ from wow_django.exceptions import (
     EventNotFound,
     EventVersionConflict,
     KeyAlreadyPrepared,
+    KeyNotHeld,
     RecoverableStoreError,
     RepushRefused,
     TraceNotFound,
@@ -814,6 +815,8 @@ def test_aggregates_without_delete_have_no_delete_routes(monkeypatch):
     (EventVersionConflict("order", "x", 3), 409, "EventVersionConflict"),
     (DuplicateRequestId("order", "x", "r"), 409, "DuplicateRequestId"),
     (KeyAlreadyPrepared("username", "alice"), 409, "KeyAlreadyPrepared"),
+    # change_key from a key not held with the old value: a conflict with the key's current state, as a taken one
+    (KeyNotHeld("username", "alice", "alicia"), 409, "KeyNotHeld"),
     (RecoverableStoreError("down"), 503, "StoreUnavailable"),
     (OperationalError("broker down"), 503, "BrokerUnavailable"),
     (Http404("gone"), 404, "NotFound"),

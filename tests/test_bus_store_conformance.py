@@ -17,6 +17,7 @@ from wow_django.backends.django.bus_store import DjangoBusStore
 from wow_django.backends.memory.bus_store import InMemoryBusStore
 from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.testing import BusStoreContract, EmbeddedMongoDatabase, RealMongoDatabase, requires_real_mongo
+from wow_django.testing.bus_store import MongoPurgePlanContract
 
 
 class TestInMemoryBusStore(BusStoreContract, unittest.TestCase):
@@ -24,14 +25,14 @@ class TestInMemoryBusStore(BusStoreContract, unittest.TestCase):
         return InMemoryBusStore()
 
 
-class TestEmbeddedMongoBusStore(EmbeddedMongoDatabase, BusStoreContract, unittest.TestCase):
+class TestEmbeddedMongoBusStore(EmbeddedMongoDatabase, BusStoreContract, MongoPurgePlanContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoBusStore(connection, name, schema_guard=guard)
 
 
 @requires_real_mongo
-class TestRealMongoBusStore(RealMongoDatabase, BusStoreContract, unittest.TestCase):
+class TestRealMongoBusStore(RealMongoDatabase, BusStoreContract, MongoPurgePlanContract, unittest.TestCase):
     def make_store(self):
         connection, name, guard = self.mongo()
         return MongoBusStore(connection, name, schema_guard=guard)

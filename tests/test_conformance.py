@@ -14,7 +14,9 @@ from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
 from wow_django.backends.memory.stores import InMemoryEventStore, InMemoryPrepareKey, InMemorySnapshotStore
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.prepare_key import MongoPrepareKey
+from wow_django.backends.mongo.schema import SchemaGuard
 from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
+from wow_django.exceptions import DatabaseOwnershipError, SchemaConflictError
 from wow_django.persistence.batching import BatchingEventStore
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.records import AggregateId
@@ -133,6 +135,56 @@ class MongoEventStoreReadOrder:
                 self.assertEqual(store.load_by_time(agg, 0, 10_000), in_order)
                 self.assertEqual(store.load_by_time(agg, 2_000, 3_000), in_order[1:3])
                 self.assertEqual(store.last(agg), streams[5])
+
+
+class MongoEventStoreBatchAttribution:
+    """Issue 22, item 9: a batch's documents that cannot be stored fail alone, before any is sent.
+
+    Before, pymongo sent the batch in chunks: a document it could not encode in a later chunk fell back to
+    one-by-one inserts that hit the earlier chunks' stored documents (reported DuplicateEventStreamId), and
+    an integer beyond 64 bits (OverflowError) failed the whole group while part of it was stored.
+    """
+
+    def test_unstorable_documents_fail_alone_and_the_others_are_stored_once(self):
+        from bson import errors as bson_errors
+        from pymongo import errors as pymongo_errors
+
+        connection, name, guard = self.mongo()
+        store = self.make_batch_store(MongoEventStore(connection, name, schema=guard))
+        aggregates = [AggregateId("order", f"batch-{i}", "test-context") for i in range(6)]
+        streams = [make_stream(agg, 1) for agg in aggregates]
+        streams[1] = make_stream(aggregates[1], 1, header={"huge": 2**70})  # no 64-bit integer
+        streams[3] = make_stream(aggregates[3], 1, header={"thing": object()})  # not BSON at all
+        streams[4] = make_stream(aggregates[4], 1, header={"blob": "x" * (16 * 1024 * 1024)})  # over 16 MiB
+        results = store.append_many(streams)
+        self.assertIsInstance(results[1], OverflowError)
+        self.assertIsInstance(results[3], bson_errors.InvalidDocument)
+        self.assertIsInstance(results[4], pymongo_errors.DocumentTooLarge)
+        for index in (0, 2, 5):
+            self.assertIsNone(results[index], index)
+            self.assertEqual(store.load(aggregates[index]), [streams[index]])
+        for index in (1, 3, 4):
+            self.assertEqual(store.load(aggregates[index]), [])
+        # A single append refuses the same, before a position is taken (followers wait for none).
+        collection = connection.database(name)["wow_position"]
+        before = collection.find_one({"_id": "test-context"})["position"]
+        with self.assertRaises(OverflowError):
+            store.append(make_stream(AggregateId("order", "single", "test-context"), 1, header={"n": -(2**64)}))
+        self.assertEqual(collection.find_one({"_id": "test-context"})["position"], before)
+
+    def make_batch_store(self, store):
+        return store
+
+
+class TestEmbeddedMongoEventStoreBatchAttribution(EmbeddedMongoDatabase, MongoEventStoreBatchAttribution,
+                                                  unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoEventStoreBatchAttribution(RealMongoDatabase, MongoEventStoreBatchAttribution,
+                                              unittest.TestCase):
+    pass
 
 
 class TestEmbeddedMongoEventStoreReadOrder(EmbeddedMongoDatabase, MongoEventStoreReadOrder, unittest.TestCase):
@@ -279,3 +331,84 @@ class TestRealMongoPrepareKey(RealMongoDatabase, PrepareKeyContract, unittest.Te
     def make_prepare_key(self, name, clock):
         connection, db, guard = self.mongo()
         return MongoPrepareKey(name, connection, db, schema=guard, clock=clock)
+
+
+# --- Mongo schema and ownership (issue 22) ------------------------------------------------------------------
+
+
+class MongoSchemaRules:
+    """What the schema guard refuses or writes, on the embedded engine and on a real server."""
+
+    def test_a_unique_request_id_index_is_refused_by_its_keys_whatever_its_name_and_direction(self):
+        """Item 14: a legacy unique ``{requestId: -1}`` would let the per-aggregate mode start and later
+        refuse a request id reused by another aggregate with an unclassified error."""
+        connection, name, guard = self.mongo()
+        database = connection.database(name)
+        database["order_event_stream"].create_index([("requestId", -1)], name="legacy_request", unique=True)
+        store = MongoEventStore(connection, name, schema=guard, request_id_index="aggregate")
+        with self.assertRaisesRegex(SchemaConflictError, "'legacy_request' is not allowed"):
+            store.append(make_stream(AggregateId("order", "o-1", "test-context"), 1))
+        # The global mode refuses the per-aggregate uniqueness by its fields too, whatever their order.
+        database["customer_event_stream"].create_index([("requestId", 1), ("aggregateId", -1)],
+                                                       name="per_aggregate", unique=True)
+        store = MongoEventStore(connection, name, schema=SchemaGuard("test-context"), request_id_index="global")
+        with self.assertRaisesRegex(SchemaConflictError, "'per_aggregate' is not allowed"):
+            store.append(make_stream(AggregateId("customer", "c-1", "test-context"), 1))
+
+
+    def test_the_ownership_marker_is_wows_document(self):
+        """Item 13: ``{_id: "boundedContext", contextName, layoutVersion: 1}``, as Wow writes and reads it."""
+        connection, name, guard = self.mongo()
+        MongoEventStore(connection, name, schema=guard).append(make_stream(AggregateId("order", "o-1",
+                                                                                       "test-context"), 1))
+        marker = connection.database(name)["wow_database_metadata"].find_one({"_id": "boundedContext"})
+        self.assertEqual((marker["contextName"], marker["layoutVersion"]), ("test-context", 1))
+
+    def test_a_database_claimed_by_a_wow_service_is_refused(self):
+        """Item 13: Wow's own marker (no wow_django writer) of this context, of another context, or of a
+        layout this version does not know: refused before anything is written."""
+        cases = [({"contextName": "test-context", "layoutVersion": 1}, "claimed by a Wow \\(Kotlin\\) service"),
+                 ({"contextName": "billing", "layoutVersion": 1}, "belongs to bounded context 'billing'"),
+                 ({"contextName": "test-context", "layoutVersion": 2, "writer": "wow_django"}, "layout version 2")]
+        connection, name, _ = self.mongo()
+        database = connection.database(name)
+        for marker, message in cases:
+            with self.subTest(marker=marker):
+                database["wow_database_metadata"].delete_many({})
+                database["wow_database_metadata"].insert_one({"_id": "boundedContext", **marker})
+                store = MongoEventStore(connection, name, schema=SchemaGuard("test-context"))
+                with self.assertRaisesRegex(DatabaseOwnershipError, message):
+                    store.append(make_stream(AggregateId("order", "o-1", "test-context"), 1))
+                self.assertNotIn("order_event_stream", database.list_collection_names())
+
+    def test_snapshots_of_another_context_are_seen_before_claiming(self):
+        """Item 13: an unclaimed database with another context's snapshots (and no event streams) is
+        another service's."""
+        connection, name, guard = self.mongo()
+        database = connection.database(name)
+        database["order_snapshot"].insert_one({"_id": "o-1", "contextName": "billing", "version": 1})
+        store = MongoEventStore(connection, name, schema=guard)
+        with self.assertRaisesRegex(DatabaseOwnershipError, "snapshots of bounded context 'billing'"):
+            store.append(make_stream(AggregateId("order", "o-2", "test-context"), 1))
+        self.assertIsNone(database["wow_database_metadata"].find_one({}))
+
+    def test_an_earlier_wow_django_claim_is_still_this_services(self):
+        connection, name, _ = self.mongo()
+        database = connection.database(name)
+        database["wow_database_metadata"].insert_one({"_id": "bounded_context", "contextName": "test-context"})
+        MongoEventStore(connection, name, schema=SchemaGuard("test-context")).append(
+            make_stream(AggregateId("order", "o-1", "test-context"), 1))
+        self.assertEqual(database["wow_database_metadata"].find_one({"_id": "boundedContext"})["contextName"],
+                         "test-context")
+        with self.assertRaisesRegex(DatabaseOwnershipError, "belongs to bounded context 'test-context'"):
+            MongoEventStore(connection, name, schema=SchemaGuard("billing")).load(
+                AggregateId("order", "o-1", "billing"))
+
+
+class TestEmbeddedMongoSchemaRules(EmbeddedMongoDatabase, MongoSchemaRules, unittest.TestCase):
+    pass
+
+
+@requires_real_mongo
+class TestRealMongoSchemaRules(RealMongoDatabase, MongoSchemaRules, unittest.TestCase):
+    pass

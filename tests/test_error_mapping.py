@@ -8,6 +8,8 @@ conformance suite covers that path.
 
 from __future__ import annotations
 
+import contextlib
+
 import mongomock
 import pytest
 from bson import errors as bson_errors
@@ -299,7 +301,8 @@ def test_a_bulk_error_with_write_errors_is_not_recoverable_as_a_whole():
 
 def test_a_first_snapshot_save_that_loses_the_insert_is_retried_once():
     store = MongoSnapshotStore(embedded_connection(), "mapping", schema=SchemaGuard("t"))
-    store.connection = type("Server", (), {"embedded": False})()  # the server path (an update pipeline)
+    store.connection = type("Server", (), {"embedded": False,  # the server path (an update pipeline)
+                                           "write_limit": lambda self: contextlib.nullcontext()})()
     calls = []
 
     class Racing:
@@ -339,7 +342,8 @@ def test_an_ownership_claim_that_loses_the_insert_is_retried_once():
                 def find_one_and_update(self, *args, **kwargs):
                     outer.calls += 1
                     if outer.calls == 1:  # another process inserted the claim between our filter and insert
-                        collection.insert_one({"_id": "bounded_context", "contextName": "orders"})
+                        collection.insert_one({"_id": "boundedContext", "contextName": "orders",
+                                               "layoutVersion": 1, "writer": "wow_django"})
                         raise pymongo_errors.DuplicateKeyError("E11000", 11000)
                     return collection.find_one_and_update(*args, **kwargs)
 
@@ -348,3 +352,94 @@ def test_an_ownership_claim_that_loses_the_insert_is_retried_once():
     database = Racing()
     report = claim_database(database, "orders")
     assert database.calls == 2 and not report.ownership
+
+
+# --- the driver's exception stays the cause of a mapped error (issue 22, item 16) ---------------------
+
+
+@pytest.mark.parametrize("index, pattern, expected", [
+    ("aggregateId_1_version_1", {"aggregateId": 1, "version": 1}, EventVersionConflict),
+    ("aggregateId_1_requestId_1", {"aggregateId": 1, "requestId": 1}, DuplicateRequestId),
+    ("_id_", {"_id": 1}, DuplicateEventStreamId),
+])
+def test_a_mapped_duplicate_key_keeps_the_drivers_error_as_its_cause(index, pattern, expected):
+    """Operators see the server's message (index, key) behind the mapped error. The error is the one a
+    server raises (the embedded engine's carries no index name): injected by a fake collection."""
+    error = duplicate(index, pattern)
+    store = store_with(FakeCollection(error))
+    with pytest.raises(expected) as caught:
+        store.append(make_stream(AGG, 2))
+    assert caught.value.__cause__ is error
+
+
+def test_a_mapped_error_of_a_batch_keeps_the_servers_write_error_as_its_cause():
+    """Each stream's error has a cause naming its own write error (code, message), chained to the batch's
+    ``BulkWriteError``. Injected: only a server reports per-document errors with index names."""
+    details = {
+        "writeErrors": [
+            {**server_error("aggregateId_1_version_1", {"aggregateId": 1, "version": 1}), "index": 1},
+            {"index": 2, "code": 2, "errmsg": "BadValue: something the server refused"},
+        ],
+        "nInserted": 1,
+    }
+    bulk = pymongo_errors.BulkWriteError(details)
+    store = store_with(FakeCollection(bulk))
+    results = store.append_many([make_stream(AGG, 3), make_stream(AGG, 4), make_stream(AGG, 5)])
+    assert results[0] is None
+    conflict, other = results[1], results[2]
+    assert isinstance(conflict, EventVersionConflict)
+    assert isinstance(conflict.__cause__, pymongo_errors.DuplicateKeyError)
+    assert conflict.__cause__.code == 11000 and "aggregateId_1_version_1" in str(conflict.__cause__)
+    assert conflict.__cause__.__cause__ is bulk
+    assert isinstance(other.__cause__, pymongo_errors.WriteError) and other.__cause__.code == 2
+    assert "something the server refused" in str(other)
+
+
+# --- recoverable write errors, as in Wow (issue 22, item 15) ---------------------------------------------
+
+
+@pytest.mark.parametrize("code", [133, 264])  # FailedToSatisfyReadPreference; StaleEpoch (sharding)
+def test_write_errors_133_and_264_are_recoverable_as_in_wow(code):
+    """A server answers these in a failover or a chunk migration; injected by a fake collection."""
+    single = pymongo_errors.WriteError(f"write error {code}", code, {"code": code, "errmsg": f"error {code}"})
+    assert is_recoverable(single)
+    store = store_with(FakeCollection(single))
+    with pytest.raises(RecoverableStoreError) as caught:
+        store.append(make_stream(AGG, 2))
+    assert caught.value.__cause__ is single
+    details = {"writeErrors": [{"index": 0, "code": code, "errmsg": f"error {code}"}], "nInserted": 1}
+    store = store_with(FakeCollection(pymongo_errors.BulkWriteError(details)))
+    results = store.append_many([make_stream(AGG, 3), make_stream(AGG, 4)])
+    assert isinstance(results[0], RecoverableStoreError) and results[1] is None
+
+
+class ChunkedCollection:
+    """A real (embedded) collection whose ``insert_many`` stores the first ``stored`` documents, then raises
+    ``InvalidDocument`` — what pymongo does when it cannot encode a document of a later chunk of a large batch
+    (only a batch past the server's message size has chunks)."""
+
+    def __init__(self, collection, stored: int):
+        self.collection, self.stored = collection, stored
+
+    def __getattr__(self, name):
+        return getattr(self.collection, name)
+
+    def insert_many(self, documents, ordered=True):
+        self.collection.insert_many(documents[:self.stored], ordered=ordered)
+        raise bson_errors.InvalidDocument("cannot encode an object of a later chunk")
+
+
+def test_a_batch_that_fails_after_an_earlier_chunk_was_stored_reports_no_duplicates():
+    """Issue 22, item 9: the one-by-one fallback found the earlier chunk's documents stored and reported
+    DuplicateEventStreamId (the gateway would then release the keys of a stored command)."""
+    store = MongoEventStore(embedded_connection(), "chunked", schema=SchemaGuard("t"))
+    store._collections["order"] = ChunkedCollection(store.collection("order"), stored=2)
+    aggregates = [AggregateId("order", f"o-{i}", "t") for i in range(4)]
+    streams = [make_stream(agg, 1) for agg in aggregates]
+    assert store.append_many(streams) == [None, None, None, None]
+    for agg, stream in zip(aggregates, streams, strict=True):
+        assert store.load(agg) == [stream]
+    # A true duplicate in the fallback is still one.
+    again = make_stream(aggregates[0], 1)
+    [result] = store.append_many([again])
+    assert isinstance(result, DuplicateAggregateId)

@@ -350,3 +350,90 @@ def test_a_closing_process_hands_over_its_followers_caught_up():
     assert handled == [1, 2, 3]
     state = followers.get("closing-ledger")
     assert state.position == 3 and state.lease_owner is None
+
+
+class TestMongoLateInsert(EmbeddedMongoDatabase, unittest.TestCase):
+    """A late insert is never skipped (issue 22, item 6). An append stalls between taking its position and
+    inserting (a slow primary, a paused process) while another append of the context goes on, and a follower
+    with no gap timeout at all reads meanwhile: the stalled stream must still be handed.
+
+    The embedded engine (one process, no transactions) orders its inserts by position under a per-context
+    lock that reads take too. A server takes positions before inserts commit: there the follower holds a
+    gap for ``FOLLOWER_GAP_TIMEOUT_S`` only, and what makes such a gap final on a replica set (the counter
+    update and the insert in one transaction, read at one snapshot) is not built yet.
+    """
+
+    def test_a_stalled_insert_is_handed_not_passed_as_a_gap(self):
+        connection, name, guard = self.mongo()
+        store = MongoEventStore(connection, name, schema=guard)
+        feed = MongoStreamFeed(store, "ctx")
+        followers = MongoFollowerStore(connection, name, schema=guard)
+        handled: list[int] = []
+        clock = FakeClock()
+        runner = FollowerRunner(Follower("late", lambda item: handled.append(item.position)), feed, followers,
+                                owner="o", clock=clock, gap_timeout_s=0.0, min_batch=4, max_batch=16,
+                                max_wait_s=0.05)
+        allocate = store.allocate_positions
+        taken, release = threading.Event(), threading.Event()
+
+        def stalling(context_name, count):
+            first = allocate(context_name, count)
+            if not taken.is_set():
+                taken.set()
+                release.wait(10)  # the first append stalls after taking its position
+            return first
+
+        store.allocate_positions = stalling
+        late = make_stream(AggregateId("order", uuid.uuid4().hex, "ctx", "t"), 1)
+        other = make_stream(AggregateId("customer", uuid.uuid4().hex, "ctx", "t"), 1)
+        threads = [threading.Thread(target=store.append, args=(late,))]
+        threads[0].start()
+        assert taken.wait(5)
+        threads.append(threading.Thread(target=store.append, args=(other,)))
+        threads[1].start()
+        threads[1].join(0.3)  # the other append goes as far as it can
+        reading = threading.Thread(target=lambda: [runner.run_once(), clock.advance(60), runner.run_once()])
+        reading.start()
+        reading.join(0.3)  # the follower reads while the first insert has not landed
+        release.set()
+        for thread in (*threads, reading):
+            thread.join(10)
+        for _ in range(5):
+            clock.advance(1)
+            runner.run_once()
+        positions = [item.position for item in feed.read(0, 10)]
+        assert len(positions) == 2
+        assert handled == positions  # the stalled stream too, in position order
+        assert followers.get("late").gaps_skipped == 0
+
+    def test_an_insert_that_failed_voids_its_position_at_once(self):
+        """Any failed insert on the embedded engine (in this process: nothing can land later) voids its position,
+        so followers do not wait for it; on a server only an outcome that surely wrote nothing does (a write
+        error, no server selected), never a network error after sending."""
+        from pymongo import errors as pymongo_errors
+
+        from wow_django.exceptions import RecoverableStoreError, StoreUnreachable
+
+        connection, name, guard = self.mongo()
+        store = MongoEventStore(connection, name, schema=guard)
+        real = store.collection("order")
+
+        class Failing:
+            def __getattr__(self, attribute):
+                return getattr(real, attribute)
+
+            def insert_one(self, document, *args, **kwargs):
+                raise pymongo_errors.AutoReconnect("connection reset")
+
+        store._collections["order"] = Failing()
+        with self.assertRaises(RecoverableStoreError):
+            store.append(make_stream(AggregateId("order", uuid.uuid4().hex, "ctx", "t"), 1))
+        store._collections["order"] = real
+        store.append(make_stream(AggregateId("order", uuid.uuid4().hex, "ctx", "t"), 1))
+        feed = MongoStreamFeed(store, "ctx")
+        assert list(feed.void_positions(0, 2)) == [1]
+        assert [item.position for item in feed.read(0, 10)] == [2]
+        store.connection = type("Server", (), {"embedded": False})()
+        assert store._not_written(StoreUnreachable("no server"))
+        assert store._not_written(pymongo_errors.WriteError("validation", code=121))
+        assert not store._not_written(pymongo_errors.AutoReconnect("reset after sending"))

@@ -1,7 +1,9 @@
 """The change watcher: one change stream per process waking the followers on MongoDB.
 
-The error paths run against a scripted fake stream (the embedded engine has no change streams); the
-real thing runs when ``WOW_TEST_MONGO_URI`` points to a replica set.
+The embedded engine has no change streams: the pipeline is checked stage by stage (and its stages run by
+the embedded engine's ``aggregate`` over change-event-shaped documents), and the error paths run against a
+fault-injecting fake ``watch()`` handing out scripted streams. Only a real replica set
+(``WOW_TEST_MONGO_URI``) proves that the server applies the filter and what a large stream does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 from pymongo import errors as pymongo_errors
 
 from wow_django.application.followers import Follower, FollowerRunner
-from wow_django.backends.mongo.changes import HISTORY_LOST, ChangeWatcher
+from wow_django.backends.mongo.changes import HISTORY_LOST, ChangeWatcher, change_pipeline
 from wow_django.backends.mongo.event_store import MongoEventStore
 from wow_django.backends.mongo.followers import MongoFollowerStore, MongoStreamFeed
 from wow_django.persistence.followers import AppendNotifier
@@ -62,10 +64,12 @@ class FakeDatabase:
     def __init__(self, *streams, refuse: BaseException | None = None):
         self.streams = list(streams)
         self.calls: list[dict] = []
+        self.pipelines: list[list] = []
         self.refuse = refuse
 
     def watch(self, pipeline, **options):
         self.calls.append(options)
+        self.pipelines.append(pipeline)
         if self.refuse is not None:
             raise self.refuse
         if self.streams:
@@ -75,7 +79,8 @@ class FakeDatabase:
 
 def watcher_on(database) -> tuple[ChangeWatcher, AppendNotifier]:
     notifier = AppendNotifier()
-    watcher = ChangeWatcher(database, notifier, retry_s=0.01, sleep=lambda event, seconds: event.wait(0))
+    watcher = ChangeWatcher(database, notifier, context_name="ctx", retry_s=0.01,
+                            sleep=lambda event, seconds: event.wait(0))
     return watcher, notifier
 
 
@@ -151,6 +156,90 @@ def test_an_unexpected_error_stops_watching_without_killing_the_process(running)
     watcher, _ = running(database)
     wait_for(lambda: watcher.status.state == "unavailable", timeout=5, what="the watcher gives up")
     assert "driver bug" in watcher.status.detail
+
+
+def test_the_stream_carries_only_this_contexts_stream_inserts_reduced_to_a_wake_up(running):
+    """The server filters and trims (issue 22, item 8): no other write of the database, and no stream's
+    documents, reach the process — a 16 MB stream cannot make a change event too large to ship."""
+    assert change_pipeline("ctx") == [
+        {"$match": {"$or": [
+            {"operationType": "insert", "ns.coll": {"$regex": r"._event_stream$"}, "fullDocument.contextName": "ctx"},
+            {"operationType": "invalidate"},
+        ]}},
+        {"$project": {"operationType": 1, "ns.coll": 1}},
+    ]
+    database = FakeDatabase()
+    watcher, _ = running(database)
+    wait_for(lambda: database.pipelines, timeout=5, what="the stream is opened")
+    assert database.pipelines == [change_pipeline("ctx")]
+
+
+def test_the_pipeline_run_over_change_events_passes_what_wakes_and_nothing_else():
+    """The stages as the embedded engine's ``aggregate`` runs them over change-event-shaped documents (the
+    server runs them on its change events; only a replica set proves that)."""
+    import mongomock
+
+    body = {"body": [{"body": {"blob": "x" * 1000}}]}
+    changes = [
+        {"_id": {"_data": "1"}, "operationType": "insert", "ns": {"db": "d", "coll": "order_event_stream"},
+         "documentKey": {"_id": "s1"}, "fullDocument": {"_id": "s1", "contextName": "ctx", **body}},
+        {"_id": {"_data": "2"}, "operationType": "insert", "ns": {"db": "d", "coll": "order_event_stream"},
+         "fullDocument": {"_id": "s2", "contextName": "other", **body}},
+        {"_id": {"_data": "3"}, "operationType": "insert", "ns": {"db": "d", "coll": "order_snapshot"},
+         "fullDocument": {"_id": "o1", "contextName": "ctx"}},
+        {"_id": {"_data": "4"}, "operationType": "update", "ns": {"db": "d", "coll": "order_event_stream"},
+         "fullDocument": {"_id": "s1", "contextName": "ctx"}},
+        {"_id": {"_data": "5"}, "operationType": "insert", "ns": {"db": "d", "coll": "_event_stream"},
+         "fullDocument": {"_id": "s3", "contextName": "ctx"}},
+        {"_id": {"_data": "6"}, "operationType": "insert", "ns": {"db": "d", "coll": "order_event_stream_old"},
+         "fullDocument": {"_id": "s4", "contextName": "ctx"}},
+        {"_id": {"_data": "7"}, "operationType": "invalidate"},
+    ]
+    collection = mongomock.MongoClient().db.changes
+    collection.insert_many(changes)
+    passed = list(collection.aggregate(change_pipeline("ctx")))
+    assert passed == [
+        {"_id": {"_data": "1"}, "operationType": "insert", "ns": {"coll": "order_event_stream"}},
+        {"_id": {"_data": "7"}, "operationType": "invalidate"},
+    ]
+
+
+def test_a_non_resumable_error_starts_a_fresh_stream_instead_of_resuming(running):
+    """BSONObjectTooLarge (10334) or any server error without the ResumableChangeStreamError label would meet
+    resuming from the same token again: the watcher reports it, wakes the followers for a catch-up by
+    position and opens a stream from the present."""
+    too_large = pymongo_errors.OperationFailure("BSONObj size: 16800000 is invalid", code=10334)
+    first = FakeStream([insert(), None, too_large], ["t1", "t2", None])
+    database = FakeDatabase(first, FakeStream([insert()], ["fresh"]))
+    watcher, notifier = running(database)
+    wait_for(lambda: watcher.resume_token == "fresh", timeout=5, what="a new stream")
+    assert database.calls[1] == {"max_await_time_ms": 1000}  # no resume_after: from the present
+    assert len(watcher.status.fallbacks) == 1 and "10334" in watcher.status.fallbacks[0]
+    assert notifier.count >= 3  # two inserts, and the catch-up
+
+
+def test_a_server_error_labelled_resumable_resumes_from_the_token(running):
+    stepped_down = pymongo_errors.OperationFailure(
+        "not primary", code=10107, details={"errorLabels": ["ResumableChangeStreamError"], "code": 10107})
+    first = FakeStream([insert(), None, stepped_down], ["t1", "t2", None])
+    database = FakeDatabase(first, FakeStream([insert()], ["t3"]))
+    watcher, _ = running(database)
+    wait_for(lambda: watcher.resume_token == "t3", timeout=5, what="the second stream is read")
+    assert database.calls[1] == {"max_await_time_ms": 1000, "resume_after": "t2"}
+    assert watcher.status.fallbacks == ()
+
+
+def test_fresh_streams_that_keep_failing_leave_the_followers_polling(running):
+    """A non-resumable error at every fresh start (say, a user without the changeStream privilege) is not
+    retried forever: after ``max_fresh_failures`` in a row the watcher stops and says why."""
+    refused = pymongo_errors.OperationFailure("not authorized on d to execute command", code=13)
+    database = FakeDatabase(refuse=refused)
+    watcher, _ = running(database)
+    wait_for(lambda: watcher.status.state == "unavailable", timeout=5, what="the watcher gives up")
+    time.sleep(0.05)
+    assert len(database.calls) == ChangeWatcher.max_fresh_failures
+    assert all("resume_after" not in call for call in database.calls)
+    assert "not authorized" in watcher.status.detail
 
 
 def test_close_stops_the_thread():

@@ -308,3 +308,110 @@ def test_an_unacknowledged_write_concern_is_refused_when_a_store_is_built():
         MongoEventStore(MongoConnection("mongodb://127.0.0.1:1/wc?w=majority"), "wc", schema=guard)
     finally:
         connection.close()
+
+
+# --- every write path carries the storage time limit (issue 22, item 12) --------------------------------
+
+
+WRITES = ("insert_one", "insert_many", "update_one", "update_many", "replace_one", "delete_one", "delete_many",
+          "find_one_and_update", "find_one_and_replace", "find_one_and_delete")
+
+
+def test_every_write_path_runs_within_the_storage_time_limit(monkeypatch):
+    """Batches (on the batcher's own thread), followers' leases and checkpoints, bus records, snapshots and
+    prepared keys: each write runs within pymongo's operation timeout (COMMAND_STORAGE_TIMEOUT_S), as the
+    gateway's do. The embedded engine has no timeout: the connection is made to act as a server's, and
+    each write of the embedded collections records the timeout in force (pymongo's own context)."""
+    import mongomock
+    from pymongo import _csot
+
+    from wow_django.backends.mongo.bus_store import MongoBusStore
+    from wow_django.backends.mongo.event_store import MongoEventStore
+    from wow_django.backends.mongo.followers import MongoFollowerStore
+    from wow_django.backends.mongo.prepare_key import MongoPrepareKey
+    from wow_django.backends.mongo.schema import SchemaGuard
+    from wow_django.backends.mongo.snapshot_store import MongoSnapshotStore
+    from wow_django.persistence.batching import BatchingEventStore
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing import make_snapshot, make_stream
+    from wow_django.testing.mongo import embedded_connection
+
+    seen: list[tuple[str, float | None]] = []
+    for name in WRITES:
+        original = getattr(mongomock.collection.Collection, name)
+
+        def recording(self, *args, _name=name, _original=original, **kwargs):
+            seen.append((_name, _csot.get_timeout()))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(mongomock.collection.Collection, name, recording)
+    connection = embedded_connection()
+    guard = SchemaGuard("ctx")
+    events = MongoEventStore(connection, "limits", schema=guard)
+    followers = MongoFollowerStore(connection, "limits", schema=guard)
+    bus = MongoBusStore(connection, "limits_bus", schema_guard=SchemaGuard("ctx"))
+    snapshots = MongoSnapshotStore(connection, "limits", schema=guard)
+    keys = MongoPrepareKey("username", connection, "limits", schema=guard)
+    agg = AggregateId("order", "o-1", "ctx")
+    events.append(make_stream(agg, 1))  # collections and indexes exist before the limits are looked at
+    followers.get("f")
+    assert bus.events is not None  # its collection and indexes built
+    seen.clear()
+    monkeypatch.setattr(connection, "embedded", False)
+    from datetime import UTC, datetime
+
+    with override_settings(WOW={"COMMAND_STORAGE_TIMEOUT_S": 7}):
+        events.append(make_stream(agg, 2))
+        batching = BatchingEventStore(events)
+        try:
+            batching.append(make_stream(agg, 3))
+        finally:
+            batching.close()
+        now = datetime.now(UTC)
+        assert followers.acquire("f", "me", 30, now=now)
+        followers.advance("f", "me", 1, now=now)
+        followers.release("f", "me")
+        bus.insert_event({"eventId": "e-1", "topic": "t", "status": "PENDING"})
+        bus.mark_sent("e-1", now)
+        snapshots.save(make_snapshot(agg, 3))
+        keys.prepare("alice", "c-1")
+        keys.reprepare("alice", "c-2")
+        keys.rollback("alice")
+    assert {name for name, _ in seen} >= {"insert_one", "insert_many", "update_one", "find_one_and_update"}
+    unbounded = [name for name, timeout in seen if timeout is None or timeout > 7]
+    assert not unbounded, seen
+
+
+def test_followers_and_the_gateways_read_back_read_with_read_concern_majority(monkeypatch):
+    """Issue 22, item 7: a follower must never relay an event a failover rolls back, nor may the gateway take
+    such a write as stored. Only a replica set applies read concerns: each read of the embedded collections
+    records the read concern it was given."""
+    import mongomock
+
+    from wow_django.backends.mongo.event_store import MongoEventStore
+    from wow_django.backends.mongo.followers import MongoStreamFeed
+    from wow_django.backends.mongo.schema import SchemaGuard
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing import make_stream
+    from wow_django.testing.mongo import embedded_connection
+
+    seen: list[tuple[str, str | None]] = []
+    for name in ("find", "count_documents"):
+        original = getattr(mongomock.collection.Collection, name)
+
+        def recording(self, *args, _original=original, **kwargs):
+            seen.append((self.name, self.read_concern.level))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(mongomock.collection.Collection, name, recording)
+    store = MongoEventStore(embedded_connection(), "majority", schema=SchemaGuard("ctx"))
+    agg = AggregateId("order", "o-1", "ctx")
+    stream = make_stream(agg, 1)
+    store.append(stream)
+    feed = MongoStreamFeed(store, "ctx")
+    seen.clear()
+    assert [s.stream for s in feed.read(0, 10)] == [stream]
+    assert feed.head() == 1 and feed.count_between(0, 1) == 1 and feed.void_positions(0, 1) == []
+    assert feed.position_of("order", "o-1", 1) == 1
+    assert store.get_by_request_id(agg, stream.request_id) == stream
+    assert seen and all(level == "majority" for _, level in seen), seen

@@ -371,3 +371,28 @@ def test_an_unclaimed_database_with_another_contexts_streams_is_not_claimed():
     db["order_event_stream"].update_one({"_id": "s-2"}, {"$set": {"position": 1}})
     assert not claim_database(db, "order-service").ownership  # our own streams: claimed
     assert db[METADATA_COLLECTION].find_one({})["contextName"] == "order-service"
+
+
+def test_every_index_is_built_with_an_explicit_simple_collation():
+    """Issue 22, item 12: a collection's default collation (e.g. case-insensitive) must not slip into an index
+    (a unique one would count ids that differ in case as one). Only a server applies collations: the
+    index builds are recorded by a fake database."""
+    from wow_django.backends.mongo.bus_schema import BUS_SPECS
+
+    built: list[dict] = []
+
+    class Recording(ListedDatabase):
+        def __getitem__(self, name):
+            class Collection:
+                def list_indexes(self):
+                    return [{"name": "_id_", "key": {"_id": 1}}]
+
+                def create_index(self, keys, **options):
+                    built.append(options)
+                    return options["name"]
+
+            return Collection()
+
+    for spec in (event_stream_spec("order"), snapshot_spec("order"), *BUS_SPECS):
+        reconcile_collection(Recording(spec.name, []), spec)
+    assert built and all(options.get("collation") == {"locale": "simple"} for options in built), built

@@ -36,6 +36,7 @@ class ErrorCodes:
     AGGREGATE_NOT_DELETED = "AggregateNotDeleted"
     DISPATCH_FAILED = "DispatchFailed"
     KEY_ALREADY_PREPARED = "KeyAlreadyPrepared"
+    KEY_NOT_HELD = "KeyNotHeld"
     NOT_AUTHENTICATED = "NotAuthenticated"
     AUTHENTICATION_FAILED = "AuthenticationFailed"
     PERMISSION_DENIED = "PermissionDenied"
@@ -202,6 +203,20 @@ class KeyAlreadyPrepared(WowError):
         self.name = name
         self.key = key
         super().__init__(f"{key!r} is already taken in prepare key {name!r}.")
+
+
+class KeyNotHeld(WowError):
+    """A reservation was to be moved from ``key`` but ``key`` is not held with the expected value (missing,
+    expired or another's); the move changed nothing and ``new_key`` was released again."""
+
+    error_code = ErrorCodes.KEY_NOT_HELD
+
+    def __init__(self, name: str, key: str, new_key: str):
+        self.name = name
+        self.key = key
+        self.new_key = new_key
+        super().__init__(f"{key!r} is not held with the expected value in prepare key {name!r}: the move to "
+                         f"{new_key!r} was undone. Read the key's current value and retry.")
 
 
 # --- commands --------------------------------------------------------------------

@@ -32,6 +32,8 @@ status  when                                                errorCode
 409     EventVersionConflict (retries exhausted),           EventVersionConflict, DuplicateAggregateId,
         DuplicateAggregateId, DuplicateRequestId,           DuplicateRequestId, KeyAlreadyPrepared
         KeyAlreadyPrepared
+409     PrepareKey.change_key from a key not held with      KeyNotHeld
+        the old value (the new key was released again)
 409     DomainError                                         the handler's code (ORDER_CANCELLED...)
 409     recover_aggregate on a live aggregate               AggregateNotDeleted
 409     a refused re-push                                   RepushNotAllowed, RepushTooEarly,
@@ -87,6 +89,7 @@ from wow_django.exceptions import (
     EventNotFound,
     EventStoreError,
     KeyAlreadyPrepared,
+    KeyNotHeld,
     RecoverableStoreError,
     RepushRefused,
     RequestIdReused,
@@ -158,6 +161,8 @@ _WOW_STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (CommandExpectVersionConflict, status.HTTP_409_CONFLICT),
     (RecoverableStoreError, status.HTTP_503_SERVICE_UNAVAILABLE),
     (KeyAlreadyPrepared, status.HTTP_409_CONFLICT),
+    # The reservation to move is missing, expired or another's: a conflict with the key's state, like a taken key.
+    (KeyNotHeld, status.HTTP_409_CONFLICT),
     (EnvelopeValidationError, status.HTTP_400_BAD_REQUEST),
     (EventNotFound, status.HTTP_404_NOT_FOUND),
     (TraceNotFound, status.HTTP_404_NOT_FOUND),

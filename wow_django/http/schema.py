@@ -306,7 +306,7 @@ class WowAutoSchema(_Components, AutoSchema):
         elif status_code == "409":
             response["description"] = ("Refused in the aggregate's current state: a business rule (its own code), "
                                        "CommandExpectVersionConflict (not at Command-Aggregate-Version), "
-                                       "DuplicateAggregateId, EventVersionConflict, KeyAlreadyPrepared or "
+                                       "DuplicateAggregateId, EventVersionConflict, KeyAlreadyPrepared, KeyNotHeld or "
                                        "AggregateNotDeleted.")
         elif status_code == "410":
             response["description"] = "The aggregate is deleted (IllegalAccessDeletedAggregate); recover it first."

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from wow_django.exceptions import EventStoreError, KeyAlreadyPrepared
+from wow_django.exceptions import EventStoreError, KeyAlreadyPrepared, KeyNotHeld
 from wow_django.persistence.records import FOREVER, MAX_VERSION, AggregateId, EventStream, PreparedValue, Snapshot
 
 
@@ -253,22 +253,24 @@ class PrepareKey(ABC):
 
     def change_key(self, old_key: str, old_value: Any, new_key: str, new_value: Any,
                    ttl: timedelta | datetime | None = None) -> bool:
-        """Move a reservation to another key (a username change): take ``new_key`` for ``new_value``, then
-        release ``old_key`` if it still holds ``old_value``. True when ``new_key`` is now held.
+        """Move a reservation to another key (a username change), by Wow's rules: take ``new_key`` for
+        ``new_value``, then release ``old_key``, which must hold ``old_value``. True when moved.
 
-        - ``new_key`` equal to ``old_key``: the value is replaced in place (:meth:`reprepare` with
-          ``old_value``); False when the key no longer holds ``old_value``.
+        - ``new_key`` equal to ``old_key``: ``ValueError`` (to replace a value in place, :meth:`reprepare`).
         - ``new_key`` taken: False, and ``old_key`` is kept (nothing changes).
-        - ``old_key`` missing, expired or holding another value: ``new_key`` is still taken (there is
-          nothing of ours to release) and the answer is True.
+        - ``old_key`` missing, expired or holding another value: ``KeyNotHeld``, and ``new_key`` is released
+          again (nothing changes).
         """
         check_key(old_key)
         check_key(new_key)
         if old_key == new_key:
-            return self.reprepare(new_key, new_value, old_value=old_value, ttl=ttl)
+            raise ValueError(f"change_key moves a reservation to another key; {old_key!r} is both the old and "
+                             "the new key (use reprepare to replace its value)")
         if not self.prepare(new_key, new_value, ttl):
             return False
-        self.rollback(old_key, old_value)
+        if not self.rollback(old_key, old_value):
+            self.rollback(new_key, new_value)
+            raise KeyNotHeld(self.name, old_key, new_key)
         return True
 
     @contextlib.contextmanager

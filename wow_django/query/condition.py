@@ -18,6 +18,7 @@ No Django and no pymongo here.
 from __future__ import annotations
 
 import copy
+import decimal
 import difflib
 import itertools
 import json
@@ -399,6 +400,31 @@ def _key_path(path: str, key: str) -> str:
     return _join(path, key if len(key) <= MAX_FIELD_PATH_LENGTH else key[:MAX_FIELD_PATH_LENGTH] + "...")
 
 
+# Decimal128's limits (IEEE 754-2008 decimal128, what MongoDB stores a Decimal as): 34 significant digits,
+# exponents -6143 to 6144. Every backend refuses a condition's Decimal beyond them, so that one condition
+# means the same everywhere (no stored Decimal can be beyond them on MongoDB).
+_DECIMAL128 = decimal.Context(prec=34, Emin=-6143, Emax=6144, clamp=1, rounding=decimal.ROUND_HALF_EVEN,
+                              traps=[decimal.InvalidOperation, decimal.Overflow, decimal.Inexact])
+DECIMAL_DIGITS = 34
+
+
+def decimal_problem(number: Decimal) -> str | None:
+    """Why the finite ``number`` cannot be a condition's value exactly (more significant digits, or a larger
+    or smaller exponent, than MongoDB's Decimal128 holds), or None. Trailing zeros beyond 34 digits are
+    fine: they change no value."""
+    try:
+        _DECIMAL128.create_decimal(number)
+    except (decimal.Inexact, decimal.Overflow, decimal.InvalidOperation):
+        return (f"{shorten_number(number)} has more significant digits ({DECIMAL_DIGITS} at most) or a larger "
+                "exponent (-6143 to 6144) than a Decimal can be compared with exactly")
+    return None
+
+
+def shorten_number(number: Decimal, limit: int = 60) -> str:
+    text = str(number)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
@@ -689,6 +715,8 @@ class _ConditionParser:
         elif isinstance(value, float | Decimal):
             if not math.isfinite(value):
                 raise _fail(path, "numbers must be finite (no NaN or Infinity)")
+            if isinstance(value, Decimal) and (problem := decimal_problem(value)) is not None:
+                raise _fail(path, problem)
         elif isinstance(value, int) and not isinstance(value, bool):
             if not -(2**63) <= value < 2**63:
                 raise _fail(path, "integers must fit in 64 bits")

@@ -40,7 +40,7 @@ from pydantic import BaseModel
 
 from wow_django.domain.values import canonical_time, parse_time
 from wow_django.query import dates
-from wow_django.query.condition import Condition, Operator, and_conditions
+from wow_django.query.condition import Condition, Operator, and_conditions, decimal_problem
 from wow_django.query.errors import QueryValidationError
 
 Op = Operator
@@ -170,6 +170,8 @@ def _decimal(value: Any, field: str) -> Any:
         raise _fail(field, f"{field} holds a Decimal: compare it with a number or numeric text")
     if not number.is_finite():
         raise _fail(field, f"{field} holds a Decimal: numbers must be finite")
+    if (problem := decimal_problem(number)) is not None:
+        raise _fail(field, f"{field} holds a Decimal: {problem}")
     return number
 
 

@@ -736,6 +736,121 @@ class PurgeContract(BusStoreCase):
         self.assertEqual(sorted(everything), [f"evt-p{n:02}" for n in range(20)])  # each once, by one purge
 
 
+def plan_of(explained: dict) -> tuple[list[str], set[str]]:
+    """``(stage names, index names)`` of an ``explain()`` output's winning plan (classic or SBE, sharded or not)."""
+    stages: list[str] = []
+    indexes: set[str] = set()
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if "stage" in node:
+                stages.append(node["stage"])
+            if "indexName" in node:
+                indexes.add(node["indexName"])
+            for key in ("queryPlan", "inputStage", "inputStages", "shards", "winningPlan", "thenStage",
+                        "elseStage", "outerStage", "innerStage"):
+                if key in node:
+                    walk(node[key])
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(explained["queryPlanner"]["winningPlan"])
+    return stages, indexes
+
+
+class MongoPurgePlanContract(BusStoreCase):
+    """The purge's reads on MongoDB (issue 22, item 10): one query per rule, each read in its order from an
+    index, merged in Python into the contract's order (oldest ``statusAt`` first, then eventId) and limit.
+
+    ``make_store`` returns a :class:`~wow_django.backends.mongo.bus_store.MongoBusStore`. A wrapper around
+    its ``events`` collection records the filter, projection, sort and limit each query sends (the embedded
+    engine has no ``explain``, so this is what runs there); on a real server (``WOW_TEST_MONGO_URI``) each
+    recorded query is also explained: an index scan of the named index, no collection scan, no in-memory
+    sort for the consumed rule, and no document fetched for the expired rule (the index covers it; its
+    top-``limit`` sort runs over index keys). Only a real server proves the plan.
+    """
+
+    CONSUMED_INDEX = "status_1_statusAt_1_eventId_1"
+    EXPIRED_INDEX = "expireAt_1_statusAt_1_eventId_1"
+
+    def recorded_purge(self, **arguments) -> tuple[list[str], list[dict]]:
+        from wow_django.backends.mongo import bus_schema
+
+        store = self.store
+        real = store.events
+        queries: list[dict] = []
+
+        class Cursor:
+            def __init__(self, cursor, query):
+                self.cursor, self.query = cursor, query
+
+            def sort(self, keys, direction=None):
+                self.query["sort"] = list(keys) if direction is None else [(keys, direction)]
+                self.cursor = self.cursor.sort(keys, direction) if direction is not None else self.cursor.sort(keys)
+                return self
+
+            def limit(self, count):
+                self.query["limit"] = count
+                self.cursor = self.cursor.limit(count)
+                return self
+
+            def __iter__(self):
+                return iter(self.cursor)
+
+        class Recording:
+            def __getattr__(self, attribute):
+                return getattr(real, attribute)
+
+            def find(self, filter_=None, projection=None, **options):
+                query = {"filter": filter_, "projection": projection}
+                queries.append(query)
+                return Cursor(real.find(filter_, projection, **options), query)
+
+        collection = store.collection
+        store.collection = lambda spec: Recording() if spec is bus_schema.EVENTS_SPEC else collection(spec)
+        try:
+            return store.purge_events(**arguments), queries
+        finally:
+            store.collection = collection
+
+    def test_each_purge_rule_is_one_query_read_in_order_from_an_index(self):
+        day = timedelta(days=1)
+        for n in range(4):
+            self.store.insert_event(make_event(f"evt-c{n}", status="CONSUMED", statusAt=T0 + timedelta(hours=n)))
+            self.store.insert_event(make_event(f"evt-x{n}", status="FAILED", statusAt=T0 + timedelta(hours=n, minutes=30),
+                                               expireAt=T0))
+        self.store.insert_event(make_event("evt-both", status="CONSUMED", statusAt=T0, expireAt=T0))
+        self.store.insert_event(make_event("evt-young", status="CONSUMED", statusAt=T0 + 3 * day))
+        consumed_before, expired_before = T0 + day, T0 + day
+        deleted, queries = self.recorded_purge(consumed_before=consumed_before, expired_before=expired_before,
+                                               limit=5)
+        # The merge keeps the contract: oldest statusAt first (eventId on a tie), an event both rules match once.
+        self.assertEqual(deleted, ["evt-both", "evt-c0", "evt-x0", "evt-c1", "evt-x1"])
+        order = [("statusAt", 1), ("eventId", 1)]
+        self.assertEqual(queries, [
+            {"filter": {"status": "CONSUMED", "statusAt": {"$lte": consumed_before}},
+             "projection": {"eventId": 1, "statusAt": 1, "_id": 0}, "sort": order, "limit": 5},
+            {"filter": {"expireAt": {"$lte": expired_before}},
+             "projection": {"eventId": 1, "statusAt": 1, "_id": 0}, "sort": order, "limit": 5},
+        ])
+        indexes = {ix["name"]: list(dict(ix["key"]).items()) for ix in self.store.events.list_indexes()}
+        self.assertEqual(indexes[self.CONSUMED_INDEX], [("status", 1), ("statusAt", 1), ("eventId", 1)])
+        self.assertEqual(indexes[self.EXPIRED_INDEX], [("expireAt", 1), ("statusAt", 1), ("eventId", 1)])
+        if self.store.connection.embedded:
+            return  # the embedded engine has no explain(): the shape above is what it can prove
+        for query, index in zip(queries, (self.CONSUMED_INDEX, self.EXPIRED_INDEX), strict=True):
+            explained = (self.store.events.find(query["filter"], query["projection"]).sort(query["sort"])
+                         .limit(query["limit"]).explain())
+            stages, used = plan_of(explained)
+            self.assertEqual(used, {index}, stages)
+            self.assertNotIn("COLLSCAN", stages)
+            if index == self.CONSUMED_INDEX:
+                self.assertNotIn("SORT", stages)  # equality on status, then the index's own order
+            else:
+                self.assertNotIn("FETCH", stages)  # covered: the top-limit sort reads index keys only
+
+
 class BusStoreContract(TopicConsumerRecordsContract, EventRecordsContract, ConsumptionRecordsContract,
                        InboxRecordsContract, SequenceRecordsContract, RepushAuditContract, PurgeContract):
     """Every mixin above: mix into ``unittest.TestCase`` and implement :meth:`make_store` (a whole

@@ -6,7 +6,7 @@ import threading
 import uuid
 from datetime import datetime, timedelta
 
-from wow_django.exceptions import KeyAlreadyPrepared
+from wow_django.exceptions import KeyAlreadyPrepared, KeyNotHeld
 from wow_django.persistence.contracts import Clock, PrepareKey
 from wow_django.persistence.records import PreparedValue
 from wow_django.testing.clock import FakeClock
@@ -126,21 +126,28 @@ class PrepareKeyContract:
         self.assertEqual(self.keys.get(old).value, "customer-1")
         self.assertEqual(self.keys.get(taken).value, "customer-2")
 
-    def test_change_key_to_the_same_key_replaces_the_value_in_place(self):
+    def test_change_key_onto_itself_is_an_argument_error(self):
+        """As in Wow: a move needs two keys (:meth:`reprepare` replaces a value in place)."""
         key = self.key()
         self.keys.prepare(key, "v1")
-        self.assertTrue(self.keys.change_key(key, "v1", key, "v2"))
-        self.assertEqual(self.keys.get(key).value, "v2")
-        self.assertFalse(self.keys.change_key(key, "v1", key, "v3"))  # no longer holds v1
-        self.assertEqual(self.keys.get(key).value, "v2")
+        with self.assertRaises(ValueError):
+            self.keys.change_key(key, "v1", key, "v2")
+        self.assertEqual(self.keys.get(key).value, "v1")
 
-    def test_change_key_from_a_missing_or_foreign_old_key_still_takes_the_new_one(self):
-        missing, foreign, new, newer = self.key(), self.key(), self.key(), self.key()
-        self.assertTrue(self.keys.change_key(missing, "customer-1", new, "customer-1"))
-        self.assertEqual(self.keys.get(new).value, "customer-1")
+    def test_change_key_from_a_missing_or_foreign_old_key_fails_and_releases_the_new_one(self):
+        """As in Wow: the old key must be held with the old value; otherwise the move fails and the new key,
+        taken for it, is released (nothing changes)."""
+        missing, foreign, new = self.key(), self.key(), self.key()
+        with self.assertRaises(KeyNotHeld) as caught:
+            self.keys.change_key(missing, "customer-1", new, "customer-1")
+        self.assertEqual((caught.exception.key, caught.exception.new_key), (missing, new))
+        self.assertIsNone(self.keys.get(new))
         self.keys.prepare(foreign, "customer-9")
-        self.assertTrue(self.keys.change_key(foreign, "customer-1", newer, "customer-1"))
+        with self.assertRaises(KeyNotHeld):
+            self.keys.change_key(foreign, "customer-1", new, "customer-1")
+        self.assertIsNone(self.keys.get(new))
         self.assertEqual(self.keys.get(foreign).value, "customer-9")  # not ours: kept
+        self.assertTrue(self.keys.prepare(new, "someone-else"))  # the new key is free again
 
     def test_reprepare_without_old_value(self):
         key = self.key()

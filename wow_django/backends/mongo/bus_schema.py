@@ -13,8 +13,10 @@ would delete the event and leave its consumption rows, inbox entries and
 re-push audit behind (a TTL index cannot cascade). Retention is the bus purge
 instead (``EventBus.purge``, ``WOW['BUS_RETENTION_DAYS']`` and
 ``WOW['BUS_EXPIRED_RETENTION_DAYS']``), which deletes an event and everything
-about it, the same way on every backend; ``status_1_statusAt_1``,
-``expireAt_1`` and the inbox's ``eventId_1`` serve its reads and deletes.
+about it, the same way on every backend; ``status_1_statusAt_1_eventId_1``,
+``expireAt_1_statusAt_1_eventId_1`` and the inbox's ``eventId_1`` serve its reads and deletes
+(they replace ``status_1_statusAt_1`` and ``expireAt_1`` of earlier versions, which a deployment
+may drop: user indexes are never dropped for it).
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ EVENTS_SPEC = CollectionSpec(EVENTS, (
     IndexSpec("traceId_1_occurredAt_1", (("traceId", 1), ("occurredAt", 1))),
     IndexSpec("initiator.service_1_occurredAt_-1", (("initiator.service", 1), ("occurredAt", -1))),
     IndexSpec("parentEventId_1", (("parentEventId", 1),)),
-    # The purge: settled events by age, expired events by expireAt.
-    IndexSpec("status_1_statusAt_1", (("status", 1), ("statusAt", 1))),
-    IndexSpec("expireAt_1", (("expireAt", 1),)),
+    # The purge, one query per rule in its order (statusAt, eventId): settled events by age (also the
+    # relay's stale PENDING events), and expired events by expireAt, covered so that the top-limit sort
+    # reads index keys only.
+    IndexSpec("status_1_statusAt_1_eventId_1", (("status", 1), ("statusAt", 1), ("eventId", 1))),
+    IndexSpec("expireAt_1_statusAt_1_eventId_1", (("expireAt", 1), ("statusAt", 1), ("eventId", 1))),
     # The event list's order (occurredAt newest first, eventId as the tie-break) with and without each
     # filter, so a page (by offset or by cursor) is read from an index instead of sorted in memory.
     IndexSpec("occurredAt_-1_eventId_1", (("occurredAt", -1), ("eventId", 1))),

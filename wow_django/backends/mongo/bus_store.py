@@ -10,6 +10,7 @@ the same code.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -35,6 +36,15 @@ from wow_django.persistence.bus import (
 
 NO_ID = {"_id": 0}
 TIME_ORDER = [("occurredAt", ASCENDING), ("eventId", ASCENDING)]
+PURGE_ORDER = [("statusAt", ASCENDING), ("eventId", ASCENDING)]
+PURGE_FIELDS = {"eventId": 1, "statusAt": 1, "_id": 0}
+
+
+def purge_order(doc: dict) -> tuple:
+    """:data:`PURGE_ORDER` in Python, for merging the rules' reads (a missing statusAt first, as MongoDB sorts
+    null before dates)."""
+    at = doc.get("statusAt")
+    return (at is not None, at or 0, doc["eventId"])
 
 
 def revision_filter(revision: int) -> Any:
@@ -110,8 +120,9 @@ class MongoBusStore(BusStore):
         return self.collection(schema.EVENT_REPUSHES_SPEC)
 
     def run(self, collection, action: str, fn):
-        """Run one operation on ``collection`` with error mapping and the embedded engine's guard."""
-        with recoverable_errors(action), self.connection.guard(collection):
+        """Run one operation on ``collection`` with error mapping, the embedded engine's guard and the write
+        time limit (reads too: they carry ``maxTimeMS`` already)."""
+        with recoverable_errors(action), self.connection.guard(collection, write=True):
             return fn(collection)
 
     @staticmethod
@@ -208,14 +219,21 @@ class MongoBusStore(BusStore):
         if limit <= 0 or (consumed_before is None and expired_before is None):
             return []
         rules: list[dict] = []
-        if consumed_before is not None:  # served by status_1_statusAt_1
+        if consumed_before is not None:  # read in order from status_1_statusAt_1_eventId_1
             rules.append({"status": EventStatus.CONSUMED.value, "statusAt": {"$lte": to_bson_time(consumed_before)}})
-        if expired_before is not None:  # served by expireAt_1 (no null matches $lte)
+        if expired_before is not None:  # covered by expireAt_1_statusAt_1_eventId_1 (no null matches $lte)
             rules.append({"expireAt": {"$lte": to_bson_time(expired_before)}})
         match = rules[0] if len(rules) == 1 else {"$or": rules}
-        docs = self.run(self.events, "finding events to purge", lambda c: list(
-            c.find(match, {"eventId": 1, "_id": 0}, max_time_ms=self.max_time_ms)
-            .sort([("statusAt", ASCENDING), ("eventId", ASCENDING)]).limit(limit)))
+        # One query per rule, merged here: a sorted $or has no index giving its order, so the server would
+        # fetch every match of both rules to sort them.
+        found = [self.run(self.events, "finding events to purge", lambda c, rule=rule: list(
+            c.find(rule, PURGE_FIELDS, max_time_ms=self.max_time_ms).sort(PURGE_ORDER).limit(limit)))
+            for rule in rules]
+        docs, seen = [], set()
+        for doc in heapq.merge(*found, key=purge_order):
+            if doc["eventId"] not in seen and len(docs) < limit:  # an event both rules match comes once
+                seen.add(doc["eventId"])
+                docs.append(doc)
         deleted = []
         for doc in docs:  # one by one, each still matching: a re-push in between keeps the event
             result = self.run(self.events, f"purging {doc['eventId']}",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from urllib.parse import unquote
 
 from django.core.exceptions import ImproperlyConfigured
@@ -73,6 +73,7 @@ class MongoConnection:
         self.embedded, self.default_database = parse_uri(uri)
         self._guards: dict[tuple[str, str], threading.RLock] = {}
         self._guards_lock = threading.Lock()
+        self._position_locks: dict[tuple[str, str], threading.RLock] = {}
         # Embedded engine: the collections this process wrote a Decimal128 into (see note_decimals).
         self._decimal_collections: set[tuple[str, str]] = set()
         if self.embedded:
@@ -123,11 +124,45 @@ class MongoConnection:
 
         return self.client.get_database(name, read_preference=ReadPreference.PRIMARY)
 
+    def write_limit(self):
+        """The operation and socket time limit of one write (pymongo's client-side operation timeout,
+        ``COMMAND_STORAGE_TIMEOUT_S``), as the gateway's: a batch, a follower's checkpoint or lease, a bus
+        record never waits on a failing server for longer. Nested in the gateway's own (shorter) deadline,
+        the shorter one wins. The embedded engine has no operation timeout."""
+        from wow_django.conf import wow_settings
+
+        seconds = wow_settings.COMMAND_STORAGE_TIMEOUT_S
+        if self.embedded or seconds is None:
+            return contextlib.nullcontext()
+        import pymongo
+
+        return pymongo.timeout(seconds)
+
     @contextlib.contextmanager
-    def guard(self, collection) -> Iterator[None]:
-        """Serialise operations on ``collection`` on the embedded engine only."""
+    def positions_lock(self, database_name: str, context_names: Iterable[str]) -> Iterator[None]:
+        """On the embedded engine, hold the position locks of ``context_names`` (in name order: no deadlock).
+
+        The embedded engine has no transactions; it lives in one process, so a lock per context held from a
+        position's allocation until its insert ended (stored, or its position recorded void) orders the
+        inserts by position, and a reader holding it sees no position missing below a visible one: the
+        engine's gaps are final. A server takes nothing here."""
         if not self.embedded:
             yield
+            return
+        with contextlib.ExitStack() as stack:
+            for context_name in sorted(set(context_names)):
+                with self._guards_lock:
+                    lock = self._position_locks.setdefault((database_name, context_name), threading.RLock())
+                stack.enter_context(lock)
+            yield
+
+    @contextlib.contextmanager
+    def guard(self, collection, *, write: bool = False) -> Iterator[None]:
+        """Serialise operations on ``collection`` on the embedded engine only; a ``write`` runs within
+        :meth:`write_limit` on a server."""
+        if not self.embedded:
+            with self.write_limit() if write else contextlib.nullcontext():
+                yield
             return
         key = (collection.database.name, collection.name)
         lock = self._guards.get(key)

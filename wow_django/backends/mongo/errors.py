@@ -25,8 +25,10 @@ RECOVERABLE_CODES = {
     64,  # WriteConcernFailed (wtimeout): the write may still apply
     89,  # NetworkTimeout
     91,  # ShutdownInProgress
+    133,  # FailedToSatisfyReadPreference (no primary yet); recoverable in Wow too
     189,  # PrimarySteppedDown
     262,  # ExceededTimeLimit
+    264,  # StaleEpoch: a sharded collection changed under the write; recoverable in Wow too
     9001,  # SocketException
     10107,  # NotWritablePrimary
     11600,  # InterruptedAtShutdown

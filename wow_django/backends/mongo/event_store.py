@@ -6,8 +6,18 @@ incremented before the insert (one ``findOneAndUpdate`` per append, or per
 context and batch in :meth:`MongoEventStore.append_many`). Positions are thus
 allocated before their streams commit, so a follower may see position 7 before
 position 6 (``gaps_are_final`` is false, see ``wow_django.persistence.followers``).
-When an insert is refused (a duplicate key) its position is recorded in
-``wow_void_position`` so followers do not wait for it.
+When an insert surely wrote nothing (a duplicate key or another write error, no
+server selected; on the embedded engine any error) its position is recorded in
+``wow_void_position`` at once so followers do not wait for it; a network error
+or a timeout after sending is not (the insert may still land).
+
+The embedded engine (one process, no transactions) allocates and inserts under
+a per-context lock (``MongoConnection.positions_lock``) that the feed's reads
+take too, so its gaps are final. On a server a gap is held for
+``FOLLOWER_GAP_TIMEOUT_S``: an insert landing later than that is still not
+handed (making it final there needs the counter update and the insert in one
+transaction on a replica set, read at one snapshot — not built yet; only a
+real replica set could prove it).
 """
 
 from __future__ import annotations
@@ -15,9 +25,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
+import bson
 from bson import errors as bson_errors
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions
 from pymongo import ASCENDING, ReturnDocument
 from pymongo import errors as pymongo_errors
+from pymongo.read_concern import ReadConcern
 
 from wow_django.backends.mongo.client import MongoConnection
 from wow_django.backends.mongo.codec import from_bson, holds_decimal, to_bson
@@ -35,12 +49,54 @@ from wow_django.exceptions import (
     EventStoreError,
     EventVersionConflict,
     RecoverableStoreError,
+    StoreUnreachable,
     UnacknowledgedWriteError,
 )
 from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
 from wow_django.persistence.documents import document_to_stream, stream_to_document
 from wow_django.persistence.followers import AppendNotifier
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
+
+
+def _write_error(details: dict, batch: pymongo_errors.BulkWriteError) -> pymongo_errors.WriteError:
+    """One document's write error of a batch as the driver's own exception (chained to the batch's), so
+    the error mapped from it shows the server's code and message."""
+    kind = pymongo_errors.DuplicateKeyError if is_duplicate_key(details) else pymongo_errors.WriteError
+    error = kind(details.get("errmsg", "write error"), details.get("code"), details)
+    error.__cause__ = batch
+    return error
+
+
+def _caused(error: Exception, cause: BaseException) -> Exception:
+    """``error`` (returned, not raised) with the driver's exception as its cause, as ``raise … from`` does."""
+    error.__cause__ = cause
+    return error
+
+
+#: MongoDB's largest document (BSON ``maxBsonObjectSize``): a stream beyond it is refused before it is sent.
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+#: Encodes as a 64-bit integer, the widest a position takes: a document checked with it fits with any position.
+_POSITION_PROBE = 2**62
+#: The codec options of the stores' clients (``uuidRepresentation="standard"``), for the embedded engine.
+_CODEC_OPTIONS = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
+#: What the driver raises for a document it cannot send: each fails its own stream only.
+UNSTORABLE = (bson_errors.InvalidDocument, OverflowError, pymongo_errors.DocumentTooLarge)
+
+
+def check_storable(collection, document: dict) -> None:
+    """Raise what the driver would for ``document`` (``InvalidDocument``, ``OverflowError`` for an integer
+    beyond 64 bits, ``DocumentTooLarge`` beyond 16 MiB) *before* it is given a position or sent: a batch
+    then fails only the streams at fault (pymongo encodes a batch chunk by chunk, after earlier chunks were
+    stored), and a refused append leaves no position for followers to wait on."""
+    options = getattr(collection, "codec_options", None)
+    if not isinstance(options, CodecOptions):  # the embedded engine's own class
+        options = _CODEC_OPTIONS
+    size = len(bson.encode({**document, "position": _POSITION_PROBE}, codec_options=options))
+    if size > MAX_DOCUMENT_BYTES:
+        raise pymongo_errors.DocumentTooLarge(
+            f"event stream {document.get('_id')!r} is {size} bytes as BSON; MongoDB stores documents of at most "
+            f"{MAX_DOCUMENT_BYTES} bytes")
+
 
 #: What an aggregate's full id is read from (scans, locate).
 _IDENTITY_FIELDS = {"aggregateId": 1, "aggregateName": 1, "contextName": 1, "tenantId": 1}
@@ -93,7 +149,7 @@ class MongoEventStore(EventStore):
     def allocate_positions(self, context_name: str, count: int) -> int:
         """Reserve ``count`` consecutive positions of ``context_name``; the first. One round trip."""
         counters = self._support(positions_spec())
-        with recoverable_errors(f"allocating positions in {context_name!r}"), self.connection.guard(counters):
+        with recoverable_errors(f"allocating positions in {context_name!r}"), self.connection.guard(counters, write=True):
             counter = counters.find_one_and_update(
                 {"_id": context_name}, {"$inc": {"position": count}}, upsert=True,
                 return_document=ReturnDocument.AFTER)
@@ -105,7 +161,7 @@ class MongoEventStore(EventStore):
             return
         voids = self._support(void_positions_spec())
         try:
-            with recoverable_errors("recording void positions"), self.connection.guard(voids):
+            with recoverable_errors("recording void positions"), self.connection.guard(voids, write=True):
                 voids.insert_many([{"_id": f"{context_name}:{p}", "contextName": context_name, "position": p}
                                    for p in positions], ordered=False)
         except (RecoverableStoreError, pymongo_errors.PyMongoError):
@@ -119,85 +175,127 @@ class MongoEventStore(EventStore):
         if any(holds_decimal(event["body"]) for event in document["body"]):
             document["body"] = to_bson(document["body"])
             self.connection.note_decimals(collection)
+        check_storable(collection, document)
         return document
 
     def append(self, stream: EventStream) -> None:
         collection = self.collection(stream.aggregate_name)
         document = self._document(collection, stream)
-        document["position"] = self.allocate_positions(stream.aggregate_id.context_name, 1)
-        error = self._append_one(collection, stream, document)
+        context_name = stream.aggregate_id.context_name
+        with self.connection.positions_lock(self.database.name, [context_name]):
+            document["position"] = self.allocate_positions(context_name, 1)
+            error = self._append_one(collection, stream, document)
         if error is not None:
             raise error
         self.append_notifier.notify()
 
     def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
-        """One unordered ``insert_many`` per aggregate type; per-stream results."""
+        """One unordered ``insert_many`` per aggregate type; per-stream results.
+
+        A stream whose document cannot be sent (see :func:`check_storable`) fails alone before positions
+        are taken; a write error fails its own stream only.
+        """
         results: list[Exception | None] = [None] * len(streams)
         by_name: dict[str, list[int]] = {}
         for index, stream in enumerate(streams):
             by_name.setdefault(stream.aggregate_name, []).append(index)
-        for name, indexes in by_name.items():
+        for name, group in by_name.items():
+            indexes: list[int] = []
+            documents: list[dict] = []
             try:
                 collection = self.collection(name)
-                documents = self._positioned([streams[i] for i in indexes])
+                for index in group:
+                    try:
+                        documents.append(self._document(collection, streams[index]))
+                        indexes.append(index)
+                    except (*UNSTORABLE, ValueError) as exc:
+                        results[index] = exc
+                if not documents:
+                    continue
             except Exception as exc:
-                for index in indexes:
-                    results[index] = exc
+                for index in indexes or group:
+                    results[index] = results[index] or exc
                 continue
-            try:
-                with recoverable_errors(f"appending {len(documents)} {name} streams"):
-                    with self.connection.guard(collection):
-                        result = collection.insert_many(documents, ordered=False)
-                if not result.acknowledged:
-                    error = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
-                    for index in indexes:
-                        results[index] = error
-            except pymongo_errors.BulkWriteError as exc:
-                refused: dict[str, list[int]] = {}
-                for write_error in exc.details.get("writeErrors", []):
-                    stream_index = indexes[write_error["index"]]
-                    if is_duplicate_key(write_error):
-                        results[stream_index] = self._conflict(collection, streams[stream_index], write_error)
-                        document = documents[write_error["index"]]
-                        refused.setdefault(document["contextName"], []).append(document["position"])
-                    elif write_error.get("code") in RECOVERABLE_CODES:
-                        results[stream_index] = RecoverableStoreError(
-                            f"appending {name} stream {streams[stream_index].id!r} failed transiently "
-                            f"({write_error.get('errmsg', 'write error')}); retry")
-                    else:
-                        results[stream_index] = EventStoreError(write_error.get("errmsg", "write error"))
-                for context_name, positions in refused.items():
-                    self._void(context_name, positions)
-                concern = exc.details.get("writeConcernErrors") or []
-                if concern:
-                    error = RecoverableStoreError(f"write concern failed for batched append: {concern[0]}")
-                    for index in indexes:
-                        results[index] = results[index] or error
-            except RecoverableStoreError as exc:
-                for index in indexes:
-                    results[index] = exc
-            except (bson_errors.InvalidDocument, pymongo_errors.DocumentTooLarge):
-                # Refused before anything of the group was sent: one document is at fault, so each is
-                # appended on its own and only that one fails.
-                for index, document in zip(indexes, documents, strict=True):
-                    results[index] = self._append_one(collection, streams[index], document)
-            except Exception as exc:  # this group's failure only: the other groups' results stand
-                for index in indexes:
-                    results[index] = exc
+            with self.connection.positions_lock(self.database.name, [d["contextName"] for d in documents]):
+                self._insert_group(name, collection, streams, indexes, documents, results)
         if any(result is None for result in results):
             self.append_notifier.notify()
         return results
 
-    def _append_one(self, collection, stream: EventStream, document: dict) -> Exception | None:
-        """Insert one positioned document; its error, or None when stored."""
+    def _insert_group(self, name: str, collection, streams: Sequence[EventStream], indexes: list[int],
+                      documents: list[dict], results: list[Exception | None]) -> None:
+        """Position and insert one aggregate type's documents of a batch; each stream's result in ``results``."""
+        try:
+            self._position(documents)
+        except Exception as exc:
+            for index in indexes:
+                results[index] = results[index] or exc
+            return
+        try:
+            with recoverable_errors(f"appending {len(documents)} {name} streams"):
+                with self.connection.guard(collection, write=True):
+                    result = collection.insert_many(documents, ordered=False)
+            if not result.acknowledged:
+                error = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
+                for index in indexes:
+                    results[index] = error
+        except pymongo_errors.BulkWriteError as exc:
+            refused: dict[str, list[int]] = {}
+            for write_error in exc.details.get("writeErrors", []):
+                stream_index = indexes[write_error["index"]]
+                cause = _write_error(write_error, exc)
+                document = documents[write_error["index"]]
+                # A write error is the server's answer that this document was not written: void at once.
+                refused.setdefault(document["contextName"], []).append(document["position"])
+                if is_duplicate_key(write_error):
+                    error = self._conflict(collection, streams[stream_index], write_error)
+                elif write_error.get("code") in RECOVERABLE_CODES:
+                    error = RecoverableStoreError(
+                        f"appending {name} stream {streams[stream_index].id!r} failed transiently "
+                        f"({write_error.get('errmsg', 'write error')}); retry")
+                else:
+                    error = EventStoreError(write_error.get("errmsg", "write error"))
+                results[stream_index] = _caused(error, cause)
+            for context_name, positions in refused.items():
+                self._void(context_name, positions)
+            concern = exc.details.get("writeConcernErrors") or []
+            if concern:
+                error = RecoverableStoreError(f"write concern failed for batched append: {concern[0]}")
+                for index in indexes:
+                    results[index] = results[index] or error
+        except RecoverableStoreError as exc:
+            for index in indexes:
+                results[index] = exc
+            if self._not_written(exc):
+                self._void_documents(documents)
+        except UNSTORABLE:
+            # Checked before: only a driver that encodes differently gets here, maybe after earlier chunks
+            # of the batch were stored. Each document is inserted on its own; one found stored with its own
+            # position is this batch's, not a duplicate.
+            for index, document in zip(indexes, documents, strict=True):
+                results[index] = self._append_one(collection, streams[index], document, after_batch=True)
+        except Exception as exc:  # this group's failure only: the other groups' results stand
+            for index in indexes:
+                results[index] = exc
+            if self._not_written(exc):
+                self._void_documents(documents)
+
+    def _append_one(self, collection, stream: EventStream, document: dict, *,
+                    after_batch: bool = False) -> Exception | None:
+        """Insert one positioned document; its error, or None when stored (``after_batch``: also when a batch
+        that failed part-way stored it already)."""
         try:
             with recoverable_errors(f"appending {stream.aggregate_name} {stream.aggregate_id.id!r}"):
-                with self.connection.guard(collection):
+                with self.connection.guard(collection, write=True):
                     result = collection.insert_one(document)
         except pymongo_errors.DuplicateKeyError as exc:
+            if after_batch and self._stored_as(collection, document):
+                return None
             self._void(document["contextName"], [document["position"]])
-            return self._conflict(collection, stream, exc.details)
+            return _caused(self._conflict(collection, stream, exc.details), exc)
         except Exception as exc:
+            if self._not_written(exc) and not (after_batch and self._stored_as(collection, document)):
+                self._void(document["contextName"], [document["position"]])
             return exc
         if not result.acknowledged:
             return UnacknowledgedWriteError(
@@ -205,9 +303,35 @@ class MongoEventStore(EventStore):
                 "acknowledged; use a write concern of w ≥ 1 for the event store")
         return None
 
-    def _positioned(self, streams: Sequence[EventStream]) -> list[dict]:
-        """The streams' documents with positions: one allocation per context of the batch."""
-        documents = [self._document(self.collection(stream.aggregate_name), stream) for stream in streams]
+    def _not_written(self, exc: BaseException) -> bool:
+        """Whether a failed insert surely wrote nothing, so that its position can be voided at once: any error
+        of the embedded engine (in this process, under the position lock), a server's write error, or no
+        server selected (nothing sent). A network error or a timeout after sending is not: the insert may
+        still land, and voiding its position would make followers pass it for good."""
+        if self.connection.embedded:
+            return True
+        if isinstance(exc, StoreUnreachable):
+            return True
+        cause = exc.__cause__ if isinstance(exc, RecoverableStoreError) else exc
+        return isinstance(cause, pymongo_errors.WriteError) and not isinstance(cause, pymongo_errors.WriteConcernError)
+
+    def _void_documents(self, documents: list[dict]) -> None:
+        by_context: dict[str, list[int]] = {}
+        for document in documents:
+            if isinstance(document.get("position"), int):
+                by_context.setdefault(document["contextName"], []).append(document["position"])
+        for context_name, positions in by_context.items():
+            self._void(context_name, positions)
+
+    def _stored_as(self, collection, document: dict) -> bool:
+        """Whether ``document`` itself is stored: its ``_id`` with its own position (positions are never
+        given twice)."""
+        with recoverable_errors("confirming a stored stream"), self.connection.guard(collection):
+            stored = collection.find_one({"_id": document["_id"]}, {"position": 1})
+        return stored is not None and stored.get("position") == document["position"]
+
+    def _position(self, documents: list[dict]) -> None:
+        """Give the documents positions: one allocation per context of the batch."""
         by_context: dict[str, list[dict]] = {}
         for document in documents:
             by_context.setdefault(document["contextName"], []).append(document)
@@ -215,7 +339,6 @@ class MongoEventStore(EventStore):
             first = self.allocate_positions(context_name, len(group))
             for offset, document in enumerate(group):
                 document["position"] = first + offset
-        return documents
 
     def _conflict(self, collection, stream: EventStream, error: dict | None) -> EventStoreError:
         """The error for a duplicate key, confirmed by a read when the engine did not name the index."""
@@ -264,8 +387,11 @@ class MongoEventStore(EventStore):
         """
         return {"aggregateId": aggregate_id.id, "tenantId": aggregate_id.tenant_id}
 
-    def _find(self, aggregate_name: str, query: dict, sort=None, limit: int = 0) -> list[EventStream]:
+    def _find(self, aggregate_name: str, query: dict, sort=None, limit: int = 0, *,
+              majority: bool = False) -> list[EventStream]:
         collection = self.collection(aggregate_name)
+        if majority:
+            collection = collection.with_options(read_concern=ReadConcern("majority"))
         with recoverable_errors(f"reading {collection.name}"), self.connection.guard(collection):
             cursor = collection.find(query, max_time_ms=self.max_time_ms)
             if sort:
@@ -329,8 +455,10 @@ class MongoEventStore(EventStore):
             return collection.find_one(query, {"_id": 1}, max_time_ms=self.max_time_ms) is not None
 
     def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
+        # The gateway's read-back after an unknown outcome: from the primary (the database's read preference)
+        # with read concern majority, so a write a failover will roll back is not taken as stored.
         found = self._find(aggregate_id.aggregate_name, {**self._owned(aggregate_id), "requestId": request_id},
-                           limit=1)
+                           limit=1, majority=True)
         return found[0] if found else None
 
     def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:

@@ -1,10 +1,12 @@
 """Followers on MongoDB: the event streams read by global position, and followers' state in ``wow_follower``.
 
 Positions come from a per-context counter incremented *before* each insert
-(see :mod:`wow_django.backends.mongo.event_store`), so a position can become
-visible after a higher one: ``gaps_are_final`` is false and the follower holds
-a missing position until it appears, is reported void, or the gap timeout
-passes. Each ``{aggregate}_event_stream`` collection of the context's database
+(see :mod:`wow_django.backends.mongo.event_store`), so on a server a position
+can become visible after a higher one: ``gaps_are_final`` is false and the
+follower holds a missing position until it appears, is reported void, or the
+gap timeout passes. On the embedded engine (one process, no transactions)
+allocation and insert run under a per-context lock that reads take as well, so
+its gaps are final. Each ``{aggregate}_event_stream`` collection of the context's database
 is read with the ``contextName_1_position_1`` index and the collections'
 answers are merged by position.
 
@@ -23,6 +25,7 @@ from datetime import datetime
 
 from pymongo import ASCENDING, DESCENDING
 from pymongo import errors as pymongo_errors
+from pymongo.read_concern import ReadConcern
 
 from wow_django.backends.mongo.changes import ChangeWatcher
 from wow_django.backends.mongo.codec import from_bson
@@ -63,7 +66,12 @@ _SUFFIX = event_stream_collection("")
 class MongoStreamFeed(StreamFeed):
     """The streams of one context in the event store's database, by position (see the module docstring)."""
 
-    gaps_are_final = False
+    @property
+    def gaps_are_final(self) -> bool:
+        """True on the embedded engine only: its inserts are ordered by position under a lock that reads take
+        too (see ``MongoConnection.positions_lock``). On a server a position is taken before its insert
+        commits, so a missing position is held for the gap timeout."""
+        return self.connection.embedded
 
     def __init__(self, store: MongoEventStore, context_name: str, *, watch_changes: bool = False):
         self.store = store
@@ -75,7 +83,7 @@ class MongoStreamFeed(StreamFeed):
         #: One change stream for the followers of this process (started on the first read), or None.
         self.watcher: ChangeWatcher | None = None
         if watch_changes and not store.connection.embedded:
-            self.watcher = ChangeWatcher(self.database, self.notifier)
+            self.watcher = ChangeWatcher(self.database, self.notifier, context_name=context_name)
 
     def start_watching(self) -> None:
         if self.watcher is not None:
@@ -93,6 +101,12 @@ class MongoStreamFeed(StreamFeed):
         if self.watcher is not None:
             self.watcher.close()
 
+    @staticmethod
+    def _majority(collection):
+        """``collection`` read with read concern majority: a follower hands on only what a majority holds, so
+        an event a failover rolls back is never projected nor relayed."""
+        return collection.with_options(read_concern=ReadConcern("majority"))
+
     def _collections(self) -> list:
         """Every event stream collection of the database (one ``listCollections``).
 
@@ -101,17 +115,23 @@ class MongoStreamFeed(StreamFeed):
         ``FOLLOWER_GAP_TIMEOUT_S`` is passed for good. One round trip per batch buys that certainty."""
         with recoverable_errors(f"listing the event stream collections of {self.database.name}"):
             names = self.database.list_collection_names()
-        return [self.database[name] for name in sorted(names) if name.endswith(_SUFFIX) and name != _SUFFIX]
+        return [self._majority(self.database[name]) for name in sorted(names)
+                if name.endswith(_SUFFIX) and name != _SUFFIX]
 
     def read(self, after: int, limit: int) -> list[PositionedStream]:
         check_read_args(after, limit)
         query = {"contextName": self.context_name, "position": {"$gt": after}}
         answers = []
-        for collection in self._collections():
-            with recoverable_errors(f"reading {collection.name} after {after}"), self.connection.guard(collection):
-                cursor = collection.find(query, max_time_ms=self.max_time_ms)
-                documents = list(cursor.sort([("position", ASCENDING)]).limit(limit))
-            answers.append([(document["position"], index, document) for index, document in enumerate(documents)])
+        # Embedded engine: every collection read with no insert in between (no position missing below a
+        # visible one); a server takes no lock here.
+        with self.connection.positions_lock(self.database.name, [self.context_name]):
+            for collection in self._collections():
+                with recoverable_errors(f"reading {collection.name} after {after}"), \
+                        self.connection.guard(collection):
+                    cursor = collection.find(query, max_time_ms=self.max_time_ms)
+                    documents = list(cursor.sort([("position", ASCENDING)]).limit(limit))
+                answers.append([(document["position"], index, document)
+                                for index, document in enumerate(documents)])
         merged = heapq.merge(*answers, key=lambda item: item[0])
         found = []
         for position, _, document in merged:
@@ -148,7 +168,7 @@ class MongoStreamFeed(StreamFeed):
         return total
 
     def position_of(self, aggregate_name: str, aggregate_id: str, version: int) -> int | None:
-        collection = self.database[event_stream_collection(aggregate_name)]
+        collection = self._majority(self.database[event_stream_collection(aggregate_name)])
         with recoverable_errors(f"reading the position of {aggregate_name} {aggregate_id!r} v{version}"):
             with self.connection.guard(collection):
                 document = collection.find_one(
@@ -157,7 +177,7 @@ class MongoStreamFeed(StreamFeed):
         return document.get("position") if document else None
 
     def void_positions(self, after: int, upto: int) -> list[int]:
-        voids = self.database[VOID_POSITIONS_COLLECTION]
+        voids = self._majority(self.database[VOID_POSITIONS_COLLECTION])
         with recoverable_errors("reading void positions"), self.connection.guard(voids):
             documents = list(voids.find({"contextName": self.context_name, "position": {"$gt": after, "$lte": upto}},
                                         {"position": 1}, max_time_ms=self.max_time_ms))
@@ -208,14 +228,14 @@ class MongoFollowerStore(FollowerStore):
                                    "poison": None, "lastGap": None, "extra": {}}}
         try:
             with recoverable_errors(f"acquiring the lease of follower {name!r}"):
-                with self.connection.guard(self.followers):
+                with self.connection.guard(self.followers, write=True):
                     self.followers.update_one(free, update, upsert=True)
         except pymongo_errors.DuplicateKeyError:
             return False  # the document exists and the filter did not match: the lease is held
         return True
 
     def release(self, name: str, owner: str) -> None:
-        with recoverable_errors(f"releasing the lease of follower {name!r}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"releasing the lease of follower {name!r}"), self.connection.guard(self.followers, write=True):
             self.followers.update_one({"_id": name, "leaseOwner": owner},
                                       {"$set": {"leaseOwner": None, "leaseUntil": None}})
 
@@ -238,7 +258,7 @@ class MongoFollowerStore(FollowerStore):
                                                             "updatedAt": to_micros(now)}}
         if not forward["$inc"]:
             del forward["$inc"]
-        with recoverable_errors(f"advancing follower {name!r} to {position}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"advancing follower {name!r} to {position}"), self.connection.guard(self.followers, write=True):
             moved = self.followers.update_one({**leased, "position": {"$lt": position}}, forward).matched_count
             if not moved:
                 # Not forward (or the lease is gone): record the gaps alone, under the same lease condition.
@@ -255,20 +275,20 @@ class MongoFollowerStore(FollowerStore):
     def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
         now = poison_time(poison, now)
         with recoverable_errors(f"setting the poison event of follower {name!r}"):
-            with self.connection.guard(self.followers):
+            with self.connection.guard(self.followers, write=True):
                 result = self.followers.update_one(self._leased(name, owner, now),
                                                    {"$set": {"poison": poison_to_json(poison) if poison else None}})
                 if not result.matched_count:
                     raise LeaseLost(name, owner, self._holder(name))
 
     def set_paused(self, name: str, paused: bool) -> None:
-        with recoverable_errors(f"pausing follower {name!r}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"pausing follower {name!r}"), self.connection.guard(self.followers, write=True):
             if not self.followers.update_one({"_id": name}, {"$set": {"paused": bool(paused)}}).matched_count:
                 raise UnknownFollower(name)
 
     def rewind(self, name: str, position: int, *, now: datetime) -> None:
         check_position(position)
-        with recoverable_errors(f"rewinding follower {name!r} to {position}"), self.connection.guard(self.followers):
+        with recoverable_errors(f"rewinding follower {name!r} to {position}"), self.connection.guard(self.followers, write=True):
             result = self.followers.update_one(
                 {"_id": name}, {"$set": {"position": position, "poison": None, "updatedAt": to_micros(now)}})
             if not result.matched_count:
@@ -277,7 +297,7 @@ class MongoFollowerStore(FollowerStore):
     def skip_poison(self, name: str, *, by: str, reason: str, now: datetime) -> PoisonEvent:
         micros = to_micros(now)
         with recoverable_errors(f"skipping the poison event of follower {name!r}"):
-            with self.connection.guard(self.followers):
+            with self.connection.guard(self.followers, write=True):
                 while True:
                     document = self.followers.find_one({"_id": name})
                     if document is None:
@@ -298,7 +318,7 @@ class MongoFollowerStore(FollowerStore):
 
     def skipped(self, name: str) -> list[dict]:
         with recoverable_errors(f"reading the skipped poison events of follower {name!r}"):
-            with self.connection.guard(self.skip_records):
+            with self.connection.guard(self.skip_records, write=True):
                 documents = list(self.skip_records.find({"follower": name}, max_time_ms=self.max_time_ms)
                                  .sort([("at", ASCENDING), ("_id", ASCENDING)]))
         return [{"position": d["position"], "streamId": d["streamId"], "aggregate": d["aggregate"],

@@ -54,7 +54,7 @@ class MongoPrepareKey(PrepareKey):
         ttl_at = _naive_utc(resolve_ttl(ttl, now))
         try:
             with recoverable_errors(f"preparing {self.name} {key!r}"):
-                with self.connection.guard(self.collection):
+                with self.connection.guard(self.collection, write=True):
                     # Matches only an expired reservation; otherwise the upsert
                     # inserts, and a live reservation makes that a duplicate _id.
                     result = self.collection.replace_one(
@@ -79,7 +79,7 @@ class MongoPrepareKey(PrepareKey):
         if value is not _MISSING:
             query["value"] = {"$eq": value}  # literally: a raw dict with "$" keys would act as an operator
         with recoverable_errors(f"rolling back {self.name} {key!r}"):
-            with self.connection.guard(self.collection):
+            with self.connection.guard(self.collection, write=True):
                 result = self.collection.delete_one(query)
         self._acknowledged(result)
         return result.deleted_count == 1
@@ -94,7 +94,7 @@ class MongoPrepareKey(PrepareKey):
         if old_value is not _MISSING:
             query["value"] = {"$eq": old_value}  # literally (document values compare field order too)
         with recoverable_errors(f"repreparing {self.name} {key!r}"):
-            with self.connection.guard(self.collection):
+            with self.connection.guard(self.collection, write=True):
                 result = self.collection.update_one(query, {"$set": {"value": new_value, "ttlAt": ttl_at}})
         self._acknowledged(result)
         return result.matched_count == 1

@@ -24,7 +24,15 @@ NAMESPACE_EXISTS = 48  # server error code when a collection is created twice
 # report (IndexOptionsConflict, IndexKeySpecsConflict, CannotCreateIndex, DuplicateKey — existing data
 # breaks the uniqueness — and InvalidIndexSpecificationOption). Any other failure is not the schema's.
 INDEX_CONFLICT_CODES = {85, 86, 67, 11000, 197}
-OWNERSHIP_ID = "bounded_context"
+# The ownership marker is Wow's document: {_id: "boundedContext", contextName, layoutVersion: 1}. wow_django
+# adds "writer": a marker without it was written by a Wow (Kotlin) service. Earlier wow_django versions wrote
+# {_id: "bounded_context", contextName}; it is still recognised as this service's claim.
+OWNERSHIP_ID = "boundedContext"
+LEGACY_OWNERSHIP_ID = "bounded_context"
+LAYOUT_VERSION = 1
+WRITER = "wow_django"
+# Collections that hold a bounded context's documents (each with its contextName), as Wow names them.
+CONTEXT_COLLECTION_SUFFIXES = ("_event_stream", "_snapshot", "_snapshot_checkpoint")
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,9 @@ class IndexSpec:
     expire_after_seconds: int | None = None
 
     def create_kwargs(self) -> dict:
-        kwargs: dict = {"name": self.name}
+        # The simple (binary) collation, explicitly: a collection's default collation would otherwise slip
+        # into the index (and a unique index would count ids differing in case or accents as one).
+        kwargs: dict = {"name": self.name, "collation": {"locale": "simple"}}
         if self.unique:
             kwargs["unique"] = True
         if self.expire_after_seconds is not None:
@@ -55,8 +65,9 @@ class IndexSpec:
 class CollectionSpec:
     name: str
     indexes: tuple[IndexSpec, ...]
-    # Uniqueness that must not exist (the other request-id mode's): refused by its keys when unique,
-    # whatever the index is called; a non-unique index with those keys is only a lookup index.
+    # Uniqueness that must not exist (the other request-id mode's): refused by its fields when unique,
+    # whatever the index is called and whatever its key order and directions; a non-unique index with
+    # those keys is only a lookup index.
     forbidden: tuple[tuple[IndexSpec, str], ...] = ()  # (index, why)
     # Why the collection must not be sharded, if it must not (a unique index a shard key cannot carry).
     unshardable: str | None = None
@@ -158,6 +169,12 @@ def _normalise_keys(key) -> tuple[tuple[str, int | str], ...]:
     return tuple(out)
 
 
+def _fields(key) -> frozenset[str]:
+    """The fields of an index key, without order or direction: what a unique index makes unique
+    (``{requestId: -1}`` refuses the same documents as ``{requestId: 1}``)."""
+    return frozenset(name for name, _ in _normalise_keys(key))
+
+
 def _option_problems(spec: IndexSpec, existing: dict) -> list[str]:
     problems = []
     if bool(existing.get("unique", False)) != spec.unique:
@@ -250,7 +267,7 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
         report.conflicts.append(f"{db_name}.{spec.name} is sharded: {spec.unshardable}.")
     for index, why in spec.forbidden:
         for name, current in existing.items():
-            if _normalise_keys(current["key"]) == index.keys and current.get("unique"):
+            if _fields(current["key"]) == _fields(index.keys) and current.get("unique"):
                 report.add(db_name, spec.name, name, "conflict")
                 report.conflicts.append(f"{db_name}.{spec.name}: index {name!r} is not allowed "
                                         f"({index.describe()}): {why}.")
@@ -271,20 +288,22 @@ def reconcile_collection(database, spec: CollectionSpec, *, check_only: bool = F
     return report
 
 
-def _foreign_streams(database, context_name: str) -> str | None:
+def _foreign_documents(database, context_name: str) -> str | None:
     """Why ``database`` already belongs to another service, or None. Looked at before a first claim: an
     unclaimed database may still be another service's.
 
-    Two signs: event streams of another bounded context; or event streams without a ``position``, which
-    every wow_django append writes and Wow's own (Kotlin) services do not — Wow leaves no marker document,
-    so its streams are what recognises a database a Wow service writes to.
+    Two signs: event streams or snapshots of another bounded context; or event streams without a
+    ``position``, which every wow_django append writes and Wow's own (Kotlin) services do not.
     """
     for name in sorted(database.list_collection_names()):
-        if not name.endswith("_event_stream"):
+        if not name.endswith(CONTEXT_COLLECTION_SUFFIXES):
             continue
         other = database[name].find_one({"contextName": {"$ne": context_name}}, {"contextName": 1})
         if other is not None:
-            return f"already holds event streams of bounded context {other.get('contextName')!r} (in {name})"
+            what = "event streams" if name.endswith("_event_stream") else "snapshots"
+            return f"already holds {what} of bounded context {other.get('contextName')!r} (in {name})"
+        if not name.endswith("_event_stream"):
+            continue
         unpositioned = database[name].find_one({"position": {"$exists": False}}, {"_id": 1})
         if unpositioned is not None:
             return (f"already holds event streams that wow_django did not write (in {name}: stream "
@@ -294,50 +313,74 @@ def _foreign_streams(database, context_name: str) -> str | None:
     return None
 
 
-def claim_database(database, context_name: str, *, check_only: bool = False) -> SchemaReport:
-    """Claim ``database`` for ``context_name`` in ``wow_database_metadata``.
+def _marker_problem(database, marker: dict, context_name: str) -> str | None:
+    """Why the ownership ``marker`` does not let ``context_name`` of wow_django use ``database``, or None."""
+    owner = marker.get("contextName")
+    layout = marker.get("layoutVersion")
+    if layout != LAYOUT_VERSION:
+        return (f"database {database.name!r} has an ownership marker of layout version {layout!r} "
+                f"(in {METADATA_COLLECTION}); wow_django knows layout version {LAYOUT_VERSION} only")
+    if owner != context_name:
+        return (f"database {database.name!r} belongs to bounded context {owner!r}, not {context_name!r}. "
+                "Collection names carry no context prefix, so two contexts must not share a database: point "
+                "this context at its own database (WOW['MONGO_URI'] or the *_DATABASE settings), or set "
+                "WOW['CONTEXT_NAME'] if this is that context.")
+    if marker.get("writer") != WRITER:
+        return (f"database {database.name!r} is claimed by a Wow (Kotlin) service of bounded context {owner!r} "
+                f"(its marker in {METADATA_COLLECTION} was not written by wow_django): two services appending "
+                "to one database would race each other's versions and request ids unseen. Point this service "
+                "at its own database.")
+    return None
 
-    Atomic: the first context to claim wins; any other gets a problem.
+
+def claim_database(database, context_name: str, *, check_only: bool = False) -> SchemaReport:
+    """Claim ``database`` for ``context_name`` with Wow's ownership marker in ``wow_database_metadata``.
+
+    Atomic: the first service to claim wins; a claim by another context, or by a Wow (Kotlin) service, is
+    a problem. Before a first claim, the database's event streams and snapshots are looked at.
     """
     report = SchemaReport()
     collection = database[METADATA_COLLECTION]
     with recoverable_errors(f"claiming database {database.name}"):
-        existing = collection.find_one({"_id": OWNERSHIP_ID})
-        foreign = None if existing is not None else _foreign_streams(database, context_name)
-        if foreign is not None:
-            report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
-            report.ownership.append(
-                f"database {database.name!r} has no owner yet but {foreign}; it is not claimed for "
-                f"{context_name!r}. Point this context at its own database, or set WOW['CONTEXT_NAME'] if "
-                "this is that context."
-            )
-            return report
-        if check_only:
-            claim = existing
-        else:
-            def claim_it():
-                return collection.find_one_and_update(
-                    {"_id": OWNERSHIP_ID},
-                    {"$setOnInsert": {"contextName": context_name,
-                                      "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
-                    upsert=True,
-                    return_document=True,
+        claim = collection.find_one({"_id": OWNERSHIP_ID})
+        if claim is None:
+            legacy = collection.find_one({"_id": LEGACY_OWNERSHIP_ID})
+            if legacy is not None:  # an earlier wow_django's claim
+                legacy = {"contextName": legacy.get("contextName"), "layoutVersion": LAYOUT_VERSION,
+                          "writer": WRITER}
+            foreign = _foreign_documents(database, context_name) if legacy is None else None
+            if foreign is not None:
+                report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
+                report.ownership.append(
+                    f"database {database.name!r} has no owner yet but {foreign}; it is not claimed for "
+                    f"{context_name!r}. Point this context at its own database, or set WOW['CONTEXT_NAME'] if "
+                    "this is that context."
                 )
+                return report
+            owner = context_name if legacy is None else legacy["contextName"]
+            if check_only or (legacy is not None and owner != context_name):
+                claim = legacy
+            else:
+                def claim_it():
+                    return collection.find_one_and_update(
+                        {"_id": OWNERSHIP_ID},
+                        {"$setOnInsert": {"contextName": owner, "layoutVersion": LAYOUT_VERSION, "writer": WRITER,
+                                          "claimedAt": datetime.now(UTC).replace(tzinfo=None)}},
+                        upsert=True,
+                        return_document=True,
+                    )
 
-            try:
-                claim = claim_it()
-            except pymongo_errors.DuplicateKeyError:
-                claim = claim_it()  # two processes claimed at once and the server did not retry: the claim exists now
+                try:
+                    claim = claim_it()
+                except pymongo_errors.DuplicateKeyError:
+                    claim = claim_it()  # two processes claimed at once and the server did not retry: it exists now
     if claim is None:
         report.add(database.name, METADATA_COLLECTION, "ownership", "missing")
-    elif claim.get("contextName") != context_name:
+        return report
+    problem = _marker_problem(database, claim, context_name)
+    if problem is not None:
         report.add(database.name, METADATA_COLLECTION, "ownership", "conflict")
-        report.ownership.append(
-            f"database {database.name!r} belongs to bounded context {claim.get('contextName')!r}, "
-            f"not {context_name!r}. Collection names carry no context prefix, so two contexts must not "
-            "share a database: point this context at its own database (WOW['MONGO_URI'] or the "
-            "*_DATABASE settings), or set WOW['CONTEXT_NAME'] if this is that context."
-        )
+        report.ownership.append(problem)
     else:
         report.add(database.name, METADATA_COLLECTION, "ownership", "verified")
     return report

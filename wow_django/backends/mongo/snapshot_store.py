@@ -69,7 +69,8 @@ class MongoSnapshotStore(SnapshotStore):
         if holds_decimal(document["state"]):
             document["state"] = to_bson(document["state"])
             self.connection.note_decimals(collection)
-        with recoverable_errors(f"saving snapshot {collection.name} {snapshot.aggregate_id.id!r}"):
+        with recoverable_errors(f"saving snapshot {collection.name} {snapshot.aggregate_id.id!r}"), \
+                self.connection.write_limit():
             if self.connection.embedded:
                 result = self._save_embedded(collection, document)
             else:
@@ -86,7 +87,7 @@ class MongoSnapshotStore(SnapshotStore):
 
     def _save_embedded(self, collection, document: dict):
         """The embedded engine lacks update pipelines: same rule, under its write guard."""
-        with self.connection.guard(collection):
+        with self.connection.guard(collection, write=True):
             stored = collection.find_one({"_id": document["_id"]}, {"version": 1})
             version = stored.get("version") if stored else None
             number = isinstance(version, (int, float)) and not isinstance(version, bool) and version == version
