@@ -236,6 +236,8 @@ class FollowerRow(models.Model):
     gaps_skipped = models.BigIntegerField(default=0)
     last_gap = _json(null=True, blank=True)  # {first, last, seenAt, skippedAt}
     extra = _json(default=dict)
+    # Bumped by rewind, pause, resume and skip; checkpoint writes must name it (FollowerStore.advance).
+    generation = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         app_label = "wow_django"
