@@ -51,6 +51,7 @@ from wow_django.backends.django.prepare_key import DjangoPrepareKey
 from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
 from wow_django.checks import check_settings
 from wow_django.exceptions import (
+    ContextLockTimeout,
     DuplicateAggregateId,
     DuplicateEventStreamId,
     DuplicateRequestId,
@@ -104,6 +105,61 @@ class DjangoBackendBehaviour:
         return DjangoEventStore(using=self.alias, **kwargs)
 
     # --- error mapping ---------------------------------------------------------------------------
+
+    def hung_writer_process(self, context: str) -> subprocess.Popen:
+        """Another OS process that takes ``context``'s append lock in a transaction and stops itself (SIGSTOP)
+        without committing: a writer paused in a debugger, a stuck ``ATOMIC_REQUESTS`` request."""
+        settings = connections[self.alias].settings_dict
+        if connections[self.alias].vendor == "postgresql":
+            code = textwrap.dedent(f"""
+                import os, signal, psycopg
+                conn = psycopg.connect(host={settings['HOST']!r}, port={int(settings['PORT'])}, user={settings['USER']!r},
+                                       password={settings['PASSWORD']!r}, dbname={settings['NAME']!r})
+                conn.execute("INSERT INTO wow_stream_context (context_name, appends) VALUES (%s, 1) "
+                             "ON CONFLICT (context_name) DO UPDATE SET appends = wow_stream_context.appends + 1",
+                             [{context!r}])
+                print("locked", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            """)
+        else:
+            code = textwrap.dedent(f"""
+                import os, signal, sqlite3
+                conn = sqlite3.connect({settings['NAME']!r}, isolation_level=None)
+                conn.execute("BEGIN IMMEDIATE")
+                print("locked", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            """)
+        writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (writer.kill(), writer.wait(10)))
+        self.assertEqual(writer.stdout.readline().strip(), "locked")
+        return writer
+
+    def test_a_hung_writer_process_makes_appends_of_its_context_fail_retryable_within_the_bound(self):
+        store = self.store(lock_timeout_s=0.5)
+        stream = make_stream(agg(), 1)
+        writer = self.hung_writer_process(stream.aggregate_id.context_name)
+        result: list = []
+
+        def append():  # a thread: before the bound existed, this waited for ever
+            try:
+                store.append(stream)
+                result.append(None)
+            except Exception as exc:
+                result.append(exc)
+            finally:
+                connections[self.alias].close()
+
+        thread = threading.Thread(target=append, daemon=True)
+        thread.start()
+        thread.join(20)
+        self.assertFalse(thread.is_alive(), "the append still waits for the hung writer's lock")
+        self.assertIsInstance(result[0], ContextLockTimeout)
+        self.assertIsInstance(result[0], RecoverableStoreError)  # the gateway retries it; HTTP 503 StoreUnavailable
+        self.assertIn("APPEND_LOCK_TIMEOUT_S", str(result[0]))
+        writer.kill()  # its transaction ends with the process: the context is free again
+        writer.wait(10)
+        store.append(stream)
+        self.assertEqual(store.load(stream.aggregate_id, 1, 1)[0].id, stream.id)
 
     def test_the_orm_model_of_event_streams_refuses_writes_outside_the_store(self):
         # Such a row takes no context lock: committed late, below a position a follower passed, it was never

@@ -140,6 +140,10 @@ DEFAULTS: dict[str, Any] = {
     # or failed (PENDING, SENT, RETRYING, PARTIAL, FAILED) are kept until they settle or expire.
     "BUS_RETENTION_DAYS": None,
     "BUS_EXPIRED_RETENTION_DAYS": None,
+    # The longest an append of the django backend waits for its context's lock (held by another writer
+    # until it commits): PostgreSQL's lock_timeout for the append statement, SQLite's busy timeout. Then
+    # ContextLockTimeout (retryable, HTTP 503). None: wait without limit.
+    "APPEND_LOCK_TIMEOUT_S": 5.0,
     # --- followers (wow_follow) ---------------------------------------------
     # How long a follower waits for a position missing below a visible one
     # (a late commit) before it passes it and records the gap. Backends whose
@@ -320,6 +324,7 @@ VALIDATORS = {
     "BUS_RETENTION_DAYS": _optional_non_negative_num,
     "BUS_EXPIRED_RETENTION_DAYS": _optional_non_negative_num,
     "FOLLOWER_GAP_TIMEOUT_S": _non_negative_num,
+    "APPEND_LOCK_TIMEOUT_S": _optional_non_negative_num,
     "FOLLOWER_LEASE_S": _pos_num,
     "FOLLOWER_MIN_BATCH": _pos_int,
     "FOLLOWER_MAX_BATCH": _pos_int,
