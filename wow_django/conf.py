@@ -150,8 +150,9 @@ DEFAULTS: dict[str, Any] = {
     # gaps are final (in_memory, django) never wait.
     "FOLLOWER_GAP_TIMEOUT_S": 10.0,
     # A running instance's lease on its follower; a dead instance's is taken
-    # over after it. Renewed once a third of it has passed.
-    "FOLLOWER_LEASE_S": 30.0,
+    # over after it. Renewed once a third of it has passed, and by a heartbeat
+    # while a handler runs, so it can be short: a standby takes over in seconds.
+    "FOLLOWER_LEASE_S": 6.0,
     # Streams per read: doubled while reads come back full, halved when live.
     "FOLLOWER_MIN_BATCH": 16,
     "FOLLOWER_MAX_BATCH": 1000,

@@ -276,6 +276,7 @@ class FollowerRunner:
         self._fenced = threading.Event()  # the heartbeat saw a rewind or pause: end the batch
         self._batch_started = self.clock()
         self._losses: tuple[int, int | None, PositionedStream | None] = (0, None, None)
+        self._interrupted = False
 
     @property
     def name(self) -> str:
@@ -335,7 +336,8 @@ class FollowerRunner:
         if state.paused or state.poison is not None:
             return Cycle(leader=True, stopped=True, position=state.position)
         self._generation = state.generation
-        self._fenced.clear()
+        if not self._interrupted:
+            self._fenced.clear()
         batch = self.batch
         streams = self.feed.read(state.position, batch)
         full = len(streams) == batch
@@ -465,6 +467,13 @@ class FollowerRunner:
         """Run on until caught up (as ``until_caught_up``), then return: a process leaving hands over a
         follower with nothing of its own appends left behind."""
         self._finishing = True
+        self.wake()
+
+    def interrupt(self) -> None:
+        """End the current batch after the stream being handled (its handled streams are checkpointed):
+        a process leaving on SIGTERM gives its lease up within one stream, not one batch."""
+        self._interrupted = True
+        self._fenced.set()
         self.wake()
 
     def wake(self) -> None:

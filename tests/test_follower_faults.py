@@ -1,0 +1,129 @@
+"""Follower faults between real OS processes, on PostgreSQL and on a SQLite file: a ``manage.py wow_follow``
+process with a slow handler, an operator's ``wow_followers rewind`` in the middle of its batch, and SIGTERM
+in the middle of a batch (``tests/follower_fault_settings.py``, ``tests/fault_app``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.pg import pg_connect_kwargs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def fault_env(request, tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("WOW_MONGO", "SAMPLE_", "CELERY_"))},
+           "DJANGO_SETTINGS_MODULE": "tests.follower_fault_settings", "PYTHONUNBUFFERED": "1"}
+    if request.param == "sqlite":
+        path = str(tmp_path / "faults.sqlite3")
+        env["WOW_FAULT_SQLITE"] = path
+
+        def query(sql, *params):
+            with sqlite3.connect(path, timeout=30) as conn:
+                return conn.execute(sql.replace("%s", "?"), params).fetchall()
+
+        yield env, query
+        return
+    database = f"test_wow_fault_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
+        admin.execute(f'CREATE DATABASE "{database}"')
+    env["WOW_FAULT_PG_DB"] = database
+
+    def query(sql, *params):
+        with psycopg.connect(dbname=database, autocommit=True, **pg_connect_kwargs()) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    try:
+        yield env, query
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def manage(env, *args, timeout=120) -> str:
+    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def follow(env, tmp_path, delay: float, lease: float = 1.0) -> subprocess.Popen:
+    log = open(tmp_path / "follow.log", "w")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen([sys.executable, "manage.py", "wow_follow", "slow-probe"], cwd=ROOT,
+                               env={**env, "WOW_FAULT_DELAY_S": str(delay), "WOW_FAULT_LEASE_S": str(lease)}, stdout=log, stderr=subprocess.STDOUT)
+    process.log = log
+    return process
+
+
+def stop(process) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait(10)
+    process.log.close()
+
+
+def wait_until(condition, what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"{what} within {seconds} s")
+
+
+def setup(env, query, orders: int) -> list[int]:
+    manage(env, "migrate", "-v0")
+    manage(env, "fault_orders", str(orders))
+    return [p for (p,) in query("SELECT position FROM wow_event_stream ORDER BY position")]
+
+
+def follower_row(query):
+    found = query("SELECT position, lease_owner FROM wow_follower WHERE name = 'slow-probe'")
+    return found[0] if found else (0, None)
+
+
+def test_a_rewind_during_a_batch_of_a_follower_process_is_not_undone(fault_env, tmp_path):
+    env, query = fault_env
+    positions = setup(env, query, 8)
+    process = follow(env, tmp_path, 0.5, lease=10.0)  # one batch of 8, one checkpoint after 4 s
+    try:
+        wait_until(lambda: query("SELECT count(*) FROM fault_calls")[0][0] >= 2, "two streams handled")
+        assert follower_row(query)[0] == 0, "the batch was checkpointed before the rewind: nothing in flight"
+        manage(env, "wow_followers", "rewind", "slow-probe", "--to-position", str(positions[1]), "--yes")
+        before = {p for (p,) in query("SELECT position FROM fault_calls") if p > positions[1]}
+        wait_until(lambda: follower_row(query)[0] == positions[-1], "caught up again")
+    finally:
+        stop(process)
+    calls = {}
+    for (p,) in query("SELECT position FROM fault_calls"):
+        calls[p] = calls.get(p, 0) + 1
+    # Everything after the rewind's position that the batch had handled was handed again.
+    assert before and all(calls[p] >= 2 for p in before), (calls, before)
+    assert set(calls) == set(positions)
+
+
+def test_sigterm_mid_batch_checkpoints_what_was_handled_and_releases_the_lease(fault_env, tmp_path):
+    env, query = fault_env
+    setup(env, query, 8)
+    process = follow(env, tmp_path, 1.5)  # the batch of 8 takes 12 s
+    try:
+        wait_until(lambda: query("SELECT count(*) FROM fault_calls")[0][0] >= 1, "a stream handled")
+        process.send_signal(signal.SIGTERM)
+        process.wait(8)  # well before the batch could finish
+    finally:
+        stop(process)
+    position, owner = follower_row(query)
+    handled = {p for (p,) in query("SELECT position FROM fault_calls")}
+    assert owner is None  # released: a standby takes over at once
+    assert 0 < position and position == max(handled)
