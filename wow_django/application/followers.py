@@ -764,6 +764,8 @@ class Progress:
     done: bool
     errors: tuple[str, ...] = ()
     pending: tuple[str, ...] = ()
+    #: The store's last error when the checkpoints could not be read (the wait went on until its timeout).
+    unread: str = ""
 
 
 class ProjectionWaiter:
@@ -773,7 +775,10 @@ class ProjectionWaiter:
     from the follower store, re-read at once when a runner of this process
     moves one (:data:`progress`), else after a short backoff (2 ms doubling
     to 50 ms). A projection stopped on a poison event at or before the
-    position is reported as an error instead of being waited for.
+    position is reported as an error instead of being waited for. A store
+    error while reading them is read again until the timeout, then reported
+    in :attr:`Progress.unread`: the command's events are stored, so its
+    caller gets the stage they reached, not the store's error.
     """
 
     def __init__(self, feed: Callable[[], StreamFeed], store: Callable[[], FollowerStore]):
@@ -789,29 +794,39 @@ class ProjectionWaiter:
         position = None
         backoff = 0.002
         pending: list[str] = list(names)
+        unread = ""
         while True:
             seen = progress.count
-            if position is None:
-                position = self._feed().position_of(agg.aggregate_name, agg.id, stream.version)
-            if position is not None:
-                errors: list[str] = []
-                pending = []
-                for name in names:
-                    state = self._store().get(name)
-                    if state is not None and state.position >= position:
-                        continue
-                    if state is not None and state.poison is not None and state.poison.position <= position:
-                        errors.append(f"projection {name!r} is stopped on position {state.poison.position} "
-                                      f"({state.poison.aggregate}): {state.poison.error}")
-                        continue
-                    pending.append(name)
-                if not pending:
-                    return Progress(True, tuple(errors))
+            try:
+                if position is None:
+                    position = self._feed().position_of(agg.aggregate_name, agg.id, stream.version)
+                if position is not None:
+                    errors, pending = self._passed(names, position)
+                    if not pending:
+                        return Progress(True, tuple(errors))
+                unread = ""
+            except RecoverableStoreError as exc:
+                unread = str(exc)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return Progress(False, (), tuple(pending))
+                return Progress(False, (), tuple(pending), unread)
             progress.wait(seen, min(remaining, backoff))
             backoff = min(backoff * 2, 0.05)
+
+    def _passed(self, names: list[str], position: int) -> tuple[list[str], list[str]]:
+        """(the errors of projections stopped at or before ``position``, the names still short of it)."""
+        errors: list[str] = []
+        pending: list[str] = []
+        for name in names:
+            state = self._store().get(name)
+            if state is not None and state.position >= position:
+                continue
+            if state is not None and state.poison is not None and state.poison.position <= position:
+                errors.append(f"projection {name!r} is stopped on position {state.poison.position} "
+                              f"({state.poison.aggregate}): {state.poison.error}")
+                continue
+            pending.append(name)
+        return errors, pending
 
 
 class InlineProjectionWaiter(ProjectionWaiter):
