@@ -1,6 +1,7 @@
 """Follower faults between real OS processes, on PostgreSQL and on a SQLite file: a ``manage.py wow_follow``
-process with a slow handler, an operator's ``wow_followers rewind`` in the middle of its batch, and SIGTERM
-in the middle of a batch (``tests/follower_fault_settings.py``, ``tests/fault_app``)."""
+process with a slow handler, an operator's ``wow_followers rewind`` in the middle of its batch, SIGTERM in
+the middle of a batch, and (PostgreSQL) a standby or a restart taking over from a process killed with
+SIGKILL under the default lease (``tests/follower_fault_settings.py``, ``tests/fault_app``)."""
 
 from __future__ import annotations
 
@@ -58,11 +59,14 @@ def manage(env, *args, timeout=120) -> str:
     return done.stdout
 
 
-def follow(env, tmp_path, delay: float, lease: float = 1.0) -> subprocess.Popen:
-    log = open(tmp_path / "follow.log", "w")  # noqa: SIM115 - closed with the process
+def follow(env, tmp_path, delay: float, lease: float | str = 1.0, log: str = "follow") -> subprocess.Popen:
+    """A ``wow_follow slow-probe`` process (``lease="default"``: the library's FOLLOWER_LEASE_S)."""
+    path = tmp_path / f"{log}.log"
+    out = open(path, "w")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen([sys.executable, "manage.py", "wow_follow", "slow-probe"], cwd=ROOT,
-                               env={**env, "WOW_FAULT_DELAY_S": str(delay), "WOW_FAULT_LEASE_S": str(lease)}, stdout=log, stderr=subprocess.STDOUT)
-    process.log = log
+                               env={**env, "WOW_FAULT_DELAY_S": str(delay), "WOW_FAULT_LEASE_S": str(lease)},
+                               stdout=out, stderr=subprocess.STDOUT)
+    process.log, process.log_path = out, path
     return process
 
 
@@ -127,3 +131,68 @@ def test_sigterm_mid_batch_checkpoints_what_was_handled_and_releases_the_lease(f
     handled = {p for (p,) in query("SELECT position FROM fault_calls")}
     assert owner is None  # released: a standby takes over at once
     assert 0 < position and position == max(handled)
+
+
+ON_POSTGRESQL = pytest.mark.parametrize("fault_env", ["postgresql"], indirect=True)
+
+
+def owned_by(query, process) -> bool:
+    owner = follower_row(query)[1]
+    return owner is not None and f":{process.pid}:" in owner
+
+
+def kill_when_handling(query, process) -> tuple[float, int]:
+    """SIGKILL ``process`` once it holds the lease and has handled streams; (when, the checkpoint then)."""
+    wait_until(lambda: owned_by(query, process) and query("SELECT count(*) FROM fault_calls")[0][0] >= 4,
+               "the first process handling streams")
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+    return time.monotonic(), follower_row(query)[0]
+
+
+@ON_POSTGRESQL
+def test_a_standby_takes_over_from_a_follower_killed_with_sigkill_within_seconds(fault_env, tmp_path):
+    """The default lease (6 s): the standby's checkpoint moves well within three leases of the kill
+    (before, with the 30 s lease: 21-25 s)."""
+    env, query = fault_env
+    positions = setup(env, query, 30)  # 30 × 0.05 s: work left for both processes
+    active = follow(env, tmp_path, 0.05, lease="default", log="active")
+    standby = None
+    try:
+        wait_until(lambda: owned_by(query, active), "the first process holding the lease")
+        standby = follow(env, tmp_path, 0.05, lease="default", log="standby")
+        wait_until(lambda: "Following slow-probe" in standby.log_path.read_text(), "the standby up")
+        killed_at, at_kill = kill_when_handling(query, active)
+        assert at_kill < positions[-1], "the first process finished before the kill"
+        wait_until(lambda: follower_row(query)[0] > at_kill, "the standby's checkpoint moving", seconds=3 * 6)
+        took = time.monotonic() - killed_at
+        assert owned_by(query, standby) and standby.poll() is None
+        wait_until(lambda: follower_row(query)[0] == positions[-1], "the standby catching up")
+    finally:
+        stop(active)
+        if standby is not None:
+            stop(standby)
+    assert took < 3 * 6, f"took over after {took:.1f} s"
+    assert {p for (p,) in query("SELECT position FROM fault_calls")} == set(positions)
+
+
+@ON_POSTGRESQL
+def test_a_follower_restarted_after_sigkill_takes_over_within_the_lease(fault_env, tmp_path):
+    env, query = fault_env
+    positions = setup(env, query, 30)
+    first = follow(env, tmp_path, 0.05, lease="default", log="first")
+    restarted = None
+    try:
+        killed_at, at_kill = kill_when_handling(query, first)
+        assert at_kill < positions[-1], "the first process finished before the kill"
+        restarted = follow(env, tmp_path, 0.05, lease="default", log="restarted")  # a process manager's restart
+        wait_until(lambda: owned_by(query, restarted), "the restarted process taking the lease", seconds=3 * 6)
+        took = time.monotonic() - killed_at
+        wait_until(lambda: follower_row(query)[0] == positions[-1], "the restarted process catching up")
+    finally:
+        stop(first)
+        if restarted is not None:
+            stop(restarted)
+    # Within the dead process's lease (6 s, renewed up to its death), plus the restart's own start-up.
+    assert took < 6 + 3, f"took over after {took:.1f} s"
+    assert {p for (p,) in query("SELECT position FROM fault_calls")} == set(positions)
