@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -199,6 +200,44 @@ def test_a_stage_not_confirmed_within_the_wait_timeout_answers_202(api, wow, blo
             assert "did not finish within 0.2s" in result["errorMsg"]
         finally:
             release.set()
+
+
+def test_a_projected_wait_answers_within_its_command_wait_timeout_with_the_stage_reached(api, wow):
+    """A stalled projection follower: a PROJECTED command holds its worker for its Command-Wait-Timeout, no
+    longer, and says the stage it reached, even while a repeat of an earlier request of the same aggregate
+    waits out a longer timeout in another thread of the worker (before: it waited behind that one)."""
+    release = threading.Event()
+
+    @projection("order")
+    def stalled(message):
+        release.wait(10)
+
+    def send(path, body, request_id, timeout_ms):
+        return api.post(f"/api/{path}", body, format="json", HTTP_COMMAND_TENANT_ID="t1",
+                        HTTP_COMMAND_WAIT_STAGE="PROJECTED", HTTP_COMMAND_REQUEST_ID=request_id,
+                        HTTP_COMMAND_WAIT_TIMEOUT=str(timeout_ms))
+
+    try:
+        started = time.monotonic()
+        placed = send("order/place_order", ORDER, "stalled-1", 300)
+        assert time.monotonic() - started < 2
+        assert placed.status_code == 202
+        order_id = placed.json()["aggregateId"]
+        assert (placed.json()["stage"], placed.json()["errorCode"]) == ("SNAPSHOT", "RequestTimeout")
+        repeat = threading.Thread(target=send, args=("order/place_order", ORDER, "stalled-1", 4000))
+        repeat.start()
+        time.sleep(0.3)  # the repeat is waiting
+        started = time.monotonic()
+        paid = send(f"order/{order_id}/pay_order", {"amount": "7.00", "payment_id": "p-1"}, "stalled-2", 300)
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    repeat.join(10)
+    assert took < 2, f"held {took:.1f} s"
+    result = paid.json()
+    assert paid.status_code == 202 and versions(order_id) == [1, 2]
+    assert (result["stage"], result["errorCode"], result["aggregateVersion"]) == ("SNAPSHOT", "RequestTimeout", 2)
+    assert "PROJECTED did not finish within 0.3s" in result["errorMsg"]
 
 
 def test_wait_stage_header_is_validated(api):

@@ -39,11 +39,19 @@ from wow_django.backends.django import DjangoBackend
 from wow_django.backends.django.connection import SQLITE_BUSY_TIMEOUT_MS, database, validate_database
 from wow_django.backends.django.errors import is_recoverable, violated_constraint
 from wow_django.backends.django.event_store import DjangoEventStore
-from wow_django.backends.django.models import CodePointTextField, EventStreamRow, PrepareKeyRow, SnapshotRow
+from wow_django.backends.django.models import (
+    CodePointTextField,
+    EventStreamRow,
+    EventStreamWriteRefused,
+    PrepareKeyRow,
+    SnapshotRow,
+    store_writes,
+)
 from wow_django.backends.django.prepare_key import DjangoPrepareKey
 from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
 from wow_django.checks import check_settings
 from wow_django.exceptions import (
+    ContextLockTimeout,
     DuplicateAggregateId,
     DuplicateEventStreamId,
     DuplicateRequestId,
@@ -98,12 +106,91 @@ class DjangoBackendBehaviour:
 
     # --- error mapping ---------------------------------------------------------------------------
 
+    def hung_writer_process(self, context: str) -> subprocess.Popen:
+        """Another OS process that takes ``context``'s append lock in a transaction and stops itself (SIGSTOP)
+        without committing: a writer paused in a debugger, a stuck ``ATOMIC_REQUESTS`` request."""
+        settings = connections[self.alias].settings_dict
+        if connections[self.alias].vendor == "postgresql":
+            code = textwrap.dedent(f"""
+                import os, signal, psycopg
+                conn = psycopg.connect(host={settings['HOST']!r}, port={int(settings['PORT'])}, user={settings['USER']!r},
+                                       password={settings['PASSWORD']!r}, dbname={settings['NAME']!r})
+                conn.execute("INSERT INTO wow_stream_context (context_name, appends) VALUES (%s, 1) "
+                             "ON CONFLICT (context_name) DO UPDATE SET appends = wow_stream_context.appends + 1",
+                             [{context!r}])
+                print("locked", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            """)
+        else:
+            code = textwrap.dedent(f"""
+                import os, signal, sqlite3
+                conn = sqlite3.connect({settings['NAME']!r}, isolation_level=None)
+                conn.execute("BEGIN IMMEDIATE")
+                print("locked", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            """)
+        writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (writer.kill(), writer.wait(10)))
+        self.assertEqual(writer.stdout.readline().strip(), "locked")
+        return writer
+
+    def test_a_hung_writer_process_makes_appends_of_its_context_fail_retryable_within_the_bound(self):
+        store = self.store(lock_timeout_s=0.5)
+        stream = make_stream(agg(), 1)
+        writer = self.hung_writer_process(stream.aggregate_id.context_name)
+        result: list = []
+
+        def append():  # a thread: before the bound existed, this waited for ever
+            try:
+                store.append(stream)
+                result.append(None)
+            except Exception as exc:
+                result.append(exc)
+            finally:
+                connections[self.alias].close()
+
+        thread = threading.Thread(target=append, daemon=True)
+        thread.start()
+        thread.join(20)
+        self.assertFalse(thread.is_alive(), "the append still waits for the hung writer's lock")
+        self.assertIsInstance(result[0], ContextLockTimeout)
+        self.assertIsInstance(result[0], RecoverableStoreError)  # the gateway retries it; HTTP 503 StoreUnavailable
+        self.assertIn("APPEND_LOCK_TIMEOUT_S", str(result[0]))
+        writer.kill()  # its transaction ends with the process: the context is free again
+        writer.wait(10)
+        store.append(stream)
+        self.assertEqual(store.load(stream.aggregate_id, 1, 1)[0].id, stream.id)
+
+    def test_the_orm_model_of_event_streams_refuses_writes_outside_the_store(self):
+        # Such a row takes no context lock: committed late, below a position a follower passed, it was never
+        # delivered and no gap was recorded. Only the event store writes the table.
+        store = self.store()
+        store.append(make_stream(agg(), 1))
+        rows = EventStreamRow.objects.using(self.alias)
+        row = stream_row(make_stream(agg(), 1))
+        attempts = {
+            "save": lambda: row.save(using=self.alias),
+            "create": lambda: rows.create(**vars_of(stream_row(make_stream(agg(), 1)))),
+            "bulk_create": lambda: rows.bulk_create([stream_row(make_stream(agg(), 1))]),
+            "update": lambda: rows.update(size=9),
+            "delete": lambda: rows.all().delete(),
+            "instance delete": lambda: rows.first().delete(),
+        }
+        for name, attempt in attempts.items():
+            with self.subTest(name), self.assertRaisesRegex(EventStreamWriteRefused, "only the event store"):
+                attempt()
+        self.assertEqual([r.size for r in rows.all()], [1])  # nothing written, nothing deleted
+        store.append(make_stream(agg(), 1))  # the store itself still writes
+        self.assertEqual(rows.count(), 2)
+
     def test_each_unique_violation_names_its_constraint(self):
         first = make_stream(agg(), 1)
-        EventStreamRow.objects.using(self.alias).create(**vars_of(stream_row(first)))
+        with store_writes():  # the table's constraints themselves, around the store
+            EventStreamRow.objects.using(self.alias).create(**vars_of(stream_row(first)))
         other = agg()
         global_first = make_stream(agg(), 1, request_id="global-req")
-        EventStreamRow.objects.using(self.alias).create(**vars_of(stream_row(global_first, request_scope="")))
+        with store_writes():
+            EventStreamRow.objects.using(self.alias).create(**vars_of(stream_row(global_first, request_scope="")))
         cases = {
             "wow_stream_agg_version_uniq": stream_row(make_stream(first.aggregate_id, 1)),
             "wow_stream_agg_request_uniq": stream_row(make_stream(first.aggregate_id, 2, request_id=first.request_id),
@@ -114,7 +201,7 @@ class DjangoBackendBehaviour:
         }
         for expected, row in cases.items():
             with self.subTest(expected), self.assertRaises(IntegrityError) as caught:
-                with transaction.atomic(using=self.alias):
+                with transaction.atomic(using=self.alias), store_writes():
                     EventStreamRow.objects.using(self.alias).create(**vars_of(row))
             self.assertEqual(violated_constraint(caught.exception, EventStreamRow), expected)
 
@@ -198,7 +285,8 @@ class DjangoBackendBehaviour:
         with self.assertRaisesRegex(SchemaConflictError, "stored in 'aggregate' mode"):
             self.store(request_id_index="global").append(make_stream(agg(), 1))
         self.store(request_id_index="global").append(make_stream(agg(name="customer"), 1))  # other types are fine
-        EventStreamRow.objects.using(self.alias).filter(aggregate_name="order").update(request_scope="")
+        with store_writes():  # what the error message's UPDATE statement does
+            EventStreamRow.objects.using(self.alias).filter(aggregate_name="order").update(request_scope="")
         store = self.store(request_id_index="global")
         with self.assertRaises(DuplicateRequestId):
             store.append(make_stream(agg(), 1, request_id="req-a"))

@@ -3,6 +3,7 @@ server when ``WOW_TEST_MONGO_URI`` is set), the django backend on SQLite and on 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import unittest
 import uuid
@@ -10,6 +11,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, transaction
 from django.test import TransactionTestCase, override_settings
 
 from sample_project.orders.aggregates import OrderLine, PlaceOrder
@@ -103,13 +105,40 @@ class OnDjango:
     available_apps = ["wow_django"]
 
     def make_event_store(self):
-        return DjangoEventStore(using=self.alias)
+        return DjangoEventStore(using=self.alias, lock_timeout_s=2.0)
 
     def make_feed(self, store, context_name):
         return DjangoStreamFeed(store, context_name)
 
     def make_follower_store(self):
         return DjangoFollowerStore(using=self.alias)
+
+    @contextlib.contextmanager
+    def hung_writer(self, stream):
+        """A writer thread appends ``stream`` in a transaction it keeps open (holding the context's lock)."""
+        appended, release, errors = threading.Event(), threading.Event(), []
+
+        def write():
+            try:
+                with transaction.atomic(using=self.alias):
+                    self.events.append(stream)
+                    appended.set()
+                    release.wait(20)
+            except Exception as exc:  # reported below
+                errors.append(exc)
+            finally:
+                appended.set()
+                connections[self.alias].close()
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        appended.wait(20)
+        try:
+            yield
+        finally:
+            release.set()
+            thread.join(20)
+        self.assertEqual(errors, [])
 
 
 class OnSQLite(OnDjango):

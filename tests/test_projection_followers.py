@@ -4,6 +4,7 @@ replay, the process's follower threads, the Celery task and the beat schedule.""
 from __future__ import annotations
 
 import threading
+import time
 from decimal import Decimal
 
 import pytest
@@ -16,7 +17,7 @@ from wow_django.application.gateway import WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus
 from wow_django.domain import event_processor, projection
-from wow_django.exceptions import DeclarationError
+from wow_django.exceptions import DeclarationError, RecoverableStoreError
 from wow_django.persistence.bus import EventQuery
 
 from .support import fresh_wow, wait_for
@@ -208,6 +209,54 @@ def test_a_duplicate_request_waits_for_the_first_requests_projection(elsewhere):
     again = place(request_id="dup-1", wait=WaitStage.PROJECTED, timeout=5)
     assert again.duplicate and again.stage is WaitStage.PROJECTED and again.aggregate_id == first.aggregate_id
     assert seen == [1]
+
+
+def test_a_projected_wait_never_holds_another_command_of_the_aggregate_past_its_timeout(elsewhere):
+    """No follower runs: a repeated request waits its 3 s for PROJECTED; another command of the same aggregate,
+    sent meanwhile by another thread (a threaded or ASGI worker) with 0.3 s, is answered within its own
+    timeout with the stage it reached (before: it waited for the repeat's whole wait, behind its lock)."""
+
+    @projection("order")
+    def record(message):
+        pass
+
+    first = place(request_id="held-1")
+    repeat = threading.Thread(target=place, kwargs={"request_id": "held-1", "wait": WaitStage.PROJECTED,
+                                                    "timeout": 3})
+    repeat.start()
+    try:
+        time.sleep(0.3)  # the repeat is waiting
+        started = time.monotonic()
+        paid = get_runtime().gateway.send(PayOrder(amount=Decimal("10.00"), payment_id="p-1"),
+                                          aggregate_id=first.aggregate_id, wait=WaitStage.PROJECTED, timeout=0.3)
+        took = time.monotonic() - started
+    finally:
+        repeat.join(10)
+    assert took < 1.5, f"held {took:.1f} s"
+    assert (paid.aggregate_version, paid.stage, paid.error_code) == (2, WaitStage.SNAPSHOT, "RequestTimeout")
+
+
+def test_projected_answers_the_stage_reached_when_the_followers_progress_cannot_be_read(elsewhere, monkeypatch):
+    """The events are stored: a store error while reading the checkpoints is no 503 (a client would send the
+    command again), it is the stage reached and why PROJECTED was not confirmed, within the timeout."""
+
+    @projection("order")
+    def record(message):
+        pass
+
+    store = get_runtime().follower_store
+
+    def unreachable(name):
+        raise RecoverableStoreError("follower store unreachable")
+
+    monkeypatch.setattr(store, "get", unreachable)
+    started = time.monotonic()
+    placed = place(request_id="unread-1", wait=WaitStage.PROJECTED, timeout=0.5)
+    assert time.monotonic() - started < 2
+    assert (placed.aggregate_version, placed.stage, placed.error_code) == (1, WaitStage.SNAPSHOT, "RequestTimeout")
+    assert "follower store unreachable" in placed.error_msg
+    again = place(request_id="unread-1", wait=WaitStage.PROJECTED, timeout=0.2)  # a repeat: the same
+    assert again.duplicate and (again.stage, again.error_code) == (WaitStage.SNAPSHOT, "RequestTimeout")
 
 
 def test_the_relay_keeps_one_bus_record_per_domain_event_through_a_replay(elsewhere):

@@ -140,14 +140,19 @@ DEFAULTS: dict[str, Any] = {
     # or failed (PENDING, SENT, RETRYING, PARTIAL, FAILED) are kept until they settle or expire.
     "BUS_RETENTION_DAYS": None,
     "BUS_EXPIRED_RETENTION_DAYS": None,
+    # The longest an append of the django backend waits for its context's lock (held by another writer
+    # until it commits): PostgreSQL's lock_timeout for the append statement, SQLite's busy timeout. Then
+    # ContextLockTimeout (retryable, HTTP 503). None: wait without limit.
+    "APPEND_LOCK_TIMEOUT_S": 5.0,
     # --- followers (wow_follow) ---------------------------------------------
     # How long a follower waits for a position missing below a visible one
     # (a late commit) before it passes it and records the gap. Backends whose
     # gaps are final (in_memory, django) never wait.
     "FOLLOWER_GAP_TIMEOUT_S": 10.0,
     # A running instance's lease on its follower; a dead instance's is taken
-    # over after it. Renewed once a third of it has passed.
-    "FOLLOWER_LEASE_S": 30.0,
+    # over after it. Renewed once a third of it has passed, and by a heartbeat
+    # while a handler runs, so it can be short: a standby takes over in seconds.
+    "FOLLOWER_LEASE_S": 6.0,
     # Streams per read: doubled while reads come back full, halved when live.
     "FOLLOWER_MIN_BATCH": 16,
     "FOLLOWER_MAX_BATCH": 1000,
@@ -320,6 +325,7 @@ VALIDATORS = {
     "BUS_RETENTION_DAYS": _optional_non_negative_num,
     "BUS_EXPIRED_RETENTION_DAYS": _optional_non_negative_num,
     "FOLLOWER_GAP_TIMEOUT_S": _non_negative_num,
+    "APPEND_LOCK_TIMEOUT_S": _optional_non_negative_num,
     "FOLLOWER_LEASE_S": _pos_num,
     "FOLLOWER_MIN_BATCH": _pos_int,
     "FOLLOWER_MAX_BATCH": _pos_int,

@@ -383,6 +383,22 @@ class LeaseLost(WowError):
         super().__init__(f"follower {name!r}: {owner!r} no longer holds the lease (held by {holder!r})")
 
 
+class ContextLockTimeout(RecoverableStoreError):
+    """An append waited ``WOW['APPEND_LOCK_TIMEOUT_S']`` for its context's lock, held by another writer's open
+    transaction (a hung process, a long ``ATOMIC_REQUESTS`` request): nothing stored; retry with the same
+    request id (HTTP 503 ``StoreUnavailable``)."""
+
+
+class CheckpointFenced(WowError):
+    """A checkpoint write of a batch read before an operator's rewind, pause or skip: refused, nothing changed."""
+
+    def __init__(self, name: str, generation: int, stored: int | None):
+        self.name, self.generation, self.stored = name, generation, stored
+        super().__init__(f"follower {name!r} was rewound, paused or skipped while a batch was in flight "
+                         f"(generation {generation} → {stored}): its checkpoint is not written, the next "
+                         "batch reads from the stored position")
+
+
 class UnknownFollower(WowError, LookupError):
     """No state is stored for a follower of that name."""
 

@@ -68,7 +68,7 @@ from wow_django.backends.django.errors import is_recoverable
 from wow_django.conf import wow_settings
 from wow_django.domain import registry as domain_registry
 from wow_django.domain.registry import Current, EventHandler, check_name
-from wow_django.exceptions import LeaseLost, RecoverableStoreError
+from wow_django.exceptions import CheckpointFenced, LeaseLost, RecoverableStoreError
 from wow_django.persistence.followers import (
     AppendNotifier,
     FollowerStore,
@@ -82,6 +82,10 @@ logger = logging.getLogger(__name__)
 
 #: The first wait of a live follower, doubled up to ``WOW['FOLLOWER_MAX_WAIT_S']``.
 MIN_WAIT_S = 0.01
+
+#: Leases lost in a row at one position before the follower stops there (``LeaseStalled``) instead of
+#: handing the same streams again and again.
+STALL_LOSSES = 3
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,11 @@ class FollowerRunner:
         self._seen: dict[int, datetime] = {}  # missing position → when first seen missing
         self._wake = threading.Event()
         self._finishing = False
+        self._generation: int | None = None  # of the state the current batch was read from
+        self._fenced = threading.Event()  # the heartbeat saw a rewind or pause: end the batch
+        self._batch_started = self.clock()
+        self._losses: tuple[int, int | None, PositionedStream | None] = (0, None, None)
+        self._interrupted = False
 
     @property
     def name(self) -> str:
@@ -310,9 +319,10 @@ class FollowerRunner:
     def run_once(self) -> Cycle:
         """Hold the lease, read one batch, hand it to the handler and checkpoint it; what happened.
 
-        A ``LeaseLost`` on the checkpoint is a cycle without the lease; an
-        exception of :meth:`checkpoint` propagates (the batch will be handed
-        again).
+        A ``LeaseLost`` on the checkpoint is a cycle without the lease; a
+        ``CheckpointFenced`` one (an operator rewound, paused or skipped
+        meanwhile) a cycle that changed nothing; an exception of
+        :meth:`checkpoint` propagates (the batch will be handed again).
         """
         now = self.clock()
         if not self._lease(now):
@@ -321,8 +331,13 @@ class FollowerRunner:
         if state is None:  # deleted under us: take it again next cycle
             self._lease_until = None
             return Cycle()
+        if state.poison is None and self._stalled(state):
+            return Cycle(leader=True, stopped=True, position=state.position)
         if state.paused or state.poison is not None:
             return Cycle(leader=True, stopped=True, position=state.position)
+        self._generation = state.generation
+        if not self._interrupted:
+            self._fenced.clear()
         batch = self.batch
         streams = self.feed.read(state.position, batch)
         full = len(streams) == batch
@@ -331,14 +346,18 @@ class FollowerRunner:
         if not passable:
             return Cycle(leader=True, read=len(streams), full=full, position=state.position, held=held)
         _check_connections()
+        self._batch_started = self.clock()
         try:
-            if self.follower.transactional:
-                with transaction.atomic(using=self.store.database_alias):
-                    handled, failure, upto = self._handle(passable, savepoints=True)
+            with _Heartbeat(self):
+                if self.follower.transactional:
+                    with transaction.atomic(using=self.store.database_alias):
+                        handled, failure, upto = self._handle(passable, gaps, savepoints=True)
+                        self._renew()
+                        self.checkpoint(upto, tuple(g for g in gaps if g.last < upto))
+                else:
+                    handled, failure, upto = self._handle(passable, gaps, savepoints=False)
+                    self._renew()
                     self.checkpoint(upto, tuple(g for g in gaps if g.last < upto))
-            else:
-                handled, failure, upto = self._handle(passable, savepoints=False)
-                self.checkpoint(upto, tuple(g for g in gaps if g.last < upto))
             if failure is not None:
                 item, exc = failure
                 agg = item.stream.aggregate_id
@@ -347,26 +366,76 @@ class FollowerRunner:
                              agg.aggregate_name, agg.id, error)
                 self.store.set_poison(self.name, self.owner, PoisonEvent(
                     position=item.position, stream_id=item.stream.id, aggregate=f"{agg.aggregate_name}/{agg.id}",
-                    error=error, at=self.clock()), now=self.clock())
+                    error=error, at=self.clock()), now=self.clock(), generation=self._generation)
             progress.notify()
+        except CheckpointFenced as exc:
+            logger.warning("%s", exc)
+            self._seen.clear()
+            return Cycle(leader=True, read=len(streams), full=True, position=state.position)  # read on at once
         except LeaseLost as exc:
             logger.warning("%s", exc)
             self._lease_until = None
+            self._lost(state.position, passable[0])
             return Cycle(read=len(streams), full=full)
+        self._losses = (0, None, None)
         for position in [p for p in self._seen if p <= upto]:
             del self._seen[position]
-        return Cycle(leader=True, read=len(streams), full=full and failure is None, handled=handled, position=upto,
-                     held=held, failed=failure is not None)
+        if len(passable) > 1 and (self.clock() - self._batch_started).total_seconds() >= self.lease_s / 2:
+            self.batch = 1  # a slow batch: hand the next streams one at a time (each checkpointed)
+        return Cycle(leader=True, read=len(streams), full=(full or upto < passable[-1].position) and failure is None,
+                     handled=handled, position=upto, held=held, failed=failure is not None)
 
-    def _handle(self, items: list[PositionedStream], *, savepoints: bool):
-        """Hand ``items`` to the handler; (how many were handled, (item, error) of a failure, checkpoint)."""
+    def _renew(self) -> None:
+        """Renew the lease now (the heartbeat, and right before a checkpoint); a lost one shows at the write."""
+        now = self.clock()
+        if self.store.acquire(self.name, self.owner, self.lease_s, now=now):
+            self._lease_until = now + timedelta(seconds=self.lease_s)
+
+    def _lost(self, position: int, item: PositionedStream) -> None:
+        """Count the leases lost in a row at ``position`` (see :meth:`_stalled`)."""
+        count, at, _ = self._losses
+        self._losses = (count + 1 if at == position else 1, position, item)
+
+    def _stalled(self, state) -> bool:
+        """After :data:`STALL_LOSSES` leases lost in a row at the same position, stop there as on a poison
+        event (status and console show why) instead of handing the same streams again and again."""
+        count, at, item = self._losses
+        if count < STALL_LOSSES or at != state.position or item is None:
+            return False
+        agg = item.stream.aggregate_id
+        error = (f"LeaseStalled: the lease was lost {count} times in a row while handling the batch from "
+                 f"position {item.position}: the handler outlives FOLLOWER_LEASE_S ({self.lease_s}s) although the "
+                 "heartbeat renews it (a blocked process, an overloaded database?); retry once fixed")
+        logger.error("follower %r: %s", self.name, error)
+        try:
+            self.store.set_poison(self.name, self.owner, PoisonEvent(
+                position=item.position, stream_id=item.stream.id, aggregate=f"{agg.aggregate_name}/{agg.id}",
+                error=error, at=self.clock()), now=self.clock(), generation=state.generation)
+        except (LeaseLost, CheckpointFenced):
+            return False
+        self._losses = (0, None, None)
+        return True
+
+    def _handle(self, items: list[PositionedStream], gaps: list[Gap] | tuple[Gap, ...] = (), *, savepoints: bool):
+        """Hand ``items`` to the handler; (how many were handled, (item, error) of a failure, checkpoint).
+
+        Once the batch has run for half the lease it is checkpointed stream by stream (a transactional
+        one, whose checkpoint commits with the handler's writes, ends there instead); an operator's
+        rewind or pause seen by the heartbeat ends it at once.
+        """
         handled = 0
         upto = items[0].position - 1
         for item in items:
+            if self._fenced.is_set():
+                return handled, None, upto  # its checkpoint will be refused: hand nothing more
             # A long batch renews the lease as it goes (it would expire under a slow handler, and the batch,
             # never checkpointed, would be handed again and again); lost: stop, the checkpoint refuses.
             if not self._lease(self.clock()):
                 return handled, None, upto
+            if upto >= items[0].position and self._slow():
+                if savepoints:
+                    return handled, None, upto
+                self.checkpoint(upto, tuple(g for g in gaps if g.last < upto))
             upto = item.position
             if not self.follower.matches(item):
                 continue
@@ -383,9 +452,14 @@ class FollowerRunner:
             handled += 1
         return handled, None, items[-1].position
 
+    def _slow(self) -> bool:
+        """Whether the current batch has run for half the lease."""
+        return (self.clock() - self._batch_started).total_seconds() >= self.lease_s / 2
+
     def checkpoint(self, position: int, gaps: tuple[Gap, ...]) -> None:
-        """Record that everything up to ``position`` is handled (a test overrides it to simulate a crash)."""
-        self.store.advance(self.name, self.owner, position, now=self.clock(), gaps=gaps)
+        """Record that everything up to ``position`` is handled (a test overrides it to simulate a crash);
+        fenced with the generation the batch was read in."""
+        self.store.advance(self.name, self.owner, position, now=self.clock(), gaps=gaps, generation=self._generation)
 
     # --- running ---------------------------------------------------------------------------------------
 
@@ -393,6 +467,13 @@ class FollowerRunner:
         """Run on until caught up (as ``until_caught_up``), then return: a process leaving hands over a
         follower with nothing of its own appends left behind."""
         self._finishing = True
+        self.wake()
+
+    def interrupt(self) -> None:
+        """End the current batch after the stream being handled (its handled streams are checkpointed):
+        a process leaving on SIGTERM gives its lease up within one stream, not one batch."""
+        self._interrupted = True
+        self._fenced.set()
         self.wake()
 
     def wake(self) -> None:
@@ -457,13 +538,46 @@ class FollowerRunner:
         return cycle
 
     def close(self) -> None:
-        """Give the lease up (another instance may take over at once)."""
-        if self._lease_until is not None:
-            self._lease_until = None
-            try:
-                self.store.release(self.name, self.owner)
-            except Exception:  # leaving anyway: the lease will expire
-                logger.exception("follower %r: releasing the lease failed", self.name)
+        """Give the lease up if this instance holds it, whatever it believes (another instance may take
+        over at once)."""
+        self._lease_until = None
+        try:
+            self.store.release(self.name, self.owner)
+        except Exception:  # leaving anyway: the lease will expire
+            logger.exception("follower %r: releasing the lease failed", self.name)
+
+
+class _Heartbeat:
+    """Renews a runner's lease every third of it while a batch is handled (a handler slower than the lease
+    keeps it), and ends the batch early when an operator rewound or paused the follower meanwhile."""
+
+    def __init__(self, runner: FollowerRunner):
+        self.runner = runner
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread = threading.Thread(target=self._beat, name=f"wow-heartbeat-{self.runner.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(1.0)  # a beat stuck on the database ends by itself; it changes only the lease
+
+    def _beat(self) -> None:
+        runner = self.runner
+        try:
+            while not self._stop.wait(runner.lease_s / 3):
+                try:
+                    runner._renew()
+                    state = runner.store.get(runner.name)
+                    if state is None or state.paused or state.generation != runner._generation:
+                        runner._fenced.set()
+                except Exception:  # the checkpoint's own renewal and lease check decide
+                    logger.warning("follower %r: renewing the lease failed", runner.name, exc_info=True)
+        finally:
+            connections.close_all()
 
 
 def _release_connections() -> None:
@@ -650,6 +764,8 @@ class Progress:
     done: bool
     errors: tuple[str, ...] = ()
     pending: tuple[str, ...] = ()
+    #: The store's last error when the checkpoints could not be read (the wait went on until its timeout).
+    unread: str = ""
 
 
 class ProjectionWaiter:
@@ -659,7 +775,10 @@ class ProjectionWaiter:
     from the follower store, re-read at once when a runner of this process
     moves one (:data:`progress`), else after a short backoff (2 ms doubling
     to 50 ms). A projection stopped on a poison event at or before the
-    position is reported as an error instead of being waited for.
+    position is reported as an error instead of being waited for. A store
+    error while reading them is read again until the timeout, then reported
+    in :attr:`Progress.unread`: the command's events are stored, so its
+    caller gets the stage they reached, not the store's error.
     """
 
     def __init__(self, feed: Callable[[], StreamFeed], store: Callable[[], FollowerStore]):
@@ -675,29 +794,39 @@ class ProjectionWaiter:
         position = None
         backoff = 0.002
         pending: list[str] = list(names)
+        unread = ""
         while True:
             seen = progress.count
-            if position is None:
-                position = self._feed().position_of(agg.aggregate_name, agg.id, stream.version)
-            if position is not None:
-                errors: list[str] = []
-                pending = []
-                for name in names:
-                    state = self._store().get(name)
-                    if state is not None and state.position >= position:
-                        continue
-                    if state is not None and state.poison is not None and state.poison.position <= position:
-                        errors.append(f"projection {name!r} is stopped on position {state.poison.position} "
-                                      f"({state.poison.aggregate}): {state.poison.error}")
-                        continue
-                    pending.append(name)
-                if not pending:
-                    return Progress(True, tuple(errors))
+            try:
+                if position is None:
+                    position = self._feed().position_of(agg.aggregate_name, agg.id, stream.version)
+                if position is not None:
+                    errors, pending = self._passed(names, position)
+                    if not pending:
+                        return Progress(True, tuple(errors))
+                unread = ""
+            except RecoverableStoreError as exc:
+                unread = str(exc)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return Progress(False, (), tuple(pending))
+                return Progress(False, (), tuple(pending), unread)
             progress.wait(seen, min(remaining, backoff))
             backoff = min(backoff * 2, 0.05)
+
+    def _passed(self, names: list[str], position: int) -> tuple[list[str], list[str]]:
+        """(the errors of projections stopped at or before ``position``, the names still short of it)."""
+        errors: list[str] = []
+        pending: list[str] = []
+        for name in names:
+            state = self._store().get(name)
+            if state is not None and state.position >= position:
+                continue
+            if state is not None and state.poison is not None and state.poison.position <= position:
+                errors.append(f"projection {name!r} is stopped on position {state.poison.position} "
+                              f"({state.poison.aggregate}): {state.poison.error}")
+                continue
+            pending.append(name)
+        return errors, pending
 
 
 class InlineProjectionWaiter(ProjectionWaiter):

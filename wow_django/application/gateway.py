@@ -528,6 +528,12 @@ class CommandGateway:
 
     def _stored(self, message: CommandMessage, wait: WaitStage, timeout: float | None = None) -> CommandResult | None:
         """The result of this request if its events are already stored (by an earlier request or attempt)."""
+        found = self._find_stored(message)
+        return None if found is None else self._answer_stored(found, wait, timeout)
+
+    def _find_stored(self, message: CommandMessage) -> tuple[CommandMessage, EventStream, bool] | None:
+        """This request's stored events, if any: (the message with the first request's command id, the stream,
+        whether it is a repeat); ``RequestIdReused`` when the request id names another command or body."""
         key = AggregateId(message.aggregate_name, message.aggregate_id, self.context_name, message.tenant_id)
         original = self.event_store.get_by_request_id(key, message.request_id)
         if original is None or original.aggregate_id.tenant_id != message.tenant_id:
@@ -543,9 +549,15 @@ class CommandGateway:
                 "Send this command with a new request id.")
         # Our own earlier attempt (same command id) is this command's first result, not a repeat.
         duplicate = original.command_id != message.command_id
-        names = [e.name for e in original.body]
         # The first request's result, its command id included: a repeat is the same command, answered again.
-        message = dataclasses.replace(message, command_id=original.command_id)
+        return dataclasses.replace(message, command_id=original.command_id), original, duplicate
+
+    def _answer_stored(self, found: tuple[CommandMessage, EventStream, bool], wait: WaitStage,
+                       timeout: float | None) -> CommandResult:
+        """The stored request's result; for PROJECTED after waiting for its projections (never under the
+        aggregate's lock: another command of the aggregate is not held behind this wait)."""
+        message, original, duplicate = found
+        names = [e.name for e in original.body]
         if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
             # The first request's projections may not have run yet (its process died after the append).
             limit = self.wait_timeout_s if timeout is None else timeout
@@ -584,14 +596,14 @@ class CommandGateway:
                 # dispatch-submit; other processes are kept apart by the
                 # version index and retried below.
                 with lock:
-                    if message.request_id_given or carried:
-                        stored = self._stored(message, wait, timeout)
-                        if stored is not None:
-                            return stored
-                    # What is left of the command's storage time (never 0: to pymongo, that is no limit).
-                    left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-                    with self.event_store.deadline(left):
-                        stream, tracker = self._attempt(cls, command, message, ctx)
+                    found = self._find_stored(message) if message.request_id_given or carried else None
+                    if found is None:
+                        # What is left of the command's storage time (never 0: to pymongo, that is no limit).
+                        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                        with self.event_store.deadline(left):
+                            stream, tracker = self._attempt(cls, command, message, ctx)
+                if found is not None:
+                    return self._answer_stored(found, wait, timeout)
                 break
             except (DuplicateRequestId, DuplicateAggregateId):
                 stored = self._stored(message, wait, timeout)
@@ -745,9 +757,11 @@ class CommandGateway:
 
 def _timeout_error(progress: Progress, limit: float) -> dict:
     pending = ", ".join(progress.pending)
+    unread = f"; their checkpoints could not be read: {progress.unread}" if progress.unread else ""
     return {"error_code": "RequestTimeout",
             "error_msg": f"appended, but PROJECTED did not finish within {limit}s (waiting for the "
-                         f"projection follower(s) {pending}; is a follower running? see manage.py wow_followers)"}
+                         f"projection follower(s) {pending}{unread}; is a follower running? see manage.py "
+                         "wow_followers)"}
 
 
 def _rank(stage: WaitStage) -> int:

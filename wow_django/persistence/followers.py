@@ -31,7 +31,11 @@ instance takes over), pause, rewind, its poison event (the error that stopped
 it), the gaps it skipped and the audit of skipped poison events. Every write
 that moves a follower forward is conditional on the caller holding the lease:
 a stale instance whose lease was taken over raises :class:`LeaseLost` and
-changes nothing.
+changes nothing. Every operator's move (rewind, pause, resume, skip) bumps
+the follower's **generation**; a checkpoint or poison write names the
+generation its batch was read in and is refused (:class:`CheckpointFenced`,
+changing nothing) once it changed, so a batch in flight never undoes a
+rewind nor moves a paused follower.
 
 Times are aware UTC datetimes; positions are ints ≥ 1 (0 means "before the
 first stream").
@@ -45,7 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.exceptions import CheckpointFenced, LeaseLost, UnknownFollower
 from wow_django.persistence.contracts import from_micros, to_micros
 from wow_django.persistence.records import EventStream
 
@@ -94,6 +98,8 @@ class FollowerState:
     gaps_skipped: int = 0
     last_gap: Gap | None = None
     extra: dict = field(default_factory=dict)
+    #: Bumped by every rewind, pause, resume and skip: what a checkpoint write is fenced with.
+    generation: int = 0
 
 
 def check_read_args(after: int, limit: int) -> None:
@@ -255,17 +261,22 @@ class FollowerStore(ABC):
         """Give the lease up if ``owner`` holds it (another instance may take over at once)."""
 
     @abstractmethod
-    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = ()) -> None:
+    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = (),
+                generation: int | None = None) -> None:
         """Move the checkpoint forward to ``position`` and record ``gaps`` skipped on the way.
 
         Raises :class:`LeaseLost` (changing nothing) unless ``owner`` holds an
-        unexpired lease. Never moves backwards: a ``position`` ≤ the stored one
-        changes nothing but the gaps.
+        unexpired lease, and :class:`CheckpointFenced` (changing nothing) when
+        ``generation`` is given and is no longer the stored one (a rewind, a
+        pause since the batch was read). Never moves backwards: a ``position``
+        ≤ the stored one changes nothing but the gaps.
         """
 
     @abstractmethod
-    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
-        """Record (or clear, with None) the event the follower stopped on. :class:`LeaseLost` as :meth:`advance`.
+    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None,
+                   generation: int | None = None) -> None:
+        """Record (or clear, with None) the event the follower stopped on. :class:`LeaseLost` and
+        :class:`CheckpointFenced` as :meth:`advance`.
 
         The lease is checked at ``now``; None means ``poison.at`` (or the real now when clearing):
         see :func:`poison_time`.
@@ -273,11 +284,13 @@ class FollowerStore(ABC):
 
     @abstractmethod
     def set_paused(self, name: str, paused: bool) -> None:
-        """Pause or resume: a paused follower's instances hold no batch (they keep waiting). :class:`UnknownFollower`."""
+        """Pause or resume: a paused follower's instances hold no batch (they keep waiting); bumps the
+        generation, so the checkpoint of a batch in flight is refused. :class:`UnknownFollower`."""
 
     @abstractmethod
     def rewind(self, name: str, position: int, *, now: datetime) -> None:
-        """Set the checkpoint to ``position`` (backwards or forwards) and clear the poison event.
+        """Set the checkpoint to ``position`` (backwards or forwards), clear the poison event and bump the
+        generation (a batch in flight cannot checkpoint over the rewind).
 
         Whoever holds the lease keeps it; its next batch reads from the new
         position. :class:`UnknownFollower` when the follower never ran.
@@ -285,7 +298,8 @@ class FollowerStore(ABC):
 
     @abstractmethod
     def skip_poison(self, name: str, *, by: str, reason: str, now: datetime) -> PoisonEvent:
-        """Pass the poison event: the checkpoint moves to its position, an audit record keeps who, why and what.
+        """Pass the poison event: the checkpoint moves to its position, an audit record keeps who, why and
+        what; bumps the generation.
 
         Raises :class:`UnknownFollower`, or ``ValueError`` when the follower is
         not stopped on a poison event.
@@ -300,6 +314,6 @@ class FollowerStore(ABC):
         """Release resources (connections, threads); the default has none."""
 
 
-__all__ = ["AppendNotifier", "FollowerState", "FollowerStore", "Gap", "LeaseLost", "PoisonEvent", "PositionedStream", "StreamFeed",
+__all__ = ["AppendNotifier", "CheckpointFenced", "FollowerState", "FollowerStore", "Gap", "LeaseLost", "PoisonEvent", "PositionedStream", "StreamFeed",
            "UnknownFollower", "check_position", "check_read_args", "from_micros", "gap_from_json", "gap_to_json",
            "poison_from_json", "poison_time", "poison_to_json", "to_micros"]

@@ -13,13 +13,15 @@ import contextlib
 import threading
 from collections.abc import Sequence
 
-from django.db import DataError, IntegrityError, transaction
+from django.db import DataError, IntegrityError, OperationalError, transaction
 
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow, StreamContextRow
+from wow_django.conf import wow_settings
 from wow_django.domain.values import loads
 from wow_django.exceptions import (
+    ContextLockTimeout,
     DuplicateAggregateId,
     DuplicateEventStreamId,
     DuplicateRequestId,
@@ -116,6 +118,14 @@ def _streams_of(aggregate_id: AggregateId, found: list[tuple]) -> list[EventStre
     return streams
 
 
+def _lock_waited(exc: OperationalError) -> bool:
+    """Whether ``exc`` is a lock wait that ran out (PostgreSQL 55P03 lock_not_available, SQLite busy/locked)."""
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) == "55P03":
+        return True
+    return type(cause).__module__.startswith("sqlite3") and "locked" in str(exc).lower()
+
+
 class DjangoEventStore(EventStore):
     """Event streams of every aggregate type in ``wow_event_stream`` of database ``using``.
 
@@ -126,7 +136,10 @@ class DjangoEventStore(EventStore):
     #: Whether :meth:`append_many` may use one statement per chunk (tests turn it off to check the other way).
     one_statement = True
 
-    def __init__(self, using: str = "default", *, request_id_index: str = "aggregate"):
+    def __init__(self, using: str = "default", *, request_id_index: str = "aggregate",
+                 lock_timeout_s: float | None | object = ...):
+        #: How long an append waits for its context's lock; ``...``: ``WOW['APPEND_LOCK_TIMEOUT_S']`` at each append.
+        self.lock_timeout_s = lock_timeout_s
         if request_id_index not in ("aggregate", "global"):
             raise ValueError(f"request_id_index must be 'aggregate' or 'global', got {request_id_index!r}")
         connection = prepare_database(using)
@@ -217,13 +230,60 @@ class DjangoEventStore(EventStore):
             with store_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
                 # Inside the caller's transaction a savepoint keeps a conflict from breaking it.
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
-                with sqlite_writer(connection), atomic, connection.cursor() as cursor:
+                with sqlite_writer(connection), self._bounded(connection, atomic) as cursor:
                     cursor.execute(*self._locked([stream], values))
         except IntegrityError as exc:
             raise self._conflict(connection, stream, exc) from exc
         except DataError as exc:
             raise EventStoreError(f"event stream {stream.id!r} cannot be stored: {exc}") from exc
         self._appended(connection)
+
+    def _timeout(self) -> float | None:
+        return wow_settings.APPEND_LOCK_TIMEOUT_S if self.lock_timeout_s is ... else self.lock_timeout_s
+
+    @contextlib.contextmanager
+    def _bounded(self, connection, atomic):
+        """A cursor inside ``atomic`` whose statements wait at most :meth:`_timeout` for the context's lock.
+
+        PostgreSQL: ``lock_timeout`` set for this transaction only (outside a caller's transaction the
+        append becomes a transaction of its own; inside one, the previous value is put back); SQLite: the
+        connection's busy timeout, put back afterwards. Waiting longer raises :class:`ContextLockTimeout`.
+        """
+        timeout = self._timeout()
+        if timeout is None or connection.vendor not in ("postgresql", "sqlite"):
+            with atomic, connection.cursor() as cursor:
+                yield cursor
+            return
+        millis = max(1, round(timeout * 1000))
+        try:
+            if connection.vendor == "postgresql":
+                own = not connection.in_atomic_block
+                with (transaction.atomic(using=self.using) if own else atomic), connection.cursor() as cursor:
+                    cursor.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                                   [f"{millis}ms"])
+                    previous = cursor.fetchone()[0]
+                    yield cursor
+                    if not own:
+                        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+            else:
+                with atomic, connection.cursor() as cursor:
+                    connection.ensure_connection()
+                    raw = connection.connection
+                    previous = raw.execute("PRAGMA busy_timeout").fetchone()[0]
+                    raw.execute(f"PRAGMA busy_timeout = {int(millis)}")
+                    try:
+                        yield cursor
+                    finally:
+                        raw.execute(f"PRAGMA busy_timeout = {int(previous)}")
+        except OperationalError as exc:
+            if not _lock_waited(exc):
+                raise
+            raise ContextLockTimeout(
+                f"an append waited {timeout}s for its context's lock on database {self.using!r} "
+                f"({type(exc.__cause__ or exc).__name__}: {str(exc).strip()}): another writer "
+                "holds it in a transaction that has not committed (a hung process, a long ATOMIC_REQUESTS "
+                "request). Nothing was stored; retry with the same request id. "
+                "WOW['APPEND_LOCK_TIMEOUT_S'] sets the wait.") from exc
 
     def _locked(self, streams: Sequence[EventStream], params: list, suffix: str = "") -> tuple[str, list]:
         """The insert of ``streams`` (``params``: their rows' values) with ``suffix``, and its parameters.
@@ -303,7 +363,7 @@ class DjangoEventStore(EventStore):
         try:
             with store_errors(connection, f"appending {len(rows)} event streams"):
                 atomic = transaction.atomic(using=self.using) if connection.in_atomic_block else contextlib.nullcontext()
-                with sqlite_writer(connection), atomic, connection.cursor() as cursor:
+                with sqlite_writer(connection), self._bounded(connection, atomic) as cursor:
                     cursor.execute(sql, params)
                     stored = cursor.fetchall()
             if stored:

@@ -26,7 +26,7 @@ from wow_django.backends.django.connection import database, prepare_database, sq
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.event_store import DjangoEventStore, _decode_json
 from wow_django.backends.django.models import EventStreamRow, FollowerGapRow, FollowerRow, FollowerSkipRow
-from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.exceptions import CheckpointFenced, LeaseLost, UnknownFollower
 from wow_django.persistence.followers import (
     FollowerState,
     FollowerStore,
@@ -135,7 +135,7 @@ def _state(row: FollowerRow) -> FollowerState:
         lease_until=from_micros(row.lease_until) if row.lease_until is not None else None,
         poison=poison_from_json(row.poison), gaps_skipped=row.gaps_skipped,
         last_gap=gap_from_json(gap),
-        extra=row.extra or {},
+        extra=row.extra or {}, generation=row.generation,
     )
 
 
@@ -151,7 +151,7 @@ class DjangoFollowerStore(FollowerStore):
         self._acquire_sql = (
             f"INSERT INTO {table} ({column['name']}, {column['position']}, {column['updated_at']}, "
             f"{column['paused']}, {column['lease_owner']}, {column['lease_until']}, {column['gaps_skipped']}, "
-            f"{column['extra']}) VALUES (%s, 0, %s, %s, %s, %s, 0, %s) "
+            f"{column['extra']}, {column['generation']}) VALUES (%s, 0, %s, %s, %s, %s, 0, %s, 0) "
             f"ON CONFLICT ({column['name']}) DO UPDATE SET {column['lease_owner']} = excluded.{column['lease_owner']}, "
             f"{column['lease_until']} = excluded.{column['lease_until']} "
             f"WHERE {table}.{column['lease_owner']} IS NULL OR {table}.{column['lease_owner']} = %s "
@@ -191,13 +191,20 @@ class DjangoFollowerStore(FollowerStore):
         with self._write(f"releasing the lease of follower {name!r}"):
             self._rows().filter(name=name, lease_owner=owner).update(lease_owner=None, lease_until=None)
 
-    def _holder(self, name: str) -> str | None:
-        return self._rows().filter(name=name).values_list("lease_owner", flat=True).first()
+    def _leased(self, name: str, owner: str, now: datetime, generation: int | None = None):
+        rows = self._rows().filter(name=name, lease_owner=owner, lease_until__gt=to_micros(now))
+        return rows if generation is None else rows.filter(generation=generation)
 
-    def _leased(self, name: str, owner: str, now: datetime):
-        return self._rows().filter(name=name, lease_owner=owner, lease_until__gt=to_micros(now))
+    def _refused(self, name: str, owner: str, now: datetime, generation: int | None) -> Exception:
+        """Why a write under the lease changed no row: the generation moved, or the lease is not ``owner``'s."""
+        row = self._rows().filter(name=name).values_list("lease_owner", "lease_until", "generation").first()
+        if row is not None and generation is not None and row[2] != generation and row[0] == owner \
+                and row[1] is not None and row[1] > to_micros(now):
+            return CheckpointFenced(name, generation, row[2])
+        return LeaseLost(name, owner, row[0] if row is not None else None)
 
-    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = ()) -> None:
+    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = (),
+                generation: int | None = None) -> None:
         check_position(position)
         micros = to_micros(now)
         big = BigIntegerField()
@@ -212,29 +219,31 @@ class DjangoFollowerStore(FollowerStore):
             changes["last_gap"] = gap_to_json(gaps[-1])
         with self._write(f"advancing follower {name!r} to {position}"):
             with transaction.atomic(using=self.using):
-                if not self._leased(name, owner, now).update(**changes):
-                    raise LeaseLost(name, owner, self._holder(name))
+                if not self._leased(name, owner, now, generation).update(**changes):
+                    raise self._refused(name, owner, now, generation)
                 if gaps:
                     FollowerGapRow.objects.using(self.using).bulk_create([
                         FollowerGapRow(follower=name, first=g.first, last=g.last, seen_at=to_micros(g.seen_at),
                                        skipped_at=to_micros(g.skipped_at)) for g in gaps])
 
-    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
+    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None,
+                   generation: int | None = None) -> None:
         now = poison_time(poison, now)
         with self._write(f"setting the poison event of follower {name!r}"):
-            if not self._leased(name, owner, now).update(poison=poison_to_json(poison) if poison else None):
-                raise LeaseLost(name, owner, self._holder(name))
+            if not self._leased(name, owner, now, generation).update(
+                    poison=poison_to_json(poison) if poison else None):
+                raise self._refused(name, owner, now, generation)
 
     def set_paused(self, name: str, paused: bool) -> None:
         with self._write(f"pausing follower {name!r}"):
-            if not self._rows().filter(name=name).update(paused=bool(paused)):
+            if not self._rows().filter(name=name).update(paused=bool(paused), generation=F("generation") + 1):
                 raise UnknownFollower(name)
 
     def rewind(self, name: str, position: int, *, now: datetime) -> None:
         check_position(position)
         with self._write(f"rewinding follower {name!r} to {position}"):
-            if not self._rows().filter(name=name).update(position=position, poison=None,
-                                                          updated_at=to_micros(now)):
+            if not self._rows().filter(name=name).update(position=position, poison=None, updated_at=to_micros(now),
+                                                          generation=F("generation") + 1):
                 raise UnknownFollower(name)
 
     def skip_poison(self, name: str, *, by: str, reason: str, now: datetime) -> PoisonEvent:
@@ -247,7 +256,7 @@ class DjangoFollowerStore(FollowerStore):
                 if poison is None:
                     raise ValueError(f"follower {name!r} is not stopped on a poison event")
                 self._rows().filter(name=name).update(position=max(row.position, poison.position), poison=None,
-                                                      updated_at=to_micros(now))
+                                                      updated_at=to_micros(now), generation=F("generation") + 1)
                 FollowerSkipRow.objects.using(self.using).create(
                     follower=name, position=poison.position, stream_id=poison.stream_id, aggregate=poison.aggregate,
                     error=poison.error, by=by, reason=reason, at=to_micros(now))

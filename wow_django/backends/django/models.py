@@ -68,7 +68,10 @@ Decimals are JSON numbers with their exact digits, read back as ``Decimal``
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from decimal import Decimal
 
 from django.db import models
@@ -110,8 +113,67 @@ def _json(*, exact: bool = False, **options) -> models.JSONField:
     return models.JSONField(encoder=CanonicalJSONEncoder, **options)
 
 
+_store_writes = threading.local()
+
+
+class EventStreamWriteRefused(RuntimeError):
+    """A write of ``wow_event_stream`` outside the event store (see :class:`EventStreamRow`)."""
+
+
+@contextlib.contextmanager
+def store_writes() -> Iterator[None]:
+    """Lift :class:`EventStreamRow`'s write guard in this thread: for the event store's own code and tests of
+    the table's constraints only. A row written here takes no context lock: followers may never see it."""
+    depth = getattr(_store_writes, "depth", 0)
+    _store_writes.depth = depth + 1
+    try:
+        yield
+    finally:
+        _store_writes.depth = depth
+
+
+def _refuse_outside_the_store(what: str) -> None:
+    if not getattr(_store_writes, "depth", 0):
+        raise EventStreamWriteRefused(
+            f"{what} of wow_event_stream through the ORM is refused: only the event store writes event streams "
+            "(gateway.send, or get_runtime().event_store.append). Its appends lock their context so that "
+            "positions follow commit order; a row written around it takes no lock, and a follower that already "
+            "passed its position never sees it.")
+
+
+class EventStreamQuerySet(models.QuerySet):
+    """Reads as usual; every write refused outside :func:`store_writes`."""
+
+    def create(self, **kwargs):
+        _refuse_outside_the_store("create()")
+        return super().create(**kwargs)
+
+    def bulk_create(self, *args, **kwargs):
+        _refuse_outside_the_store("bulk_create()")
+        return super().bulk_create(*args, **kwargs)
+
+    def bulk_update(self, *args, **kwargs):
+        _refuse_outside_the_store("bulk_update()")
+        return super().bulk_update(*args, **kwargs)
+
+    def update(self, **kwargs):
+        _refuse_outside_the_store("update()")
+        return super().update(**kwargs)
+
+    def delete(self):
+        _refuse_outside_the_store("delete()")
+        return super().delete()
+
+
 class EventStreamRow(models.Model):
-    """One event stream (the events one command produced for one aggregate at one version)."""
+    """One event stream (the events one command produced for one aggregate at one version).
+
+    Read-only through the ORM: ``save()``, ``delete()`` and the queryset's ``create``, ``bulk_create``,
+    ``update``, ``bulk_update`` and ``delete`` raise :class:`EventStreamWriteRefused` — the event store
+    (raw statements that lock the context first) is the only writer.
+    """
+
+    objects = EventStreamQuerySet.as_manager()
 
     position = models.BigAutoField(primary_key=True)
     stream_id = CodePointTextField()
@@ -129,6 +191,14 @@ class EventStreamRow(models.Model):
     body = _json(exact=True)  # [{id, name, revision, bodyType, body}, ...]
     size = models.IntegerField()
     create_time = models.BigIntegerField()  # epoch milliseconds
+
+    def save(self, *args, **kwargs):
+        _refuse_outside_the_store("save()")
+        return super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        _refuse_outside_the_store("delete()")
+        return super().delete(*args, **kwargs)
 
     class Meta:
         app_label = "wow_django"
@@ -236,6 +306,8 @@ class FollowerRow(models.Model):
     gaps_skipped = models.BigIntegerField(default=0)
     last_gap = _json(null=True, blank=True)  # {first, last, seenAt, skippedAt}
     extra = _json(default=dict)
+    # Bumped by rewind, pause, resume and skip; checkpoint writes must name it (FollowerStore.advance).
+    generation = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         app_label = "wow_django"

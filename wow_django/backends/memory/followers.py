@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from wow_django.backends.memory.stores import InMemoryEventStore
-from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.exceptions import CheckpointFenced, LeaseLost, UnknownFollower
 from wow_django.persistence.followers import (
     FollowerState,
     FollowerStore,
@@ -98,10 +98,17 @@ class InMemoryFollowerStore(FollowerStore):
             if state is not None and state.lease_owner == owner:
                 self._states[name] = replace(state, lease_owner=None, lease_until=None)
 
-    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = ()) -> None:
+    @staticmethod
+    def _fence(state: FollowerState, generation: int | None) -> None:
+        if generation is not None and state.generation != generation:
+            raise CheckpointFenced(state.name, generation, state.generation)
+
+    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = (),
+                generation: int | None = None) -> None:
         check_position(position)
         with self._lock:
             state = self._held(name, owner, now)
+            self._fence(state, generation)
             changes: dict = {}
             if position > state.position:
                 changes.update(position=position, updated_at=now)
@@ -111,20 +118,25 @@ class InMemoryFollowerStore(FollowerStore):
             if changes:
                 self._states[name] = replace(state, **changes)
 
-    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
+    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None,
+                   generation: int | None = None) -> None:
         now = poison_time(poison, now)
         with self._lock:
             state = self._held(name, owner, now)
+            self._fence(state, generation)
             self._states[name] = replace(state, poison=poison)
 
     def set_paused(self, name: str, paused: bool) -> None:
         with self._lock:
-            self._states[name] = replace(self._known(name), paused=paused)
+            state = self._known(name)
+            self._states[name] = replace(state, paused=paused, generation=state.generation + 1)
 
     def rewind(self, name: str, position: int, *, now: datetime) -> None:
         check_position(position)
         with self._lock:
-            self._states[name] = replace(self._known(name), position=position, poison=None, updated_at=now)
+            state = self._known(name)
+            self._states[name] = replace(state, position=position, poison=None, updated_at=now,
+                                         generation=state.generation + 1)
 
     def skip_poison(self, name: str, *, by: str, reason: str, now: datetime) -> PoisonEvent:
         with self._lock:
@@ -133,7 +145,7 @@ class InMemoryFollowerStore(FollowerStore):
             if poison is None:
                 raise ValueError(f"follower {name!r} is not stopped on a poison event")
             self._states[name] = replace(state, position=max(state.position, poison.position), poison=None,
-                                         updated_at=now)
+                                         updated_at=now, generation=state.generation + 1)
             self._skipped.setdefault(name, []).append({
                 "position": poison.position, "streamId": poison.stream_id, "aggregate": poison.aggregate,
                 "error": poison.error, "by": by, "reason": reason, "at": now,

@@ -40,7 +40,7 @@ from wow_django.backends.mongo.schema import (
     event_stream_collection,
     follower_specs,
 )
-from wow_django.exceptions import LeaseLost, UnknownFollower
+from wow_django.exceptions import CheckpointFenced, LeaseLost, UnknownFollower
 from wow_django.persistence.documents import document_to_stream
 from wow_django.persistence.followers import (
     FollowerState,
@@ -192,6 +192,7 @@ def _state(document: dict) -> FollowerState:
         lease_owner=document.get("leaseOwner"), lease_until=from_micros(until) if until is not None else None,
         poison=poison_from_json(document.get("poison")), gaps_skipped=document.get("gapsSkipped", 0),
         last_gap=gap_from_json(document.get("lastGap")), extra=document.get("extra") or {},
+        generation=document.get("generation", 0),
     )
 
 
@@ -239,17 +240,24 @@ class MongoFollowerStore(FollowerStore):
             self.followers.update_one({"_id": name, "leaseOwner": owner},
                                       {"$set": {"leaseOwner": None, "leaseUntil": None}})
 
-    def _holder(self, name: str) -> str | None:
-        document = self.followers.find_one({"_id": name}, {"leaseOwner": 1})
-        return document.get("leaseOwner") if document else None
-
     @staticmethod
-    def _leased(name: str, owner: str, now: datetime) -> dict:
-        return {"_id": name, "leaseOwner": owner, "leaseUntil": {"$gt": to_micros(now)}}
+    def _leased(name: str, owner: str, now: datetime, generation: int | None = None) -> dict:
+        leased = {"_id": name, "leaseOwner": owner, "leaseUntil": {"$gt": to_micros(now)}}
+        if generation is not None:  # a document from before generations has none: it is generation 0
+            leased["generation"] = {"$in": [generation, None]} if generation == 0 else generation
+        return leased
 
-    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = ()) -> None:
+    def _refused(self, name: str, owner: str, now: datetime, generation: int | None) -> Exception:
+        document = self.followers.find_one({"_id": name}, {"leaseOwner": 1, "leaseUntil": 1, "generation": 1})
+        if document is not None and generation is not None and document.get("generation", 0) != generation \
+                and document.get("leaseOwner") == owner and (document.get("leaseUntil") or 0) > to_micros(now):
+            return CheckpointFenced(name, generation, document.get("generation", 0))
+        return LeaseLost(name, owner, document.get("leaseOwner") if document else None)
+
+    def advance(self, name: str, owner: str, position: int, *, now: datetime, gaps: tuple[Gap, ...] = (),
+                generation: int | None = None) -> None:
         check_position(position)
-        leased = self._leased(name, owner, now)
+        leased = self._leased(name, owner, now, generation)
         extra: dict = {}
         if gaps:
             extra = {"$inc": {"gapsSkipped": sum(g.last - g.first + 1 for g in gaps)},
@@ -267,30 +275,33 @@ class MongoFollowerStore(FollowerStore):
                 else:
                     held = self.followers.count_documents(leased, limit=1)
                 if not held:
-                    raise LeaseLost(name, owner, self._holder(name))
+                    raise self._refused(name, owner, now, generation)
             if gaps:
                 self.gap_records.insert_many([{"follower": name, **gap_to_json(g), "at": to_micros(now)}
                                               for g in gaps])
 
-    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None) -> None:
+    def set_poison(self, name: str, owner: str, poison: PoisonEvent | None, *, now: datetime | None = None,
+                   generation: int | None = None) -> None:
         now = poison_time(poison, now)
         with recoverable_errors(f"setting the poison event of follower {name!r}"):
             with self.connection.guard(self.followers, write=True):
-                result = self.followers.update_one(self._leased(name, owner, now),
+                result = self.followers.update_one(self._leased(name, owner, now, generation),
                                                    {"$set": {"poison": poison_to_json(poison) if poison else None}})
                 if not result.matched_count:
-                    raise LeaseLost(name, owner, self._holder(name))
+                    raise self._refused(name, owner, now, generation)
 
     def set_paused(self, name: str, paused: bool) -> None:
         with recoverable_errors(f"pausing follower {name!r}"), self.connection.guard(self.followers, write=True):
-            if not self.followers.update_one({"_id": name}, {"$set": {"paused": bool(paused)}}).matched_count:
+            if not self.followers.update_one({"_id": name}, {"$set": {"paused": bool(paused)},
+                                                             "$inc": {"generation": 1}}).matched_count:
                 raise UnknownFollower(name)
 
     def rewind(self, name: str, position: int, *, now: datetime) -> None:
         check_position(position)
         with recoverable_errors(f"rewinding follower {name!r} to {position}"), self.connection.guard(self.followers, write=True):
             result = self.followers.update_one(
-                {"_id": name}, {"$set": {"position": position, "poison": None, "updatedAt": to_micros(now)}})
+                {"_id": name}, {"$set": {"position": position, "poison": None, "updatedAt": to_micros(now)},
+                                "$inc": {"generation": 1}})
             if not result.matched_count:
                 raise UnknownFollower(name)
 
@@ -308,7 +319,8 @@ class MongoFollowerStore(FollowerStore):
                     # Conditional on the same poison event still being there: of two operators, one skips it.
                     result = self.followers.update_one(
                         {"_id": name, "poison": document["poison"]},
-                        {"$max": {"position": poison.position}, "$set": {"poison": None, "updatedAt": micros}})
+                        {"$max": {"position": poison.position}, "$set": {"poison": None, "updatedAt": micros},
+                         "$inc": {"generation": 1}})
                     if result.modified_count:
                         break
                 self.skip_records.insert_one({

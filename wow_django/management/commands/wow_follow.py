@@ -16,7 +16,8 @@ class Command(BaseCommand):
     help = (
         "Run followers (projections, event processors and @follower handlers), one thread each, from their "
         "checkpoints. Two instances of one follower never both process: the second waits for the lease. "
-        "SIGTERM or SIGINT finishes the current batches, releases the leases and stops."
+        "SIGTERM or SIGINT ends the current batches after the stream being handled, checkpoints them, releases "
+        "the leases and stops."
     )
 
     def add_arguments(self, parser):
@@ -47,10 +48,11 @@ class Command(BaseCommand):
         stop = threading.Event()
 
         def on_signal(signum, frame):
-            self.stdout.write(f"{signal.Signals(signum).name}: finishing the current batches, then stopping.")
+            self.stdout.write(f"{signal.Signals(signum).name}: finishing the current batches after the stream "
+                              "being handled, releasing the leases, then stopping.")
             stop.set()
             for runner in runners:
-                runner.wake()
+                runner.interrupt()
 
         previous = {}
         if threading.current_thread() is threading.main_thread():
