@@ -389,7 +389,7 @@ INHERENT = re.compile("|".join((
 def deep_generation():
     """Room for schemathesis' negative generation, which draws the recursive condition grammar by recursion."""
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 5000))
+    sys.setrecursionlimit(max(limit, 20000))
     yield
     sys.setrecursionlimit(limit)
 

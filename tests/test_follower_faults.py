@@ -60,12 +60,16 @@ def manage(env, *args, timeout=120) -> str:
     return done.stdout
 
 
-def follow(env, tmp_path, delay: float, lease: float | str = 1.0, log: str = "follow") -> subprocess.Popen:
-    """A ``wow_follow slow-probe`` process (``lease="default"``: the library's FOLLOWER_LEASE_S)."""
+def follow(env, tmp_path, delay: float, lease: float | str = 1.0, log: str = "follow",
+           gate=None) -> subprocess.Popen:
+    """A ``wow_follow slow-probe`` process (``lease="default"``: the library's FOLLOWER_LEASE_S; ``gate``: a
+    file that holds each call while it exists)."""
     path = tmp_path / f"{log}.log"
     out = open(path, "w")  # noqa: SIM115 - closed with the process
+    extra = {"WOW_FAULT_GATE": str(gate)} if gate is not None else {}
     process = subprocess.Popen([sys.executable, "manage.py", "wow_follow", "slow-probe"], cwd=ROOT,
-                               env={**env, "WOW_FAULT_DELAY_S": str(delay), "WOW_FAULT_LEASE_S": str(lease)},
+                               env={**env, "WOW_FAULT_DELAY_S": str(delay), "WOW_FAULT_LEASE_S": str(lease),
+                                    **extra},
                                stdout=out, stderr=subprocess.STDOUT)
     process.log, process.log_path = out, path
     return process
@@ -156,13 +160,16 @@ def test_a_standby_takes_over_from_a_follower_killed_with_sigkill_within_seconds
     """The default lease (6 s): the standby's checkpoint moves well within three leases of the kill
     (before, with the 30 s lease: 21-25 s)."""
     env, query = fault_env
-    positions = setup(env, query, 30)  # 30 × 0.05 s: work left for both processes
-    active = follow(env, tmp_path, 0.05, lease="default", log="active")
+    positions = setup(env, query, 30)  # 30 × 0.2 s: work left for both processes
+    gate = tmp_path / "gate"  # the active process holds its first call until the standby is up
+    gate.touch()
+    active = follow(env, tmp_path, 0.2, lease="default", log="active", gate=gate)
     standby = None
     try:
         wait_until(lambda: owned_by(query, active), "the first process holding the lease")
-        standby = follow(env, tmp_path, 0.05, lease="default", log="standby")
+        standby = follow(env, tmp_path, 0.2, lease="default", log="standby")
         wait_until(lambda: "Following slow-probe" in standby.log_path.read_text(), "the standby up")
+        gate.unlink()
         killed_at, at_kill = kill_when_handling(query, active)
         assert at_kill < positions[-1], "the first process finished before the kill"
         wait_until(lambda: follower_row(query)[0] > at_kill, "the standby's checkpoint moving", seconds=3 * 6)

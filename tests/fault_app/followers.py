@@ -1,5 +1,6 @@
 """The follower of the fault tests (tests/test_follower_faults.py): ``slow-probe`` takes every order stream,
-slowly (``WOW_FAULT_DELAY_S`` each), and records each call in ``fault_calls``."""
+slowly (``WOW_FAULT_DELAY_S`` each), and records each call in ``fault_calls``; while the file
+``WOW_FAULT_GATE`` names exists, a call holds after recording itself."""
 
 from __future__ import annotations
 
@@ -20,4 +21,8 @@ def create_tables() -> None:
 def probe(item) -> None:
     with connection.cursor() as cursor:
         cursor.execute("INSERT INTO fault_calls (position) VALUES (%s)", [item.position])
+    gate = os.environ.get("WOW_FAULT_GATE")  # a file: while it exists, the handler holds (at most 60 s)
+    deadline = time.monotonic() + 60
+    while gate and os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
     time.sleep(float(os.environ.get("WOW_FAULT_DELAY_S", "0.3")))

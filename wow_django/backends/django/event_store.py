@@ -118,6 +118,11 @@ def _streams_of(aggregate_id: AggregateId, found: list[tuple]) -> list[EventStre
     return streams
 
 
+def _milliseconds(seconds: float) -> str:
+    """A PostgreSQL duration for ``seconds`` (at least 1 ms: 0 would mean no limit)."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
 def _lock_waited(exc: OperationalError) -> bool:
     """Whether ``exc`` is a lock wait that ran out (PostgreSQL 55P03 lock_not_available, SQLite busy/locked)."""
     cause = exc.__cause__
@@ -164,6 +169,15 @@ class DjangoEventStore(EventStore):
             self._lock_sql = (f"INSERT INTO {context_table} ({quote('context_name')}, {quote('appends')}) VALUES {{}} "
                               f"ON CONFLICT ({quote('context_name')}) DO UPDATE SET {quote('appends')} = "
                               f"{context_table}.{quote('appends')} + 1")
+            # The same lock bounded by APPEND_LOCK_TIMEOUT_S within the one statement: the contexts' rows are
+            # joined to set_config's answer, so lock_timeout is set (for this statement's transaction) before
+            # any row is inserted and its lock waited for. One round trip, committed as one statement.
+            self._bounded_lock_sql = (
+                f"INSERT INTO {context_table} ({quote('context_name')}, {quote('appends')}) "
+                f"SELECT wow_ctx.name, 1 FROM (SELECT set_config('lock_timeout', %s, true)) AS wow_cfg(lock_timeout), "
+                f"(VALUES {{}}) AS wow_ctx(name) ORDER BY wow_ctx.name "
+                f"ON CONFLICT ({quote('context_name')}) DO UPDATE SET {quote('appends')} = "
+                f"{context_table}.{quote('appends')} + 1")
         self.append_notifier = AppendNotifier()
         self.request_id_index = request_id_index
         self._global = request_id_index == "global"
@@ -257,14 +271,16 @@ class DjangoEventStore(EventStore):
         millis = max(1, round(timeout * 1000))
         try:
             if connection.vendor == "postgresql":
-                own = not connection.in_atomic_block
-                with (transaction.atomic(using=self.using) if own else atomic), connection.cursor() as cursor:
-                    cursor.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
-                                   [f"{millis}ms"])
-                    previous = cursor.fetchone()[0]
-                    yield cursor
-                    if not own:
+                # The append's statement sets lock_timeout itself (see _locked): on its own it is one
+                # autocommitted statement; inside the caller's transaction the caller's value is put back after.
+                with atomic, connection.cursor() as cursor:
+                    if connection.in_atomic_block:
+                        cursor.execute("SELECT current_setting('lock_timeout')")
+                        previous = cursor.fetchone()[0]
+                        yield cursor
                         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+                    else:
+                        yield cursor
             else:
                 with atomic, connection.cursor() as cursor:
                     connection.ensure_connection()
@@ -299,11 +315,17 @@ class DjangoEventStore(EventStore):
         if not self._serialise:
             return f"{self._insert_sql}{', '.join([self._row_sql] * len(streams))}{suffix}", params
         contexts = sorted({stream.aggregate_id.context_name for stream in streams})
-        lock = self._lock_sql.format(", ".join(["(%s, 1)"] * len(contexts)))
+        timeout = self._timeout()
+        if timeout is None:
+            lock = self._lock_sql.format(", ".join(["(%s, 1)"] * len(contexts)))
+            lock_params: list = contexts
+        else:
+            lock = self._bounded_lock_sql.format(", ".join(["(%s)"] * len(contexts)))
+            lock_params = [_milliseconds(timeout), *contexts]
         sql = (f"WITH wow_lock AS ({lock} RETURNING 1) {self._insert_head} SELECT * FROM (VALUES "
                f"{', '.join([self._typed_row_sql] * len(streams))}) AS wow_rows "
                f"WHERE (SELECT count(*) FROM wow_lock) > 0{suffix}")
-        return sql, [*contexts, *params]
+        return sql, [*lock_params, *params]
 
     def _appended(self, connection) -> None:
         """Wake this process's followers once what was appended is committed."""

@@ -293,6 +293,10 @@ class MongoEventStore(EventStore):
                 return None
             self._void(document["contextName"], [document["position"]])
             return _caused(self._conflict(collection, stream, exc.details), exc)
+        except UNSTORABLE as exc:
+            # Refused by the driver before anything was sent: neither this insert nor the batch stored it.
+            self._void(document["contextName"], [document["position"]])
+            return exc
         except Exception as exc:
             if self._not_written(exc) and not (after_batch and self._stored_as(collection, document)):
                 self._void(document["contextName"], [document["position"]])
