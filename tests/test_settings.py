@@ -267,3 +267,38 @@ def test_celery_without_a_broker_is_a_warning(monkeypatch):
     monkeypatch.setitem(conf, "broker_url", None)
     with override_settings(WOW={"MONGO_URI": "mongodb://db/x", "TASK_QUEUE": "tests.test_runtime.RecordingTaskQueue"}):
         assert check_settings() == []  # not Celery's queue: nothing to say
+
+
+def test_the_readme_settings_table_matches_the_defaults():
+    """Every setting of DEFAULTS has a row in the README's table, no row names another, and each default the table
+    shows (the first literal of each part of the default cell) is the one in DEFAULTS."""
+    import ast
+    import re
+    from pathlib import Path
+
+    from wow_django.conf import DEFAULTS
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = text.index("| setting | default | meaning |")
+    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    documented: dict[str, str] = {}
+    for row in rows:
+        first, default, *_ = [cell.strip() for cell in row.strip().strip("|").split(" | ")]
+        names = re.findall(r"`([A-Z_]+)`", first)
+        if not names:  # a row about something else (the URI's readPreference)
+            continue
+        parts = default.split(", ") if len(names) > 1 else [default]
+        if len(parts) == 1:  # one default shared by the row's settings
+            parts = parts * len(names)
+        assert len(parts) == len(names), f"{names}: one default per setting, or one for all, in {default!r}"
+        for name, part in zip(names, parts, strict=True):
+            assert name not in documented, f"{name} has two rows"
+            documented[name] = part
+    assert set(documented) == set(DEFAULTS)
+    for name, cell in documented.items():
+        literal = re.match(r"`([^`]*)`", cell.strip())
+        if literal is None:  # prose: a nested setting (EVENT_STORE_BATCH)
+            assert isinstance(DEFAULTS[name], dict), f"{name}: its default is not shown as a literal"
+            continue
+        shown = ast.literal_eval(literal.group(1))
+        assert shown == DEFAULTS[name] and type(shown) in (type(DEFAULTS[name]), int), (name, shown, DEFAULTS[name])

@@ -1,3 +1,3 @@
-"""wow_django: CQRS and event sourcing on MongoDB for Django."""
+"""wow_django: CQRS and event sourcing for Django, on the project's own SQL database (the default) or MongoDB."""
 
 __version__ = "0.1.0"
