@@ -384,9 +384,9 @@ def test_a_condition_from_python_refuses_non_finite_decimals(value):
 
 
 def test_rows_whose_connection_hands_some_json_decoded_still_read_fractions_as_decimals():
-    from wow_django.backends.django.event_store import _decode_json
+    from wow_django.backends.django.event_store import decode_json_columns
 
     row = (None,) * 7
-    assert _decode_json([(*row, '{"a": 1.50}', '{"b": [0.1]}')]) == [{"a": Decimal("1.50")}, {"b": [Decimal("0.1")]}]
-    decoded = _decode_json([(*row, {"a": 1}, b'{"b": 0.10}')])
+    assert decode_json_columns([(*row, '{"a": 1.50}', '{"b": [0.1]}')]) == [{"a": Decimal("1.50")}, {"b": [Decimal("0.1")]}]
+    decoded = decode_json_columns([(*row, {"a": 1}, b'{"b": 0.10}')])
     assert decoded == [{"a": 1}, {"b": Decimal("0.10")}] and str(decoded[1]["b"]) == "0.10"

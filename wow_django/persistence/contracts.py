@@ -209,7 +209,9 @@ def check_key(key: Any) -> None:
         raise ValueError(f"prepare key must be a non-empty string, got {key!r}")
 
 
-_MISSING: Any = object()
+#: The default of an optional argument that may itself be ``None`` (``rollback``'s value, ``change_key``'s
+#: old value): "not given", distinct from every value. Backends implementing the contract use it too.
+NOT_GIVEN: Any = object()
 
 
 class PrepareKey(ABC):
@@ -242,12 +244,12 @@ class PrepareKey(ABC):
         """The live reservation of ``key``, or ``None`` (missing or expired)."""
 
     @abstractmethod
-    def rollback(self, key: str, value: Any = _MISSING) -> bool:
+    def rollback(self, key: str, value: Any = NOT_GIVEN) -> bool:
         """Release a live reservation (only if it holds ``value`` when given)."""
 
     @abstractmethod
     def reprepare(
-        self, key: str, new_value: Any, *, old_value: Any = _MISSING, ttl: timedelta | datetime | None = None
+        self, key: str, new_value: Any, *, old_value: Any = NOT_GIVEN, ttl: timedelta | datetime | None = None
     ) -> bool:
         """Replace the value of a live reservation (only if it holds ``old_value`` when given)."""
 

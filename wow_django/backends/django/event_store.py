@@ -74,7 +74,7 @@ def _json(value):
     return loads(value) if isinstance(value, str | bytes) else value
 
 
-def _decode_json(found: list[tuple]) -> list:
+def decode_json_columns(found: list[tuple]) -> list:
     """The header and body of each row, decoded: [header0, body0, header1, body1, ...].
 
     The columns come as JSON text, so one ``json.loads`` of their array reads
@@ -89,7 +89,7 @@ def _decode_json(found: list[tuple]) -> list:
 
 def _streams_of(aggregate_id: AggregateId, found: list[tuple]) -> list[EventStream]:
     """The streams of the rows of ``aggregate_id`` (in :data:`_COLUMNS` order) that a read found."""
-    decoded = _decode_json(found)
+    decoded = decode_json_columns(found)
     ids = {(aggregate_id.context_name, aggregate_id.tenant_id): aggregate_id}
     streams = []
     for index, (stream_id, context_name, tenant_id, owner_id, request_id, command_id, version, _, _,

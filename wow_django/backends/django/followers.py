@@ -24,7 +24,7 @@ from django.db.models import BigIntegerField, Case, F, Value, When
 
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
-from wow_django.backends.django.event_store import DjangoEventStore, _decode_json
+from wow_django.backends.django.event_store import DjangoEventStore, decode_json_columns
 from wow_django.backends.django.models import EventStreamRow, FollowerGapRow, FollowerRow, FollowerSkipRow
 from wow_django.exceptions import CheckpointFenced, LeaseLost, UnknownFollower
 from wow_django.persistence.followers import (
@@ -80,8 +80,8 @@ class DjangoStreamFeed(StreamFeed):
             with connection.cursor() as cursor:
                 cursor.execute(self._read_sql, (self.context_name, after, limit))
                 found = cursor.fetchall()
-        # _decode_json reads columns 7 and 8 of each row: header and body come after 7 others.
-        decoded = _decode_json([row[2:] for row in found])
+        # decode_json_columns reads columns 7 and 8 of each row: header and body come after 7 others.
+        decoded = decode_json_columns([row[2:] for row in found])
         items = []
         for index, (position, stream_id, name, aggregate_id, tenant_id, owner_id, request_id, command_id, version,
                     _, _, create_time) in enumerate(found):

@@ -24,7 +24,7 @@ from wow_django.backends.django.connection import database, prepare_database
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.models import CanonicalJSONEncoder, PrepareKeyRow
 from wow_django.persistence.contracts import (
-    _MISSING,
+    NOT_GIVEN,
     Clock,
     PrepareKey,
     check_key,
@@ -88,21 +88,21 @@ class DjangoPrepareKey(PrepareKey):
         value, ttl_at = found[0]
         return PreparedValue(value, from_micros(ttl_at))
 
-    def rollback(self, key: str, value: Any = _MISSING) -> bool:
+    def rollback(self, key: str, value: Any = NOT_GIVEN) -> bool:
         check_key(key)
         sql, params = self._rollback_sql, [self.name, key, to_micros(self.now())]
-        if value is not _MISSING:
+        if value is not NOT_GIVEN:
             sql, params = sql + self._value_sql, [*params, self._json(value)]
         return self._execute("rolling back", sql, params) == 1
 
     def reprepare(
-        self, key: str, new_value: Any, *, old_value: Any = _MISSING, ttl: timedelta | datetime | None = None
+        self, key: str, new_value: Any, *, old_value: Any = NOT_GIVEN, ttl: timedelta | datetime | None = None
     ) -> bool:
         check_key(key)
         now = self.now()
         ttl_at = resolve_ttl(ttl, now)
         sql = self._reprepare_sql
         params = [self._json(new_value), to_micros(ttl_at), self.name, key, to_micros(now)]
-        if old_value is not _MISSING:
+        if old_value is not NOT_GIVEN:
             sql, params = sql + self._value_sql, [*params, self._json(old_value)]
         return self._execute("repreparing", sql, params) == 1

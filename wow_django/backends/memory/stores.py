@@ -15,7 +15,7 @@ from wow_django.exceptions import (
     EventVersionConflict,
 )
 from wow_django.persistence.contracts import (
-    _MISSING,
+    NOT_GIVEN,
     Clock,
     EventStore,
     PrepareKey,
@@ -277,25 +277,25 @@ class InMemoryPrepareKey(PrepareKey):
         with self._lock:
             return self._live(key, now)
 
-    def rollback(self, key: str, value: Any = _MISSING) -> bool:
+    def rollback(self, key: str, value: Any = NOT_GIVEN) -> bool:
         check_key(key)
         now = self.now()
         with self._lock:
             current = self._live(key, now)
-            if current is None or (value is not _MISSING and current.value != value):
+            if current is None or (value is not NOT_GIVEN and current.value != value):
                 return False
             del self._values[key]
             return True
 
     def reprepare(
-        self, key: str, new_value: Any, *, old_value: Any = _MISSING, ttl: timedelta | datetime | None = None
+        self, key: str, new_value: Any, *, old_value: Any = NOT_GIVEN, ttl: timedelta | datetime | None = None
     ) -> bool:
         check_key(key)
         now = self.now()
         ttl_at = resolve_ttl(ttl, now)
         with self._lock:
             current = self._live(key, now)
-            if current is None or (old_value is not _MISSING and current.value != old_value):
+            if current is None or (old_value is not NOT_GIVEN and current.value != old_value):
                 return False
             self._values[key] = PreparedValue(new_value, ttl_at)
             return True

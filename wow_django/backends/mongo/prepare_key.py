@@ -19,7 +19,7 @@ from wow_django.backends.mongo.client import MongoConnection
 from wow_django.backends.mongo.errors import recoverable_errors
 from wow_django.backends.mongo.schema import SchemaGuard, prepare_spec
 from wow_django.exceptions import UnacknowledgedWriteError
-from wow_django.persistence.contracts import _MISSING, Clock, PrepareKey, check_key, resolve_ttl
+from wow_django.persistence.contracts import NOT_GIVEN, Clock, PrepareKey, check_key, resolve_ttl
 from wow_django.persistence.records import PreparedValue
 
 
@@ -73,10 +73,10 @@ class MongoPrepareKey(PrepareKey):
             return None
         return PreparedValue(doc.get("value"), doc["ttlAt"].replace(tzinfo=UTC))
 
-    def rollback(self, key: str, value: Any = _MISSING) -> bool:
+    def rollback(self, key: str, value: Any = NOT_GIVEN) -> bool:
         check_key(key)
         query: dict = {"_id": key, "ttlAt": {"$gt": self._now()}}
-        if value is not _MISSING:
+        if value is not NOT_GIVEN:
             query["value"] = {"$eq": value}  # literally: a raw dict with "$" keys would act as an operator
         with recoverable_errors(f"rolling back {self.name} {key!r}"):
             with self.connection.guard(self.collection, write=True):
@@ -85,13 +85,13 @@ class MongoPrepareKey(PrepareKey):
         return result.deleted_count == 1
 
     def reprepare(
-        self, key: str, new_value: Any, *, old_value: Any = _MISSING, ttl: timedelta | datetime | None = None
+        self, key: str, new_value: Any, *, old_value: Any = NOT_GIVEN, ttl: timedelta | datetime | None = None
     ) -> bool:
         check_key(key)
         now = self.now()
         ttl_at = _naive_utc(resolve_ttl(ttl, now))
         query: dict = {"_id": key, "ttlAt": {"$gt": _naive_utc(now)}}
-        if old_value is not _MISSING:
+        if old_value is not NOT_GIVEN:
             query["value"] = {"$eq": old_value}  # literally (document values compare field order too)
         with recoverable_errors(f"repreparing {self.name} {key!r}"):
             with self.connection.guard(self.collection, write=True):
