@@ -466,3 +466,18 @@ class TestMongoLateInsert(EmbeddedMongoDatabase, unittest.TestCase):
         assert store._not_written(StoreUnreachable("no server"))
         assert store._not_written(pymongo_errors.WriteError("validation", code=121))
         assert not store._not_written(pymongo_errors.AutoReconnect("reset after sending"))
+
+
+def test_a_gap_says_when_its_first_position_was_first_seen_missing():
+    """A gap of positions first seen missing at different times records the earliest (issue 27: a mutation of
+    min to max in the gap's seen_at lived)."""
+    from datetime import UTC, datetime, timedelta
+
+    from wow_django.application.followers import _ranges
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    now = t0 + timedelta(seconds=30)
+    seen = {2: t0 + timedelta(seconds=5), 3: t0, 4: t0 + timedelta(seconds=9), 7: t0 + timedelta(seconds=1)}
+    gaps = _ranges([2, 3, 4, 7], seen, now)
+    assert [(g.first, g.last, g.seen_at, g.skipped_at) for g in gaps] == [(2, 4, t0, now),
+                                                                          (7, 7, t0 + timedelta(seconds=1), now)]
