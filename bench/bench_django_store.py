@@ -9,7 +9,24 @@ runs interleaved (every row once, then again). Batching is shown off, with
 the default 1 ms window and with a 0 ms window. The baselines are pyeventsourcing's SQLite and PostgreSQL aggregate recorders
 doing the same work (the PostgreSQL one needs ``psycopg_pool``, which the
 ``bench`` extra brings; its row is skipped without it); ``x base`` is a row's
-figure over its engine's baseline.
+figure over its engine's baseline. For comparison only, pyeventsourcing's
+*application* recorders run too: they give each event a notification id in
+commit order (PostgreSQL: ``LOCK TABLE … IN EXCLUSIVE MODE`` per insert), the
+guarantee our positions have (one lock per context until commit).
+
+Round trips: after the timed runs, each row appends and loads a few more
+aggregates in one thread while this process counts what it sends to the
+database: every statement psycopg sends (each cursor execute, and the BEGIN,
+COMMIT and ROLLBACK it issues itself; preparing a statement costs one more,
+once per connection, which a warm-up pays before the count) and every statement SQLite runs (its trace callback: BEGIN,
+COMMIT and PRAGMAs included; in process, but each a call into the library).
+The ``trips`` columns are those counts per append and per load. The summary
+at the end gives, per engine, the rows with the default settings (batching
+off) against the baseline.
+
+The bench exits with status 1 when a run is malformed (a thread failed, a
+load found the wrong number of streams, a count is off), never because a
+figure is low.
 
 Like for like: on SQLite both sides use WAL and SQLite's default
 ``synchronous`` (FULL), both commit each append. On PostgreSQL both commit each
@@ -31,8 +48,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 import tempfile
+import threading
+import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,6 +74,106 @@ def admin_connection():
 
 
 BATCHING = ("off", "on 1ms", "on 0ms")
+
+
+class MalformedRun(Exception):
+    """A run that did not do the work it measures."""
+
+
+class RoundTrips:
+    """Counts what this process sends to a database while :attr:`on` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def hit(self, *args) -> None:
+        if self.on:
+            with self._lock:
+                self.count += 1
+
+    def install(self) -> None:
+        """Wrap the drivers: SQLite connections get the trace callback, psycopg's senders count."""
+        import psycopg
+        from psycopg._connection_base import BaseConnection
+
+        connect = sqlite3.connect
+
+        def traced_connect(*args, **kwargs):
+            raw = connect(*args, **kwargs)
+            raw.set_trace_callback(self.hit)
+            return raw
+
+        sqlite3.connect = sqlite3.dbapi2.connect = traced_connect
+
+        def counted(method):
+            def wrapper(*args, **kwargs):
+                self.hit()
+                return method(*args, **kwargs)
+            return wrapper
+
+        psycopg.Cursor.execute = counted(psycopg.Cursor.execute)
+        psycopg.Cursor.executemany = counted(psycopg.Cursor.executemany)
+        BaseConnection._exec_command = counted(BaseConnection._exec_command)
+
+    def per_operation(self, operation, items) -> float:
+        """Statements sent per call of ``operation`` over ``items`` (one thread)."""
+        self.count = 0
+        self.on = True
+        try:
+            for item in items:
+                operation(item)
+        finally:
+            self.on = False
+        return self.count / len(items)
+
+
+TRIPS = RoundTrips()
+TRIP_AGGREGATES = 10
+
+
+def trips_ours(store, versions: int) -> tuple[float, float]:
+    """Round trips per append and per load of ``store`` (a few aggregates after a warm-up, one thread)."""
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing.event_store import make_stream
+
+    ids = [AggregateId("order", uuid.uuid4().hex) for _ in range(TRIP_AGGREGATES + 1)]
+    for v in range(1, versions + 1):  # warm-up: the connection, its prepared statements
+        store.append(make_stream(ids[0], v))
+    store.load(ids[0])
+    streams = [make_stream(agg, v) for agg in ids[1:] for v in range(1, versions + 1)]
+    appends = TRIPS.per_operation(store.append, streams)
+    found: list[int] = []
+    loads = TRIPS.per_operation(lambda agg: found.append(len(store.load(agg))), ids[1:])
+    store.close()
+    if found != [versions] * TRIP_AGGREGATES:
+        raise MalformedRun(f"a load found {found}, not {versions} streams per aggregate")
+    return appends, loads
+
+
+def trips_baseline(recorder, versions: int) -> tuple[float, float]:
+    """Round trips per insert and per select of a pyeventsourcing recorder, as :func:`trips_ours`."""
+    import json
+
+    from eventsourcing.persistence import StoredEvent
+
+    ids = [uuid.uuid4() for _ in range(TRIP_AGGREGATES + 1)]
+
+    def event(agg, v):
+        return StoredEvent(originator_id=agg, originator_version=v, topic="tests:ThingHappened",
+                           state=json.dumps({"n": v, "i": 0, "text": f"event 0 of v{v}"}).encode())
+
+    for v in range(1, versions + 1):
+        recorder.insert_events([event(ids[0], v)])
+    recorder.select_events(ids[0])
+    events = [event(agg, v) for agg in ids[1:] for v in range(1, versions + 1)]
+    appends = TRIPS.per_operation(lambda e: recorder.insert_events([e]), events)
+    found: list[int] = []
+    loads = TRIPS.per_operation(lambda agg: found.append(len(recorder.select_events(agg))), ids[1:])
+    if found != [versions] * TRIP_AGGREGATES:
+        raise MalformedRun(f"a select found {found}, not {versions} events per aggregate")
+    return appends, loads
 
 
 def django_store(alias: str, batching: str):
@@ -79,11 +199,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3, help="best of N runs per row")
     args = parser.parse_args()
+    try:
+        report(args)
+    except (MalformedRun, AssertionError) as exc:
+        print(f"malformed run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def report(args) -> None:
     a, v, t = args.aggregates, args.versions, args.threads
+    TRIPS.install()
 
     # Fresh databases per row: SQLite files in a temporary directory, PostgreSQL databases dropped at the end.
     directory = tempfile.mkdtemp(prefix="wow-bench-")
-    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 2)]
+    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 3)]
     with admin_connection() as admin:
         for name in pg_names:
             admin.execute(f'CREATE DATABASE "{name}"')
@@ -93,7 +222,7 @@ def main() -> None:
                                            "NAME": os.path.join(directory, f"{batching}.sqlite3")}
         databases[f"pg {batching}"] = {"ENGINE": "django.db.backends.postgresql",
                                        "NAME": pg_names[BATCHING.index(batching)], **PG}
-    databases["pg prepared"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-2], **PG,
+    databases["pg prepared"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-3], **PG,
                                 "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5}}
 
     import django
@@ -102,54 +231,78 @@ def main() -> None:
     settings.configure(DATABASES=databases, INSTALLED_APPS=["wow_django"], USE_TZ=True)
     django.setup()
     from django.db import connections
-    from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteDatastore
+    from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteApplicationRecorder, SQLiteDatastore
 
-    # The rows in order; each run goes through every row once, so that what else the machine does
-    # at a moment weighs on the baselines and on ours alike.
+    # The rows in order: (engine, name, batching, timed run, round-trip count). Each run goes through every
+    # row once, so that what else the machine does at a moment weighs on the baselines and on ours alike.
     plan = []
-    datastore = None
+    datastores = []
     try:
         recorder = SQLiteAggregateRecorder(SQLiteDatastore(os.path.join(directory, "baseline.sqlite3")))
         recorder.create_table()
-        plan.append(("pyeventsourcing SQLite recorder (baseline)", "-", lambda: bench_baseline(a, v, t, recorder)))
+        plan.append(("SQLite", "pyeventsourcing SQLite recorder (baseline)", "-",
+                     lambda: bench_baseline(a, v, t, recorder), lambda: trips_baseline(recorder, v)))
+        ordered = SQLiteApplicationRecorder(SQLiteDatastore(os.path.join(directory, "ordered.sqlite3")))
+        ordered.create_table()
+        plan.append(("SQLite", "pyeventsourcing SQLite application recorder", "-",
+                     lambda: bench_baseline(a, v, t, ordered), lambda: trips_baseline(ordered, v)))
         for batching in BATCHING:
-            plan.append(("wow_django django backend, SQLite", batching,
-                         lambda b=batching: bench_ours(django_store(f"sqlite {b}", b), a, v, t)))
+            plan.append(("SQLite", "wow_django django backend, SQLite", batching,
+                         lambda b=batching: bench_ours(django_store(f"sqlite {b}", b), a, v, t),
+                         lambda b=batching: trips_ours(django_store(f"sqlite {b}", b), v)))
         try:
-            from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore
+            from eventsourcing.postgres import PostgresAggregateRecorder, PostgresApplicationRecorder, PostgresDatastore
         except ImportError:
-            print("# pyeventsourcing's PostgreSQL recorder needs psycopg_pool: its row is skipped")
+            print("# pyeventsourcing's PostgreSQL recorders need psycopg_pool: their rows are skipped")
         else:
-            datastore = PostgresDatastore(pg_names[-1], PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"],
-                                          pool_size=t)
-            postgres_recorder = PostgresAggregateRecorder(datastore)
-            postgres_recorder.create_table()
-            plan.append(("pyeventsourcing PostgreSQL recorder (baseline)", "-",
-                         lambda: bench_baseline(a, v, t, postgres_recorder)))
+            for name, recorder_class in ((pg_names[-1], PostgresAggregateRecorder),
+                                         (pg_names[-2], PostgresApplicationRecorder)):
+                datastore = PostgresDatastore(name, PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"], pool_size=t)
+                datastores.append(datastore)
+                pg_recorder = recorder_class(datastore)
+                pg_recorder.create_table()
+                label = ("pyeventsourcing PostgreSQL recorder (baseline)" if recorder_class is PostgresAggregateRecorder
+                         else "pyeventsourcing PostgreSQL application recorder")
+                plan.append(("PostgreSQL", label, "-", lambda r=pg_recorder: bench_baseline(a, v, t, r),
+                             lambda r=pg_recorder: trips_baseline(r, v)))
         for batching in BATCHING:
-            plan.append(("wow_django django backend, PostgreSQL", batching,
-                         lambda b=batching: bench_ours(django_store(f"pg {b}", b), a, v, t)))
-        plan.append(("wow_django django backend, PostgreSQL, prepared", "off",
-                     lambda: bench_ours(django_store("pg prepared", "off"), a, v, t)))
-        runs = [[run() for _, _, run in plan] for _ in range(args.repeat)]
+            plan.append(("PostgreSQL", "wow_django django backend, PostgreSQL", batching,
+                         lambda b=batching: bench_ours(django_store(f"pg {b}", b), a, v, t),
+                         lambda b=batching: trips_ours(django_store(f"pg {b}", b), v)))
+        plan.append(("PostgreSQL", "wow_django django backend, PostgreSQL, prepared", "off",
+                     lambda: bench_ours(django_store("pg prepared", "off"), a, v, t),
+                     lambda: trips_ours(django_store("pg prepared", "off"), v)))
+        runs = [[run() for *_, run, _ in plan] for _ in range(args.repeat)]
+        trips = [count() for *_, count in plan]
     finally:
-        if datastore is not None:
+        for datastore in datastores:
             datastore.close()
         connections.close_all()
         with admin_connection() as admin:
             for name in pg_names:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    rows = [(name, batching, (max(run[i][0] for run in runs), max(run[i][1] for run in runs)))
-            for i, (name, batching, _) in enumerate(plan)]
+    rows = [(engine, name, batching, max(run[i][0] for run in runs), max(run[i][1] for run in runs), trips[i])
+            for i, (engine, name, batching, *_) in enumerate(plan)]
+    for row in rows:
+        if not all(figure > 0 for figure in row[3:5]) or not all(count >= 1 for count in row[5]):
+            raise MalformedRun(f"{row[1]} ({row[2]}): a figure or a round-trip count is not positive: {row[3:]}")
+    bases = {engine: (appends, loads) for engine, name, _, appends, loads, _ in rows if "(baseline)" in name}
     print(f"# {a} aggregates x {v} appends each, {t} threads, best of {args.repeat}; "
           f"Python {sys.version.split()[0]}")
-    print(f"{'store':48} {'batching':8} {'appends/s':>10} {'x base':>7} {'loads/s':>10} {'x base':>7}")
-    base = (1.0, 1.0)
-    for name, batching, (appends, loads) in rows:
-        if "(baseline)" in name:
-            base = (appends, loads)
+    print(f"{'store':48} {'batching':8} {'appends/s':>10} {'x base':>7} {'loads/s':>10} {'x base':>7} "
+          f"{'trips/append':>12} {'trips/load':>10}")
+    for engine, name, batching, appends, loads, (append_trips, load_trips) in rows:
+        base = bases.get(engine, (appends, loads))
         print(f"{name:48} {batching:8} {appends:10,.0f} {appends / base[0]:7.2f} {loads:10,.0f} "
-              f"{loads / base[1]:7.2f}")
+              f"{loads / base[1]:7.2f} {append_trips:12.2f} {load_trips:10.2f}")
+    print("\n# default settings (batching off, Django's default OPTIONS) against the baseline of the same engine")
+    print(f"{'engine':10} {'side':10} {'appends/s':>10} {'loads/s':>10} {'trips/append':>12} {'trips/load':>10}")
+    for engine in bases:
+        base = next(row for row in rows if row[0] == engine and "(baseline)" in row[1])
+        ours = next(row for row in rows if row[0] == engine and row[1].startswith("wow_django") and row[2] == "off")
+        for side, row in (("wow_django", ours), ("baseline", base)):
+            print(f"{engine:10} {side:10} {row[3]:10,.0f} {row[4]:10,.0f} {row[5][0]:12.2f} {row[5][1]:10.2f}")
+        print(f"{engine:10} {'ratio':10} {ours[3] / base[3]:9.2f}x {ours[4] / base[4]:9.2f}x")
 
 
 if __name__ == "__main__":

@@ -46,13 +46,25 @@ def split(items, parts):
 
 
 def run_threads(target, chunks):
-    threads = [threading.Thread(target=target, args=(chunk,)) for chunk in chunks]
+    """Seconds for ``target`` to run over every chunk, one thread each; a thread's exception is raised here."""
+    errors: list[BaseException] = []
+
+    def run(chunk):
+        try:
+            target(chunk)
+        except BaseException as exc:  # raised in the caller: a failed thread makes the run malformed
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(chunk,)) for chunk in chunks]
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return elapsed
 
 
 LOAD_ROUNDS = 5
