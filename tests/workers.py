@@ -10,7 +10,6 @@ port 0. What remains shared between workers is Redis' numbered databases: each w
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 #: Redis databases the suite may use, one per worker, highest first (0–3 stay for the demo and development).
 REDIS_DATABASES = tuple(range(15, 3, -1))
@@ -32,12 +31,3 @@ def redis_url() -> str:
         return configured
     database = REDIS_DATABASES[worker_index() % len(REDIS_DATABASES)]
     return f"redis://127.0.0.1:6379/{database}"
-
-
-def examples_directory() -> Path:
-    """Where Hypothesis keeps the failing examples it found, between runs: ``WOW_HYPOTHESIS_DB`` (``.ci/run``
-    points it at a directory that outlives its clone) or ``.hypothesis/examples`` in the checkout."""
-    configured = os.environ.get("WOW_HYPOTHESIS_DB")
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parent.parent / ".hypothesis" / "examples"
