@@ -12,13 +12,12 @@ import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.pg import pg_connect_kwargs
+from tests.pg import pg_connect_kwargs, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,20 +36,14 @@ def fault_env(request, tmp_path):
 
         yield env, query
         return
-    database = f"test_wow_fault_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    env["WOW_FAULT_PG_DB"] = database
+    with scratch_database("test_wow_fault") as database:
+        env["WOW_FAULT_PG_DB"] = database
 
-    def query(sql, *params):
-        with psycopg.connect(dbname=database, autocommit=True, **pg_connect_kwargs()) as conn:
-            return conn.execute(sql, params).fetchall()
+        def query(sql, *params):
+            with psycopg.connect(dbname=database, autocommit=True, **pg_connect_kwargs()) as conn:
+                return conn.execute(sql, params).fetchall()
 
-    try:
         yield env, query
-    finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def manage(env, *args, timeout=120) -> str:

@@ -16,13 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.pg import pg_connect_kwargs
+from tests.pg import pg_connect_kwargs, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = 120  # 240 order streams (placed + paid), 120 of them paid
@@ -30,17 +29,11 @@ ORDERS = 120  # 240 order streams (placed + paid), 120 of them paid
 
 @pytest.fixture
 def kill_env(tmp_path):
-    database = f"test_wow_kill_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("WOW_MONGO", "SAMPLE_", "CELERY_"))},
-           "DJANGO_SETTINGS_MODULE": "tests.follower_kill_settings", "WOW_KILL_PG_DB": database,
-           "PYTHONUNBUFFERED": "1"}
-    try:
+    with scratch_database("test_wow_kill") as database:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("WOW_MONGO", "SAMPLE_", "CELERY_"))},
+               "DJANGO_SETTINGS_MODULE": "tests.follower_kill_settings", "WOW_KILL_PG_DB": database,
+               "PYTHONUNBUFFERED": "1"}
         yield env, database
-    finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def manage(env, *args, timeout=300) -> str:
