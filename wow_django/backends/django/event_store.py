@@ -259,20 +259,18 @@ class DjangoEventStore(EventStore):
     def _bounded(self, connection, atomic):
         """A cursor inside ``atomic`` whose statements wait at most :meth:`_timeout` for the context's lock.
 
-        PostgreSQL: ``lock_timeout`` set for this transaction only (outside a caller's transaction the
-        append becomes a transaction of its own; inside one, the previous value is put back); SQLite: the
-        connection's busy timeout, put back afterwards. Waiting longer raises :class:`ContextLockTimeout`.
+        PostgreSQL: the append's own statement sets ``lock_timeout`` (see :meth:`_locked`), so on its own it
+        stays one autocommitted statement; inside a caller's transaction the caller's value is put back after.
+        SQLite: the connection's busy timeout, put back afterwards. Waiting longer raises
+        :class:`ContextLockTimeout`.
         """
         timeout = self._timeout()
         if timeout is None or connection.vendor not in ("postgresql", "sqlite"):
             with atomic, connection.cursor() as cursor:
                 yield cursor
             return
-        millis = max(1, round(timeout * 1000))
         try:
             if connection.vendor == "postgresql":
-                # The append's statement sets lock_timeout itself (see _locked): on its own it is one
-                # autocommitted statement; inside the caller's transaction the caller's value is put back after.
                 with atomic, connection.cursor() as cursor:
                     if connection.in_atomic_block:
                         cursor.execute("SELECT current_setting('lock_timeout')")
@@ -286,7 +284,7 @@ class DjangoEventStore(EventStore):
                     connection.ensure_connection()
                     raw = connection.connection
                     previous = raw.execute("PRAGMA busy_timeout").fetchone()[0]
-                    raw.execute(f"PRAGMA busy_timeout = {int(millis)}")
+                    raw.execute(f"PRAGMA busy_timeout = {max(1, round(timeout * 1000))}")
                     try:
                         yield cursor
                     finally:
