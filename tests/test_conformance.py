@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.test import TransactionTestCase
 
+from tests.mongo_replica import SimulatedReplicaSetDatabase
 from wow_django.backends.django.event_store import DjangoEventStore
 from wow_django.backends.django.prepare_key import DjangoPrepareKey
 from wow_django.backends.django.snapshot_store import DjangoSnapshotStore
@@ -56,6 +57,21 @@ class TestEmbeddedMongoBatchingEventStore(EmbeddedMongoDatabase, EventStoreContr
         connection, name, guard = self.mongo()
         inner = MongoEventStore(connection, name, schema=guard)
         return BatchingEventStore(inner, max_size=32, max_delay_ms=1, lane_count=2)
+
+
+class TestSimulatedReplicaSetEventStore(SimulatedReplicaSetDatabase, EventStoreContract, unittest.TestCase):
+    """The transactional append path (a replica set's, played by ``tests.mongo_replica``)."""
+
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        return MongoEventStore(connection, name, schema=guard)
+
+
+class TestSimulatedReplicaSetBatchingEventStore(SimulatedReplicaSetDatabase, EventStoreContract, unittest.TestCase):
+    def make_store(self):
+        connection, name, guard = self.mongo()
+        return BatchingEventStore(MongoEventStore(connection, name, schema=guard), max_size=32, max_delay_ms=1,
+                                  lane_count=2)
 
 
 @requires_real_mongo

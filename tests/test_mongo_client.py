@@ -358,6 +358,7 @@ def test_every_write_path_runs_within_the_storage_time_limit(monkeypatch):
     assert bus.events is not None  # its collection and indexes built
     seen.clear()
     monkeypatch.setattr(connection, "embedded", False)
+    monkeypatch.setattr(connection, "_transactional", False)  # a standalone server's paths (see below for a set's)
     from datetime import UTC, datetime
 
     with override_settings(WOW={"COMMAND_STORAGE_TIMEOUT_S": 7}):

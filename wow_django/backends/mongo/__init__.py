@@ -77,7 +77,8 @@ class MongoBackend(Backend):
 
     def event_store(self, *, request_id_index: str):
         return MongoEventStore(self.connection, database_name("EVENT_STREAM"), schema=self.schema_guard,
-                               request_id_index=request_id_index, max_time_ms=self.max_time_ms)
+                               request_id_index=request_id_index, max_time_ms=self.max_time_ms,
+                               lock_timeout_s=wow_settings.APPEND_LOCK_TIMEOUT_S)
 
     def snapshot_store(self):
         return MongoSnapshotStore(self.connection, database_name("SNAPSHOT"), schema=self.schema_guard,

@@ -65,6 +65,15 @@ def redact(uri: str) -> str:
     return redact_url(uri)
 
 
+def is_transactional(hello: dict) -> bool:
+    """Whether a server's ``hello`` answer is a deployment with multi-document transactions: a replica set
+    member (``setName``) or a ``mongos`` (``msg: isdbgrid``), with sessions, at wire version 8 (MongoDB 4.2)
+    or later (transactions across shards; a replica set has them from 4.0)."""
+    if "logicalSessionTimeoutMinutes" not in hello or hello.get("maxWireVersion", 0) < 8:
+        return False
+    return bool(hello.get("setName")) or hello.get("msg") == "isdbgrid"
+
+
 class MongoConnection:
     """One client and the facts about its engine."""
 
@@ -74,6 +83,7 @@ class MongoConnection:
         self._guards: dict[tuple[str, str], threading.RLock] = {}
         self._guards_lock = threading.Lock()
         self._position_locks: dict[tuple[str, str], threading.RLock] = {}
+        self._transactional: bool | None = None
         # Embedded engine: the collections this process wrote a Decimal128 into (see note_decimals).
         self._decimal_collections: set[tuple[str, str]] = set()
         if self.embedded:
@@ -138,14 +148,37 @@ class MongoConnection:
 
         return pymongo.timeout(seconds)
 
+    @property
+    def transactional(self) -> bool:
+        """Whether the server runs multi-document transactions: a replica set or a sharded cluster (asked once,
+        with ``hello``). There the event store takes a position and inserts its stream in one transaction,
+        so positions commit in order and followers' gaps are final (see
+        :mod:`wow_django.backends.mongo.event_store`). A standalone server and the embedded engine do not."""
+        if self.embedded:
+            return False
+        if self._transactional is None:
+            from pymongo import errors as pymongo_errors
+
+            from wow_django.backends.mongo.errors import recoverable_errors
+
+            with recoverable_errors("asking the MongoDB server what it is (hello)"):
+                try:
+                    hello = self.client.admin.command("hello")
+                except pymongo_errors.OperationFailure:  # a server older than 4.4.2 knows only isMaster
+                    hello = self.client.admin.command("isMaster")
+            self._transactional = is_transactional(hello)
+        return self._transactional
+
     @contextlib.contextmanager
-    def positions_lock(self, database_name: str, context_names: Iterable[str]) -> Iterator[None]:
+    def positions_lock(self, database_name: str, context_names: Iterable[str], *,
+                       timeout: float | None = None) -> Iterator[None]:
         """On the embedded engine, hold the position locks of ``context_names`` (in name order: no deadlock).
 
         The embedded engine has no transactions; it lives in one process, so a lock per context held from a
         position's allocation until its insert ended (stored, or its position recorded void) orders the
         inserts by position, and a reader holding it sees no position missing below a visible one: the
-        engine's gaps are final. A server takes nothing here."""
+        engine's gaps are final. Waits at most ``timeout`` seconds for each lock (None: without limit), then
+        raises ``TimeoutError``. A server takes nothing here."""
         if not self.embedded:
             yield
             return
@@ -153,7 +186,10 @@ class MongoConnection:
             for context_name in sorted(set(context_names)):
                 with self._guards_lock:
                     lock = self._position_locks.setdefault((database_name, context_name), threading.RLock())
-                stack.enter_context(lock)
+                if not lock.acquire(timeout=-1 if timeout is None else timeout):
+                    raise TimeoutError(f"the position lock of context {context_name!r} is held by another "
+                                       f"writer (waited {timeout} s)")
+                stack.callback(lock.release)
             yield
 
     @contextlib.contextmanager

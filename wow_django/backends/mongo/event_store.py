@@ -2,28 +2,38 @@
 
 Every stream also gets a **global position** in its bounded context, for the
 followers (DESIGN G): a counter document per context in ``wow_position`` is
-incremented before the insert (one ``findOneAndUpdate`` per append, or per
-context and batch in :meth:`MongoEventStore.append_many`). Positions are thus
-allocated before their streams commit, so a follower may see position 7 before
-position 6 (``gaps_are_final`` is false, see ``wow_django.persistence.followers``).
-When an insert surely wrote nothing (a duplicate key or another write error, no
-server selected; on the embedded engine any error) its position is recorded in
-``wow_void_position`` at once so followers do not wait for it; a network error
-or a timeout after sending is not (the insert may still land).
+incremented with the insert (one ``findOneAndUpdate`` per append, or per
+context and batch in :meth:`MongoEventStore.append_many`). How followers can
+trust a missing position depends on the deployment:
 
-The embedded engine (one process, no transactions) allocates and inserts under
-a per-context lock (``MongoConnection.positions_lock``) that the feed's reads
-take too, so its gaps are final. On a server a gap is held for
-``FOLLOWER_GAP_TIMEOUT_S``: an insert landing later than that is still not
-handed (making it final there needs the counter update and the insert in one
-transaction on a replica set, read at one snapshot — not built yet; only a
-real replica set could prove it).
+* **A replica set or a sharded cluster** (``MongoConnection.transactional``):
+  the counter update and the insert run in one transaction. A second append of
+  the context meets the first's uncommitted counter and MongoDB aborts it at
+  once (a write conflict, ``TransientTransactionError``); it is run again after
+  a short pause until it commits or ``APPEND_LOCK_TIMEOUT_S`` has passed
+  (``ContextLockTimeout``, nothing stored). So positions commit in order and
+  with their streams; a refused insert aborts its transaction and gives its
+  position back. The feed reads the counter first (read concern majority, in
+  a causally consistent session) and only positions at or below it, all of
+  which are committed: its gaps are final and no late insert is ever passed.
+* **The embedded engine** (one process, no transactions) allocates and inserts
+  under a per-context lock (``MongoConnection.positions_lock``, bounded by
+  ``APPEND_LOCK_TIMEOUT_S`` too) that the feed's reads take as well: its gaps
+  are final.
+* **A standalone server** has no transactions: positions are taken before
+  their inserts, so a follower may see position 7 before position 6. When an
+  insert surely wrote nothing (a duplicate key or another write error, no
+  server selected) its position is recorded in ``wow_void_position`` at once;
+  otherwise the follower holds a gap for ``FOLLOWER_GAP_TIMEOUT_S`` and an
+  insert landing later than that is not handed. Run followers on a replica set
+  (a one-member set will do; change streams need one too).
 """
-
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import random
+import time
+from collections.abc import Callable, Sequence
 
 import bson
 from bson import errors as bson_errors
@@ -43,6 +53,7 @@ from wow_django.backends.mongo.errors import (
 )
 from wow_django.backends.mongo.schema import SchemaGuard, event_stream_spec, positions_spec, void_positions_spec
 from wow_django.exceptions import (
+    ContextLockTimeout,
     DuplicateAggregateId,
     DuplicateEventStreamId,
     DuplicateRequestId,
@@ -118,6 +129,7 @@ class MongoEventStore(EventStore):
         schema: SchemaGuard,
         request_id_index: str = "aggregate",
         max_time_ms: int = 10_000,
+        lock_timeout_s: float | None = 5.0,
     ):
         connection.require_acknowledged('the event store')
         self.connection = connection
@@ -125,6 +137,9 @@ class MongoEventStore(EventStore):
         self.schema = schema
         self.request_id_index = request_id_index
         self.max_time_ms = max_time_ms
+        #: How long an append waits for its context's positions (``APPEND_LOCK_TIMEOUT_S``; None: 120 s on a
+        #: server, without limit on the embedded engine), then ``ContextLockTimeout``.
+        self.lock_timeout_s = lock_timeout_s
         self._collections: dict[str, object] = {}
         #: Notified after each append of this process (the followers of this process wait on it).
         self.append_notifier = AppendNotifier()
@@ -146,14 +161,109 @@ class MongoEventStore(EventStore):
             collection = self._collections[spec.name] = self.database[spec.name]
         return collection
 
-    def allocate_positions(self, context_name: str, count: int) -> int:
-        """Reserve ``count`` consecutive positions of ``context_name``; the first. One round trip."""
+    def allocate_positions(self, context_name: str, count: int, *, session=None) -> int:
+        """Reserve ``count`` consecutive positions of ``context_name``; the first. One round trip.
+
+        With a ``session`` the reservation is part of its transaction (no error mapping, no time limit of
+        its own: the transaction's caller has both)."""
         counters = self._support(positions_spec())
+        if session is not None:
+            counter = counters.find_one_and_update(
+                {"_id": context_name}, {"$inc": {"position": count}}, upsert=True,
+                return_document=ReturnDocument.AFTER, session=session)
+            return counter["position"] - count + 1
         with recoverable_errors(f"allocating positions in {context_name!r}"), self.connection.guard(counters, write=True):
             counter = counters.find_one_and_update(
                 {"_id": context_name}, {"$inc": {"position": count}}, upsert=True,
                 return_document=ReturnDocument.AFTER)
         return counter["position"] - count + 1
+
+    @contextlib.contextmanager
+    def _positions_lock(self, context_names):
+        """The embedded engine's position locks (see ``MongoConnection.positions_lock``), waited for at most
+        ``lock_timeout_s``: then ``ContextLockTimeout``, nothing stored. A server takes nothing."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.connection.positions_lock(self.database.name, context_names,
+                                                                   timeout=self.lock_timeout_s))
+            except TimeoutError as exc:
+                raise ContextLockTimeout(
+                    f"an append waited {self.lock_timeout_s} s for its context's positions, held by another "
+                    "writer: nothing stored; retry with the same request id") from exc
+            yield
+
+    def _transaction(self, work: Callable[[object], None]) -> None:
+        """Run ``work(session)`` in one transaction, and again while it meets a transient error.
+
+        Two appends of a context both update its counter document: MongoDB aborts the later transaction
+        at once with a write conflict (``TransientTransactionError``) rather than making it wait. It is run
+        again after a short, growing, jittered pause until it commits, or until ``lock_timeout_s`` (120 s
+        when None) has passed: ``ContextLockTimeout``, nothing stored. Any other error aborts the
+        transaction and propagates (nothing of it is stored)."""
+        limit = 120.0 if self.lock_timeout_s is None else self.lock_timeout_s
+        deadline = time.monotonic() + limit
+        pause = 0.001
+        with self.connection.client.start_session() as session:
+            while True:
+                try:
+                    with session.start_transaction():
+                        work(session)
+                    return
+                except pymongo_errors.PyMongoError as exc:
+                    if not exc.has_error_label("TransientTransactionError"):
+                        raise
+                    if time.monotonic() + pause > deadline:
+                        raise ContextLockTimeout(
+                            f"an append kept meeting other appends' transactions on its context's positions (or "
+                            f"a transient error) for {limit} s: nothing stored; retry with the same request id"
+                        ) from exc
+                time.sleep(pause * random.uniform(0.5, 1.5))
+                pause = min(pause * 2, 0.05)
+
+    def _position_and_insert(self, collection, documents: list[dict], session) -> None:
+        """Within ``session``'s transaction: positions for ``documents``, then one ordered insert."""
+        self._position(documents, session=session)
+        with self.connection.guard(collection):  # the embedded engine's serialisation (a server: nothing)
+            result = collection.insert_many(documents, ordered=True, session=session)
+        if not result.acknowledged:
+            raise UnacknowledgedWriteError("an append in a transaction was not acknowledged")
+
+    def _insert_in_transaction(self, name: str, collection, streams: Sequence[EventStream],
+                               documents: list[dict]) -> list[Exception | None]:
+        """Position and insert ``documents`` (one aggregate type) in one transaction; each stream's result.
+
+        A write error (a duplicate version or request id) aborts the transaction, giving its positions
+        back: the stream at fault gets its error and the others are run again without it. Any other error
+        fails every stream still pending alike (nothing of the transaction is stored)."""
+        results: list[Exception | None] = [None] * len(documents)
+        pending = list(range(len(documents)))
+        refused: list[tuple[int, dict, pymongo_errors.BulkWriteError]] = []
+        while pending:
+            batch = [documents[index] for index in pending]
+            try:
+                with recoverable_errors(f"appending {len(batch)} {name} stream(s)"):
+                    with self.connection.write_limit():
+                        self._transaction(lambda session, batch=batch: self._position_and_insert(
+                            collection, batch, session))
+                break
+            except pymongo_errors.BulkWriteError as exc:
+                write_errors = exc.details.get("writeErrors") or []
+                if not write_errors:
+                    for index in pending:
+                        results[index] = exc
+                    break
+                index = pending[write_errors[0]["index"]]
+                refused.append((index, write_errors[0], exc))
+                pending.remove(index)
+            except Exception as exc:
+                for index in pending:
+                    results[index] = exc
+                break
+        # Mapped once the others are stored: a stream refused for another of the same batch (the aborted
+        # transaction took that one back with it) is confirmed against the stored one.
+        for index, write_error, exc in refused:
+            results[index] = self._refusal(name, collection, streams[index], write_error, exc)
+        return results
 
     def _void(self, context_name: str, positions: list[int]) -> None:
         """Record positions whose inserts were refused; best effort (a follower's gap timeout covers a miss)."""
@@ -181,10 +291,13 @@ class MongoEventStore(EventStore):
     def append(self, stream: EventStream) -> None:
         collection = self.collection(stream.aggregate_name)
         document = self._document(collection, stream)
-        context_name = stream.aggregate_id.context_name
-        with self.connection.positions_lock(self.database.name, [context_name]):
-            document["position"] = self.allocate_positions(context_name, 1)
-            error = self._append_one(collection, stream, document)
+        if self.connection.transactional:
+            [error] = self._insert_in_transaction(stream.aggregate_name, collection, [stream], [document])
+        else:
+            context_name = stream.aggregate_id.context_name
+            with self._positions_lock([context_name]):
+                document["position"] = self.allocate_positions(context_name, 1)
+                error = self._append_one(collection, stream, document)
         if error is not None:
             raise error
         self.append_notifier.notify()
@@ -216,8 +329,17 @@ class MongoEventStore(EventStore):
                 for index in indexes or group:
                     results[index] = results[index] or exc
                 continue
-            with self.connection.positions_lock(self.database.name, [d["contextName"] for d in documents]):
-                self._insert_group(name, collection, streams, indexes, documents, results)
+            if self.connection.transactional:
+                outcomes = self._insert_in_transaction(name, collection, [streams[i] for i in indexes], documents)
+                for index, outcome in zip(indexes, outcomes, strict=True):
+                    results[index] = outcome
+                continue
+            try:
+                with self._positions_lock([d["contextName"] for d in documents]):
+                    self._insert_group(name, collection, streams, indexes, documents, results)
+            except ContextLockTimeout as exc:
+                for index in indexes:
+                    results[index] = exc
         if any(result is None for result in results):
             self.append_notifier.notify()
         return results
@@ -243,19 +365,10 @@ class MongoEventStore(EventStore):
             refused: dict[str, list[int]] = {}
             for write_error in exc.details.get("writeErrors", []):
                 stream_index = indexes[write_error["index"]]
-                cause = _write_error(write_error, exc)
                 document = documents[write_error["index"]]
                 # A write error is the server's answer that this document was not written: void at once.
                 refused.setdefault(document["contextName"], []).append(document["position"])
-                if is_duplicate_key(write_error):
-                    error = self._conflict(collection, streams[stream_index], write_error)
-                elif write_error.get("code") in RECOVERABLE_CODES:
-                    error = RecoverableStoreError(
-                        f"appending {name} stream {streams[stream_index].id!r} failed transiently "
-                        f"({write_error.get('errmsg', 'write error')}); retry")
-                else:
-                    error = EventStoreError(write_error.get("errmsg", "write error"))
-                results[stream_index] = _caused(error, cause)
+                results[stream_index] = self._refusal(name, collection, streams[stream_index], write_error, exc)
             for context_name, positions in refused.items():
                 self._void(context_name, positions)
             concern = exc.details.get("writeConcernErrors") or []
@@ -279,6 +392,18 @@ class MongoEventStore(EventStore):
                 results[index] = exc
             if self._not_written(exc):
                 self._void_documents(documents)
+
+    def _refusal(self, name: str, collection, stream: EventStream, write_error: dict,
+                 batch: pymongo_errors.BulkWriteError) -> Exception:
+        """The error for one document's write error of a batch, caused by the driver's."""
+        if is_duplicate_key(write_error):
+            error = self._conflict(collection, stream, write_error)
+        elif write_error.get("code") in RECOVERABLE_CODES:
+            error = RecoverableStoreError(f"appending {name} stream {stream.id!r} failed transiently "
+                                          f"({write_error.get('errmsg', 'write error')}); retry")
+        else:
+            error = EventStoreError(write_error.get("errmsg", "write error"))
+        return _caused(error, _write_error(write_error, batch))
 
     def _append_one(self, collection, stream: EventStream, document: dict, *,
                     after_batch: bool = False) -> Exception | None:
@@ -334,13 +459,17 @@ class MongoEventStore(EventStore):
             stored = collection.find_one({"_id": document["_id"]}, {"position": 1})
         return stored is not None and stored.get("position") == document["position"]
 
-    def _position(self, documents: list[dict]) -> None:
-        """Give the documents positions: one allocation per context of the batch."""
+    def _position(self, documents: list[dict], *, session=None) -> None:
+        """Give the documents positions: one allocation per context of the batch (in ``session``'s
+        transaction when given)."""
         by_context: dict[str, list[dict]] = {}
         for document in documents:
             by_context.setdefault(document["contextName"], []).append(document)
         for context_name, group in by_context.items():
-            first = self.allocate_positions(context_name, len(group))
+            if session is None:
+                first = self.allocate_positions(context_name, len(group))
+            else:
+                first = self.allocate_positions(context_name, len(group), session=session)
             for offset, document in enumerate(group):
                 document["position"] = first + offset
 

@@ -1,14 +1,18 @@
 """Followers on MongoDB: the event streams read by global position, and followers' state in ``wow_follower``.
 
-Positions come from a per-context counter incremented *before* each insert
-(see :mod:`wow_django.backends.mongo.event_store`), so on a server a position
-can become visible after a higher one: ``gaps_are_final`` is false and the
+Positions come from a per-context counter updated with each insert (see
+:mod:`wow_django.backends.mongo.event_store`). On a replica set or a sharded
+cluster both run in one transaction, so positions commit in order: the feed
+reads the counter first (read concern majority, in a causally consistent
+session) and then only positions at or below it, all committed, so its gaps
+are final. On the embedded engine (one process, no transactions) allocation
+and insert run under a per-context lock that reads take as well: final too.
+On a standalone server a position is taken before its insert commits and can
+become visible after a higher one: ``gaps_are_final`` is false and the
 follower holds a missing position until it appears, is reported void, or the
-gap timeout passes. On the embedded engine (one process, no transactions)
-allocation and insert run under a per-context lock that reads take as well, so
-its gaps are final. Each ``{aggregate}_event_stream`` collection of the context's database
-is read with the ``contextName_1_position_1`` index and the collections'
-answers are merged by position.
+gap timeout passes. Each ``{aggregate}_event_stream`` collection of the
+context's database is read with the ``contextName_1_position_1`` index and
+the collections' answers are merged by position.
 
 Every write of the follower store is one conditional statement judged by the
 server, so it is atomic across processes: ``acquire`` is an upsert whose
@@ -35,12 +39,13 @@ from wow_django.backends.mongo.schema import (
     FOLLOWER_GAPS_COLLECTION,
     FOLLOWER_SKIPS_COLLECTION,
     FOLLOWERS_COLLECTION,
+    POSITIONS_COLLECTION,
     VOID_POSITIONS_COLLECTION,
     SchemaGuard,
     event_stream_collection,
     follower_specs,
 )
-from wow_django.exceptions import CheckpointFenced, LeaseLost, UnknownFollower
+from wow_django.exceptions import CheckpointFenced, LeaseLost, RecoverableStoreError, UnknownFollower
 from wow_django.persistence.documents import document_to_stream
 from wow_django.persistence.followers import (
     FollowerState,
@@ -63,15 +68,21 @@ from wow_django.persistence.followers import (
 _SUFFIX = event_stream_collection("")
 
 
+def _in(session) -> dict:
+    """``session=`` for pymongo when there is one (the embedded engine's reads take none)."""
+    return {} if session is None else {"session": session}
+
+
 class MongoStreamFeed(StreamFeed):
     """The streams of one context in the event store's database, by position (see the module docstring)."""
 
     @property
     def gaps_are_final(self) -> bool:
-        """True on the embedded engine only: its inserts are ordered by position under a lock that reads take
-        too (see ``MongoConnection.positions_lock``). On a server a position is taken before its insert
-        commits, so a missing position is held for the gap timeout."""
-        return self.connection.embedded
+        """True on a replica set or a sharded cluster (positions taken and inserted in one transaction, read
+        up to the committed counter only) and on the embedded engine (inserts ordered under a lock that reads
+        take too, see ``MongoConnection.positions_lock``). On a standalone server a position is taken before
+        its insert commits, so a missing position is held for the gap timeout."""
+        return self.connection.embedded or self.connection.transactional
 
     def __init__(self, store: MongoEventStore, context_name: str, *, watch_changes: bool = False):
         self.store = store
@@ -107,31 +118,59 @@ class MongoStreamFeed(StreamFeed):
         an event a failover rolls back is never projected nor relayed."""
         return collection.with_options(read_concern=ReadConcern("majority"))
 
-    def _collections(self) -> list:
+    def _collections(self, session=None) -> list:
         """Every event stream collection of the database (one ``listCollections``).
 
         Listed at each read, not cached: positions are global across the collections, so a collection
-        another process created that a cached list missed would look like a gap, and a gap older than
-        ``FOLLOWER_GAP_TIMEOUT_S`` is passed for good. One round trip per batch buys that certainty."""
+        another process created that a cached list missed would look like a gap, and a gap is passed
+        (at once where gaps are final). One round trip per batch buys that certainty. Listed after the
+        counter was read: a stream at or below it lives in a collection created before."""
         with recoverable_errors(f"listing the event stream collections of {self.database.name}"):
-            names = self.database.list_collection_names()
+            names = self.database.list_collection_names(**_in(session))
         return [self._majority(self.database[name]) for name in sorted(names)
                 if name.endswith(_SUFFIX) and name != _SUFFIX]
 
+    def committed_head(self, session=None) -> int:
+        """The context's position counter, read with read concern majority: on a replica set every position
+        at or below it is committed with its stream, or was given back by an aborted transaction."""
+        counters = self._majority(self.database[POSITIONS_COLLECTION])
+        with recoverable_errors(f"reading the position counter of {self.context_name!r}"), \
+                self.connection.guard(counters):
+            counter = counters.find_one({"_id": self.context_name}, {"position": 1}, max_time_ms=self.max_time_ms,
+                                        **_in(session))
+        return counter.get("position", 0) if counter else 0
+
     def read(self, after: int, limit: int) -> list[PositionedStream]:
         check_read_args(after, limit)
-        query = {"contextName": self.context_name, "position": {"$gt": after}}
-        answers = []
+        if self.connection.transactional:
+            # The counter first, then the streams at or below it, in one causally consistent session: each
+            # read sees at least what the counter's read saw, even across a failover.
+            with self.connection.client.start_session(causal_consistency=True) as session:
+                upto = self.committed_head(session)
+                if upto <= after:
+                    return []
+                return self._read({"$gt": after, "$lte": upto}, limit, session)
         # Embedded engine: every collection read with no insert in between (no position missing below a
-        # visible one); a server takes no lock here.
-        with self.connection.positions_lock(self.database.name, [self.context_name]):
-            for collection in self._collections():
-                with recoverable_errors(f"reading {collection.name} after {after}"), \
-                        self.connection.guard(collection):
-                    cursor = collection.find(query, max_time_ms=self.max_time_ms)
-                    documents = list(cursor.sort([("position", ASCENDING)]).limit(limit))
-                answers.append([(document["position"], index, document)
-                                for index, document in enumerate(documents)])
+        # visible one); a standalone server takes no lock here.
+        try:
+            lock = self.connection.positions_lock(self.database.name, [self.context_name],
+                                                  timeout=self.store.lock_timeout_s)
+            with lock:
+                return self._read({"$gt": after}, limit, None)
+        except TimeoutError as exc:
+            raise RecoverableStoreError(f"reading the streams of {self.context_name!r} waited "
+                                        f"{self.store.lock_timeout_s} s for a writer; retry") from exc
+
+    def _read(self, positions: dict, limit: int, session) -> list[PositionedStream]:
+        query = {"contextName": self.context_name, "position": positions}
+        answers = []
+        for collection in self._collections(session):
+            with recoverable_errors(f"reading {collection.name} at positions {positions}"), \
+                    self.connection.guard(collection):
+                cursor = collection.find(query, max_time_ms=self.max_time_ms, **_in(session))
+                documents = list(cursor.sort([("position", ASCENDING)]).limit(limit))
+            answers.append([(document["position"], index, document)
+                            for index, document in enumerate(documents)])
         merged = heapq.merge(*answers, key=lambda item: item[0])
         found = []
         for position, _, document in merged:
