@@ -5,10 +5,11 @@ aggregates are created, then each gets ``--updates`` update commands, single-thr
 
 - wow_django: the runtime's gateway with ``WOW['STORAGE'] = "django"`` on a fresh
   PostgreSQL database (created here, migrated for the apps ``wow_django`` and
-  ``wow_bus``, dropped at the end), with ``SNAPSHOT_STRATEGY`` "none" and with
-  the default "all" (every version's snapshot saved inline after the append:
-  one more statement per command). Django's connection settings are its
-  defaults, then once more with prepared statements
+  ``wow_bus``, dropped at the end): with the default settings (snapshot strategy
+  "all", written by the snapshot follower off the command path; the run ends when
+  it has caught up, so its work counts), without snapshots, and with the
+  snapshots saved inline (a lane saves one per command). Django's connection
+  settings are its defaults, then once more with prepared statements
   (``OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}``), as
   pyeventsourcing sends them.
 - pyeventsourcing's ``Application`` with ``PERSISTENCE_MODULE =
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -72,11 +74,29 @@ def main() -> None:
 
     from wow_django.application.runtime import close_runtime, get_runtime
 
-    def ours_with(alias: str, strategy: str) -> float:
+    def snapshots_caught_up() -> None:
+        """Wait for the snapshot follower (default settings) to pass every stream: its work counts."""
+        from wow_django.application.followers import snapshot_follower
+
+        if snapshot_follower() is None:
+            return
+        runtime = get_runtime()
+        head = runtime.stream_feed.head()
+        while True:
+            state = runtime.follower_store.get("wow-snapshots")
+            if state is not None and state.position >= head:
+                return
+            if state is not None and state.poison is not None:
+                raise SystemExit(f"the snapshot follower stopped: {state.poison.error}")
+            time.sleep(0.005)
+
+    def ours_with(alias: str, strategy: str, mode: str | None = None) -> float:
         wow = {"CONTEXT_NAME": "bench", "STORAGE": "django", "DATABASE_ALIAS": alias, "SNAPSHOT_STRATEGY": strategy}
+        if mode is not None:
+            wow["SNAPSHOT_MODE"] = mode
         with override_settings(WOW=wow):
             try:
-                return bench_ours(get_runtime().gateway, a, u)
+                return bench_ours(get_runtime().gateway, a, u, settle=snapshots_caught_up)
             finally:
                 close_runtime()
 
@@ -89,10 +109,10 @@ def main() -> None:
                 call_command("migrate", app, database=alias, verbosity=0)
         plan = [
             ("pyeventsourcing Application, PostgreSQL (baseline)", lambda: bench_baseline(a, u, env)),
-            ("wow_django gateway, django/PostgreSQL, no snapshots", lambda: ours_with("default", "none")),
-            ("wow_django gateway, django/PostgreSQL, snapshot every version", lambda: ours_with("default", "all")),
-            ("  same, prepared statements, no snapshots", lambda: ours_with("prepared", "none")),
-            ("  same, prepared statements, snapshot every version", lambda: ours_with("prepared", "all")),
+            ("wow_django gateway, django/PostgreSQL, DEFAULT SETTINGS", lambda: ours_with("default", "all")),
+            ("  no snapshots (SNAPSHOT_STRATEGY none)", lambda: ours_with("default", "none")),
+            ("  snapshots inline (SNAPSHOT_MODE inline)", lambda: ours_with("default", "all", "inline")),
+            ("  prepared statements, default snapshot settings", lambda: ours_with("prepared", "all")),
         ]
         # Interleaved (every row once, then again): load from elsewhere weighs on every row alike.
         runs = [[run() for _, run in plan] for _ in range(args.repeat)]

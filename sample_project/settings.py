@@ -57,9 +57,10 @@ that starts others (``wow_demo --serve``) hands its answers down through
 both variables to skip probing altogether (production does: a server that is
 down must be an error there, not a quiet fallback).
 
-``SNAPSHOT_MODE`` stays ``inline`` (the dispatcher saves snapshots), so no
-shared cache is needed: the per-process default cache is enough
-(``wow_django.W003`` is about ``SNAPSHOT_MODE="celery"``).
+``SNAPSHOT_MODE`` stays the default ``follower`` (the ``wow-snapshots``
+follower writes snapshots, wherever followers run), so no shared cache is
+needed: the per-process default cache is enough (``wow_django.W003`` is about
+``SNAPSHOT_MODE="celery"``).
 """
 
 import os

@@ -348,7 +348,8 @@ def customers():
     from sample_project.orders.aggregates import ChangeDisplayName, RegisterCustomer
     from wow_django.application import WaitStage, send
 
-    settings = fresh_wow("in_memory", FOLLOWERS_RUN="command")
+    # Snapshots saved inline: the stages these tests read are the projections' alone.
+    settings = fresh_wow("in_memory", FOLLOWERS_RUN="command", SNAPSHOT_MODE="inline")
     with override_settings(WOW=settings):
         first = send(RegisterCustomer(username="ann", display_name="Ann"), tenant_id="acme", request_id="req-c1",
                      wait=WaitStage.SNAPSHOT)

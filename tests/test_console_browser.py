@@ -44,7 +44,8 @@ def scenario(monkeypatch):
     from wow_django.application import WaitStage, send
 
     settings = fresh_wow("in_memory", SERVICE_NAME="order-service", BUS_EXCHANGE=unique_exchange(),
-                         BUS_STORE="django", FOLLOWERS_RUN="command")
+                         BUS_STORE="django", FOLLOWERS_RUN="command",
+                         SNAPSHOT_MODE="inline")
     with override_settings(WOW=settings):
         registered = send(RegisterCustomer(username="ann", display_name="Ann"), request_id="req-ann",
                           wait=WaitStage.SNAPSHOT)

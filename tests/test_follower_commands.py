@@ -36,7 +36,8 @@ def declared():
 
     Followers run only where the commands run them (``FOLLOWERS_RUN="command"``), not as threads of this
     process, so the lag before ``wow_follow`` is what the tests see."""
-    with override_settings(WOW=fresh_wow("in_memory", FOLLOWERS_RUN="command")), isolated_registry():
+    with override_settings(WOW=fresh_wow("in_memory", FOLLOWERS_RUN="command", SNAPSHOT_MODE="inline")), \
+            isolated_registry():
         handled: list[int] = []
         fail_at: set[int] = set()
 

@@ -39,7 +39,8 @@ def memory():
 @pytest.fixture
 def elsewhere():
     """Followers do not run in this process (they would in wow_follow processes or from Celery beat)."""
-    settings = fresh_wow("in_memory", FOLLOWERS_RUN="command")
+    # Snapshots saved inline: the stages these tests read are the projections' alone.
+    settings = fresh_wow("in_memory", FOLLOWERS_RUN="command", SNAPSHOT_MODE="inline")
     with override_settings(WOW=settings):
         yield settings
 

@@ -25,7 +25,7 @@ STORAGE_CHOICES = ("mongo", "in_memory", "django")
 FOLLOWERS_RUN_CHOICES = ("threads", "command", "celery")
 REQUEST_ID_INDEX_MODES = ("aggregate", "global")
 SNAPSHOT_STRATEGIES = ("all", "version_offset", "time_offset", "none")
-SNAPSHOT_MODES = ("inline", "celery")
+SNAPSHOT_MODES = ("follower", "inline", "celery")
 
 DEFAULTS: dict[str, Any] = {
     # --- identity -----------------------------------------------------
@@ -95,7 +95,7 @@ DEFAULTS: dict[str, Any] = {
     "SNAPSHOT_STRATEGY": "all",
     "SNAPSHOT_VERSION_OFFSET": 5,
     "SNAPSHOT_TIME_OFFSET_S": 60.0,
-    "SNAPSHOT_MODE": "inline",
+    "SNAPSHOT_MODE": "follower",
     # --- background work ---------------------------------------------------------
     # The task queue the application hands work to (commands sent with stage
     # SENT, snapshots in "celery" mode, bus rollups): a class implementing
@@ -140,9 +140,11 @@ DEFAULTS: dict[str, Any] = {
     # or failed (PENDING, SENT, RETRYING, PARTIAL, FAILED) are kept until they settle or expire.
     "BUS_RETENTION_DAYS": None,
     "BUS_EXPIRED_RETENTION_DAYS": None,
-    # The longest an append of the django backend waits for its context's lock (held by another writer
-    # until it commits): PostgreSQL's lock_timeout for the append statement, SQLite's busy timeout. Then
-    # ContextLockTimeout (retryable, HTTP 503). None: wait without limit.
+    # The longest an append waits for its context's lock (held by another writer until it commits):
+    # PostgreSQL's lock_timeout for the append statement, SQLite's busy timeout; on MongoDB the retries of
+    # a transaction meeting another append's on the context's position counter (a replica set), or the
+    # embedded engine's position lock. Then ContextLockTimeout (retryable, HTTP 503). None: wait without
+    # limit (120 s for MongoDB's retries).
     "APPEND_LOCK_TIMEOUT_S": 5.0,
     # --- followers (wow_follow) ---------------------------------------------
     # How long a follower waits for a position missing below a visible one

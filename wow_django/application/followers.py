@@ -64,6 +64,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 
 from wow_django.application.repository import stream_messages
+from wow_django.application.snapshotting import SNAPSHOT_FOLLOWER, SnapshotWriter, runtime_repository
 from wow_django.backends.django.errors import is_recoverable
 from wow_django.conf import wow_settings
 from wow_django.domain import registry as domain_registry
@@ -97,8 +98,12 @@ class Follower:
     aggregates: frozenset[str] | None = None
     events: frozenset[str] | None = None
     transactional: bool = False
-    #: "follower" (declared with :func:`follower`), "projection" or "processor" (a domain event handler).
+    #: "follower" (declared with :func:`follower`), "projection" or "processor" (a domain event handler),
+    #: "snapshots" (the snapshot follower, :mod:`wow_django.application.snapshotting`).
     kind: str = "follower"
+    #: Called after the handler took a batch's streams, before each checkpoint (a handler that gathers
+    #: its writes per batch writes them there); an error of it fails the cycle like a transient one.
+    flush: Callable[[], object] | None = None
 
     def matches(self, item: PositionedStream) -> bool:
         """Whether the handler takes ``item`` (its aggregate type and one of its events' names pass the filters)."""
@@ -195,6 +200,9 @@ def declared_followers() -> dict[str, Follower]:
     found: dict[str, Follower] = {}
     for handler in domain_registry.current().handlers():
         found[handler.name] = handler_follower(handler)
+    snapshots = snapshot_follower()
+    if snapshots is not None:
+        found[SNAPSHOT_FOLLOWER] = snapshots
     registry = followers()
     for name in registry.names():
         declared = registry.get(name)
@@ -205,6 +213,29 @@ def declared_followers() -> dict[str, Follower]:
                                        f"{found[name].kind} too: rename one")
         found[name] = declared
     return found
+
+
+_snapshot_followers: dict[tuple, Follower] = {}
+_snapshot_followers_lock = threading.Lock()
+
+
+def snapshot_follower() -> Follower | None:
+    """The snapshot follower of the current settings (the same object while they stand), or None when
+    ``SNAPSHOT_MODE`` is not ``"follower"`` or the strategy is ``"none"`` (see
+    :mod:`wow_django.application.snapshotting`)."""
+    mode, strategy = wow_settings.SNAPSHOT_MODE, wow_settings.SNAPSHOT_STRATEGY
+    if mode != "follower" or strategy == "none":
+        return None
+    key = (strategy, wow_settings.SNAPSHOT_VERSION_OFFSET, wow_settings.SNAPSHOT_TIME_OFFSET_S)
+    with _snapshot_followers_lock:
+        declared = _snapshot_followers.get(key)
+        if declared is None:
+            writer = SnapshotWriter(runtime_repository, strategy=strategy, version_offset=key[1],
+                                    time_offset_s=key[2], aggregate_type=domain_registry.aggregate_type,
+                                    transient=transient)
+            declared = _snapshot_followers[key] = Follower(SNAPSHOT_FOLLOWER, writer, kind="snapshots",
+                                                           flush=writer.flush)
+        return declared
 
 
 def projection_followers(aggregate_name: str, event_names: Iterable[str]) -> list[str]:
@@ -458,7 +489,9 @@ class FollowerRunner:
 
     def checkpoint(self, position: int, gaps: tuple[Gap, ...]) -> None:
         """Record that everything up to ``position`` is handled (a test overrides it to simulate a crash);
-        fenced with the generation the batch was read in."""
+        fenced with the generation the batch was read in. The follower's ``flush`` runs first."""
+        if self.follower.flush is not None:
+            self.follower.flush()
         self.store.advance(self.name, self.owner, position, now=self.clock(), gaps=gaps, generation=self._generation)
 
     # --- running ---------------------------------------------------------------------------------------
@@ -785,8 +818,11 @@ class ProjectionWaiter:
         self._feed = feed
         self._store = store
 
-    def wait(self, stream, timeout: float) -> Progress:
-        names = projection_followers(stream.aggregate_name, [event.name for event in stream.body])
+    def wait(self, stream, timeout: float, *, names: list[str] | None = None) -> Progress:
+        """Wait until the followers ``names`` (default: the stream's projection followers) have passed it."""
+        what = "projection" if names is None else "follower"
+        if names is None:
+            names = projection_followers(stream.aggregate_name, [event.name for event in stream.body])
         if not names:
             return Progress(True)
         deadline = time.monotonic() + timeout
@@ -801,7 +837,7 @@ class ProjectionWaiter:
                 if position is None:
                     position = self._feed().position_of(agg.aggregate_name, agg.id, stream.version)
                 if position is not None:
-                    errors, pending = self._passed(names, position)
+                    errors, pending = self._passed(names, position, what)
                     if not pending:
                         return Progress(True, tuple(errors))
                 unread = ""
@@ -813,7 +849,7 @@ class ProjectionWaiter:
             progress.wait(seen, min(remaining, backoff))
             backoff = min(backoff * 2, 0.05)
 
-    def _passed(self, names: list[str], position: int) -> tuple[list[str], list[str]]:
+    def _passed(self, names: list[str], position: int, what: str = "projection") -> tuple[list[str], list[str]]:
         """(the errors of projections stopped at or before ``position``, the names still short of it)."""
         errors: list[str] = []
         pending: list[str] = []
@@ -822,7 +858,7 @@ class ProjectionWaiter:
             if state is not None and state.position >= position:
                 continue
             if state is not None and state.poison is not None and state.poison.position <= position:
-                errors.append(f"projection {name!r} is stopped on position {state.poison.position} "
+                errors.append(f"{what} {name!r} is stopped on position {state.poison.position} "
                               f"({state.poison.aggregate}): {state.poison.error}")
                 continue
             pending.append(name)
@@ -834,8 +870,8 @@ class InlineProjectionWaiter(ProjectionWaiter):
     checkpoints say is the answer; it never waits (a projection that cannot move from inside this
     thread would otherwise hold the command for the whole timeout)."""
 
-    def wait(self, stream, timeout: float) -> Progress:
-        return super().wait(stream, 0.0)
+    def wait(self, stream, timeout: float, *, names: list[str] | None = None) -> Progress:
+        return super().wait(stream, 0.0, names=names)
 
 
 def transient(exc: BaseException) -> bool:
@@ -860,4 +896,5 @@ def _ranges(missing: list[int], seen: dict[int, datetime], now: datetime) -> lis
 __all__ = ["Cycle", "Follower", "FollowerRegistry", "FollowerRunner", "FollowerThreads", "InlineFollowers",
            "InlineProjectionWaiter", "ProjectionWaiter",
            "Progress", "declared_followers", "follower", "followers", "handler_follower", "projection_followers",
+           "snapshot_follower",
            "use_followers"]

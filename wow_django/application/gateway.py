@@ -38,9 +38,9 @@ from typing import Any
 from wow_django.application.command_status import STATUS_STORE_NAME, CommandStatusBook
 from wow_django.application.followers import Progress, ProjectionWaiter
 from wow_django.application.ports import TaskQueue
-from wow_django.application.projections import COMPLETED, Dispatcher, Job, Tracker
+from wow_django.application.projections import BY_FOLLOWER, COMPLETED, Dispatcher, Job, Tracker
 from wow_django.application.repository import AggregateRepository, apply_stream, encode_events, snapshot_of
-from wow_django.application.snapshotting import should_snapshot
+from wow_django.application.snapshotting import SNAPSHOT_FOLLOWER, should_snapshot
 from wow_django.domain.aggregate import Aggregate, CommandContext, aggregate_for_command, aggregate_type
 from wow_django.domain.ids import generate_id
 from wow_django.domain.messages import (
@@ -702,7 +702,7 @@ class CommandGateway:
         apply_stream(aggregate, stream, events)
         job = self._job(aggregate, stream)
         if job.snapshot is None and not job.queue_snapshot:
-            return stream, COMPLETED  # nothing to dispatch: no thread hand-off
+            return stream, job.tracker  # nothing to dispatch: no thread hand-off
         self.dispatcher.submit(job)
         return stream, job.tracker
 
@@ -719,6 +719,8 @@ class CommandGateway:
     def _job(self, aggregate: Aggregate, stream: EventStream) -> Job:
         due = should_snapshot(self.snapshot_strategy, aggregate, version_offset=self.snapshot_version_offset,
                               time_offset_s=self.snapshot_time_offset_s)
+        if due and self.snapshot_mode == "follower":  # the snapshot follower writes it: SNAPSHOT waits for it
+            return Job(stream=stream, snapshot=None, queue_snapshot=False, tracker=BY_FOLLOWER)
         inline = due and self.snapshot_mode == "inline"
         return Job(
             stream=stream,
@@ -733,11 +735,18 @@ class CommandGateway:
         if _rank(wait) < _rank(WaitStage.SNAPSHOT):
             return self._result(message, stream.version, WaitStage.PROCESSED, names)
         deadline = time.monotonic() + limit
-        if not tracker.snapshot_done.wait(limit):
+        errors: list[str] = []
+        if tracker is BY_FOLLOWER and self.projections is not None:
+            progress = self.projections.wait(stream, limit, names=[SNAPSHOT_FOLLOWER])
+            if not progress.done:
+                return self._result(message, stream.version, WaitStage.PROCESSED, names,
+                                    **_timeout_error(progress, limit, "SNAPSHOT"))
+            errors.extend(progress.errors)
+        elif not tracker.snapshot_done.wait(limit):
             return self._result(message, stream.version, WaitStage.PROCESSED, names, error_code="RequestTimeout",
                                 error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
         stage = WaitStage.SNAPSHOT
-        errors = list(tracker.errors)
+        errors.extend(tracker.errors)
         if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
             progress = self.projections.wait(stream, max(0.0, deadline - time.monotonic()))
             if not progress.done:
@@ -755,12 +764,13 @@ class CommandGateway:
         self.dispatcher.close()
 
 
-def _timeout_error(progress: Progress, limit: float) -> dict:
+def _timeout_error(progress: Progress, limit: float, stage: str = "PROJECTED") -> dict:
     pending = ", ".join(progress.pending)
     unread = f"; their checkpoints could not be read: {progress.unread}" if progress.unread else ""
+    what = "projection follower(s)" if stage == "PROJECTED" else "follower"
     return {"error_code": "RequestTimeout",
-            "error_msg": f"appended, but PROJECTED did not finish within {limit}s (waiting for the "
-                         f"projection follower(s) {pending}{unread}; is a follower running? see manage.py "
+            "error_msg": f"appended, but {stage} did not finish within {limit}s (waiting for the "
+                         f"{what} {pending}{unread}; is a follower running? see manage.py "
                          "wow_followers)"}
 
 

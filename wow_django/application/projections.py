@@ -45,6 +45,10 @@ class Tracker:
 # A tracker whose stages are already done (nothing to dispatch); shared, never written to.
 COMPLETED = Tracker()
 COMPLETED.snapshot_done.set()
+# The tracker of a stream whose snapshot the snapshot follower writes (SNAPSHOT_MODE="follower"): the
+# SNAPSHOT stage waits for that follower's checkpoint; shared, never written to.
+BY_FOLLOWER = Tracker()
+BY_FOLLOWER.snapshot_done.set()
 
 
 @dataclass

@@ -57,6 +57,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
+from wow_django.application import snapshotting
 from wow_django.application.followers import (
     FollowerThreads,
     InlineFollowers,
@@ -66,6 +67,7 @@ from wow_django.application.followers import (
 from wow_django.application.gateway import CommandGateway
 from wow_django.application.ports import TaskQueue
 from wow_django.application.projections import InlineDispatcher
+from wow_django.application.repository import AggregateRepository
 from wow_django.backends.django import DjangoBackend
 from wow_django.backends.django.connection import after_fork as django_connections_after_fork
 from wow_django.backends.memory import MemoryBackend
@@ -328,6 +330,23 @@ def _build() -> Runtime:
 
 #: The bus facade (wow_django.bus.get_bus) finds this process's bus here.
 bus_provider.install(lambda: get_runtime().bus)
+
+
+def _snapshot_repository() -> AggregateRepository:
+    """The stores of this process's runtime as a repository, for the snapshot follower (one per runtime)."""
+    runtime = get_runtime()
+    repository = runtime.__dict__.get("_snapshot_repository")
+    if repository is None:
+        event_store = runtime.event_store
+        if isinstance(event_store, BatchingEventStore):
+            event_store = event_store.inner  # reads go straight to the wrapped store
+        repository = AggregateRepository(event_store, runtime.snapshot_store, wow_settings.CONTEXT_NAME)
+        runtime._snapshot_repository = repository
+    return repository
+
+
+#: The snapshot follower finds the stores here.
+snapshotting.install_repository_provider(_snapshot_repository)
 
 
 def _close(part: Any) -> None:

@@ -1,12 +1,33 @@
-"""Snapshot strategies, the snapshot refresh (what a queued snapshot task runs), and the rebuild."""
+"""Snapshot strategies, the snapshot follower, the snapshot refresh (what a queued snapshot task runs), and
+the rebuild.
+
+**The snapshot follower** (``SNAPSHOT_MODE="follower"``, the default) writes snapshots from the event
+feed, off the command path, as Wow's snapshot processor does: a follower named
+:data:`SNAPSHOT_FOLLOWER` (checkpointed, leased, run by ``wow_follow`` or the follower threads like any
+other) keeps the latest state of the aggregates it has seen, applies each stream to it, and at the end of
+each batch saves one snapshot per aggregate the strategy asked for (the latest state: ten commands to one
+aggregate within a batch cost one write, not ten). Saves stay version-guarded. An aggregate it has not
+seen, or whose next stream skips versions it did not see, is loaded from the stores (snapshot + tail). A
+store's transient failure fails the batch, which is handed again from the checkpoint: a snapshot is never
+lost to an outage, and nothing needs repairing by hand. The ``SNAPSHOT`` wait stage waits for this
+follower to pass the command's stream.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
-from wow_django.application.repository import AggregateRepository, snapshot_of
+from wow_django.application.repository import AggregateRepository, apply_stream, snapshot_of
 from wow_django.domain.aggregate import Aggregate
 from wow_django.persistence.records import now_ms
+
+logger = logging.getLogger("wow_django.application.snapshotting")
+
+#: The name of the snapshot follower (``wow_followers`` shows it; rewind it to rewrite snapshots).
+SNAPSHOT_FOLLOWER = "wow-snapshots"
 
 
 def should_snapshot(strategy: str, aggregate: Aggregate, *, version_offset: int, time_offset_s: float,
@@ -61,3 +82,122 @@ def rebuild_snapshots(repository: AggregateRepository, cls: type[Aggregate], *,
         if progress is not None:
             progress(done, key.id)
     return done
+
+
+class SnapshotWriter:
+    """The snapshot follower's handler (see the module docstring): ``writer(item)`` per stream, then
+    :meth:`flush` before the batch's checkpoint.
+
+    ``repository`` gives the stores to read and write (called once per stream: a runtime rebuilt after a
+    settings change is followed, with the states forgotten); ``transient`` tells a store's passing failure
+    (re-raised: the batch is handed again) from any other. At most ``capacity`` aggregates' states are
+    kept, the least recently seen dropped first (an unsaved one never).
+    """
+
+    def __init__(self, repository: Callable[[], AggregateRepository | None], *, strategy: str, version_offset: int,
+                 time_offset_s: float, aggregate_type: Callable[[str], type[Aggregate] | None],
+                 transient: Callable[[BaseException], bool], capacity: int = 10_000):
+        if capacity < 1:
+            raise ValueError("capacity must be ≥ 1")
+        self._repository = repository
+        self.strategy = strategy
+        self.version_offset = version_offset
+        self.time_offset_s = time_offset_s
+        self._aggregate_type = aggregate_type
+        self._transient = transient
+        self.capacity = capacity
+        self._states: OrderedDict[tuple[str, str, str], Aggregate] = OrderedDict()
+        self._dirty: dict[tuple[str, str, str], Aggregate] = {}
+        self._source: AggregateRepository | None = None
+        self._lock = threading.Lock()  # one runner holds the lease, but inline and thread runners may share it
+        #: Counters for tests and benches: streams applied, aggregates loaded from the stores, snapshots saved.
+        self.applied = self.loaded = self.saved = 0
+
+    def _current(self) -> AggregateRepository | None:
+        repository = self._repository()
+        if repository is not self._source:
+            self._states.clear()
+            self._dirty.clear()
+            self._source = repository
+        return repository
+
+    def __call__(self, item) -> None:
+        with self._lock:
+            repository = self._current()
+            if repository is None or repository.snapshot_store is None:
+                return
+            stream = item.stream
+            cls = self._aggregate_type(stream.aggregate_name)
+            if cls is None:
+                return  # an aggregate type this code does not declare (any more): nothing to snapshot
+            agg = stream.aggregate_id
+            key = (agg.aggregate_name, agg.id, agg.tenant_id)
+            aggregate = self._states.get(key)
+            if aggregate is not None and aggregate.version >= stream.version:
+                return  # already applied (a batch handed again, a rewind): its state holds it
+            try:
+                if aggregate is not None and aggregate.version == stream.version - 1:
+                    apply_stream(aggregate, stream)
+                    self.applied += 1
+                else:
+                    aggregate = repository.load(cls, agg.id, tenant_id=agg.tenant_id)
+                    self.loaded += 1
+                    if aggregate is None or aggregate.version < stream.version:
+                        raise LookupError(f"{agg.aggregate_name} {agg.id!r} v{stream.version} is in the feed but "
+                                          "not loadable from the event store")
+            except BaseException:
+                self._states.pop(key, None)  # a half-applied state is never kept
+                self._dirty.pop(key, None)
+                raise
+            self._remember(key, aggregate)
+            if should_snapshot(self.strategy, aggregate, version_offset=self.version_offset,
+                               time_offset_s=self.time_offset_s):
+                self._dirty[key] = aggregate
+
+    def _remember(self, key: tuple[str, str, str], aggregate: Aggregate) -> None:
+        self._states[key] = aggregate
+        self._states.move_to_end(key)
+        while len(self._states) > self.capacity:
+            oldest = next((k for k in self._states if k not in self._dirty), None)
+            if oldest is None:
+                break
+            del self._states[oldest]
+
+    def flush(self) -> None:
+        """Save the snapshot of every aggregate the strategy asked for since the last flush (its latest
+        state). A transient store error propagates (the batch is handed again; what is unsaved stays so);
+        any other error is logged and that aggregate's snapshot is dropped (the next due stream, or
+        ``wow_rebuild_snapshots``, writes it)."""
+        with self._lock:
+            repository = self._current()
+            if repository is None or repository.snapshot_store is None:
+                self._dirty.clear()
+                return
+            for key, aggregate in list(self._dirty.items()):
+                snapshot = snapshot_of(aggregate, repository.context_name)
+                try:
+                    repository.snapshot_store.save(snapshot)
+                except Exception as exc:
+                    if self._transient(exc):
+                        raise
+                    logger.exception("snapshot of %s %r v%s failed; dropped", key[0], key[1], aggregate.version)
+                else:
+                    self.saved += 1
+                    aggregate.snapshot_version = aggregate.version
+                    aggregate.snapshot_time = snapshot.snapshot_time
+                del self._dirty[key]
+
+
+_repository_provider: Callable[[], AggregateRepository | None] | None = None
+
+
+def install_repository_provider(provider: Callable[[], AggregateRepository | None]) -> None:
+    """Where the snapshot follower finds the stores (the runtime installs its own when it is imported)."""
+    global _repository_provider
+    _repository_provider = provider
+
+
+def runtime_repository() -> AggregateRepository | None:
+    """The installed provider's repository (None before a runtime is installed)."""
+    provider = _repository_provider
+    return provider() if provider is not None else None
