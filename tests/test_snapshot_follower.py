@@ -19,7 +19,7 @@ from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.records import AggregateId
 from wow_django.testing import FakeClock
 
-from .support import fresh_wow
+from .support import fresh_wow, wait_for
 
 
 def _settings(**extra):
@@ -87,7 +87,7 @@ def test_a_batch_writes_one_snapshot_per_aggregate_at_its_latest_version():
         assert _snapshot(customers[0]).state["display_name"] == "name 8"
         saved, loaded, applied = (writer.saved - before[0], writer.loaded - before[1], writer.applied - before[2])
         assert saved == 3  # 30 streams, three aggregates: three writes
-        assert (loaded, applied) == (3, 0)  # each loaded once, at its latest version: the rest is skipped
+        assert (loaded, applied) == (0, 30)  # created within the feed: every stream applied in memory, no read
 
 
 def test_it_follows_the_strategy():
@@ -103,7 +103,7 @@ def test_it_follows_the_strategy():
             snapshot = _snapshot(customer)
             seen.append(snapshot.version if snapshot else None)
         assert seen == [None, 3, 3, 3, 6, 6, 6]
-        assert (writer.loaded - before[0], writer.applied - before[1]) == (1, 6)  # then applied in memory
+        assert (writer.loaded - before[0], writer.applied - before[1]) == (0, 8)  # from its creation on, in memory
 
 
 def test_an_aggregate_first_seen_mid_history_is_loaded_from_the_stores():
@@ -228,8 +228,9 @@ def test_a_stopped_snapshot_follower_is_reported_not_waited_for():
 
 @pytest.mark.parametrize("storage", ["in_memory", "mongo"])
 def test_with_follower_threads_a_snapshot_wait_sees_the_snapshot(storage):
-    """As a web process runs it: the follower threads start with the first command."""
-    with override_settings(WOW=fresh_wow(storage)):
+    """As a web process runs it: the follower threads start with the first command; a SNAPSHOT wait hurries
+    it out of its linger (30 s here: without the hurry every wait below would time out)."""
+    with override_settings(WOW=fresh_wow(storage, SNAPSHOT_FOLLOWER_LINGER_S=30)):
         customer = get_runtime().gateway.send(RegisterCustomer(username="threads", display_name="start"),
                                               wait=WaitStage.SNAPSHOT, timeout=10)
         assert customer.stage == WaitStage.SNAPSHOT and customer.error_code == "Ok"
@@ -239,3 +240,41 @@ def test_with_follower_threads_a_snapshot_wait_sees_the_snapshot(storage):
         result = _rename(customer.aggregate_id, 9, wait=WaitStage.SNAPSHOT, timeout=10)
         assert result.stage == WaitStage.SNAPSHOT and result.error_code == "Ok"
         assert _snapshot(customer.aggregate_id).version == 5
+
+
+def test_a_new_aggregate_needs_no_read():
+    with _settings():
+        customer = _register("new").aggregate_id
+        writer = snapshot_follower().handler
+        before = (writer.loaded, writer.applied)
+        _drain(_runner())
+        assert _snapshot(customer).version == 1
+        assert (writer.loaded - before[0], writer.applied - before[1]) == (0, 1)
+
+
+def test_it_lingers_between_batches_unless_hurried():
+    """Streams arriving while it lingers are handled in one batch (one snapshot write); a hurry ends the
+    linger at once."""
+    with _settings(SNAPSHOT_FOLLOWER_LINGER_S=30):
+        customer = _register("linger").aggregate_id
+        runtime = get_runtime()
+        runner = FollowerRunner(snapshot_follower(), runtime.stream_feed, runtime.follower_store, owner="thread")
+        stop = threading.Event()
+        thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+        writer = snapshot_follower().handler
+        saved = writer.saved
+        thread.start()
+        try:
+            wait_for(lambda: writer.saved == saved + 1, timeout=10, what="the first batch")
+            for n in range(5):  # arrive while it lingers (30 s)
+                _rename(customer, n)
+            assert writer.saved == saved + 1 and _snapshot(customer).version == 1
+            runner.hurry()
+            wait_for(lambda: writer.saved == saved + 2, timeout=10, what="the hurried batch")
+            assert _snapshot(customer).version == 6  # five commands, one write
+        finally:
+            stop.set()
+            runner.hurry()
+            runner.wake()
+            thread.join(10)
+            runner.close()

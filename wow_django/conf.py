@@ -96,6 +96,9 @@ DEFAULTS: dict[str, Any] = {
     "SNAPSHOT_VERSION_OFFSET": 5,
     "SNAPSHOT_TIME_OFFSET_S": 60.0,
     "SNAPSHOT_MODE": "follower",
+    # The snapshot follower waits this long after a batch before reading on (a SNAPSHOT wait of this process
+    # hurries it), so that one snapshot write covers more commands to an aggregate.
+    "SNAPSHOT_FOLLOWER_LINGER_S": 0.05,
     # --- background work ---------------------------------------------------------
     # The task queue the application hands work to (commands sent with stage
     # SENT, snapshots in "celery" mode, bus rollups): a class implementing
@@ -302,6 +305,7 @@ VALIDATORS = {
     "SNAPSHOT_VERSION_OFFSET": _pos_int,
     "SNAPSHOT_TIME_OFFSET_S": _pos_num,
     "SNAPSHOT_MODE": _choice(SNAPSHOT_MODES),
+    "SNAPSHOT_FOLLOWER_LINGER_S": _non_negative_num,
     "TASK_QUEUE": _str,
     "QUERY_ALLOW_RAW": _bool,
     "QUERY_MAX_PAGE_SIZE": _pos_int,

@@ -104,6 +104,9 @@ class Follower:
     #: Called after the handler took a batch's streams, before each checkpoint (a handler that gathers
     #: its writes per batch writes them there); an error of it fails the cycle like a transient one.
     flush: Callable[[], object] | None = None
+    #: After a batch that handled streams, wait this long before reading on (unless hurried): a follower
+    #: that gathers its writes per batch (``flush``) then writes once for more streams.
+    linger_s: float = 0.0
 
     def matches(self, item: PositionedStream) -> bool:
         """Whether the handler takes ``item`` (its aggregate type and one of its events' names pass the filters)."""
@@ -226,7 +229,8 @@ def snapshot_follower() -> Follower | None:
     mode, strategy = wow_settings.SNAPSHOT_MODE, wow_settings.SNAPSHOT_STRATEGY
     if mode != "follower" or strategy == "none":
         return None
-    key = (strategy, wow_settings.SNAPSHOT_VERSION_OFFSET, wow_settings.SNAPSHOT_TIME_OFFSET_S)
+    key = (strategy, wow_settings.SNAPSHOT_VERSION_OFFSET, wow_settings.SNAPSHOT_TIME_OFFSET_S,
+           wow_settings.SNAPSHOT_FOLLOWER_LINGER_S)
     with _snapshot_followers_lock:
         declared = _snapshot_followers.get(key)
         if declared is None:
@@ -234,7 +238,8 @@ def snapshot_follower() -> Follower | None:
                                     time_offset_s=key[2], aggregate_type=domain_registry.aggregate_type,
                                     transient=transient)
             declared = _snapshot_followers[key] = Follower(SNAPSHOT_FOLLOWER, writer, kind="snapshots",
-                                                           flush=writer.flush)
+                                                           flush=writer.flush,
+                                                           linger_s=wow_settings.SNAPSHOT_FOLLOWER_LINGER_S)
         return declared
 
 
@@ -302,6 +307,7 @@ class FollowerRunner:
         self._lease_until: datetime | None = None
         self._seen: dict[int, datetime] = {}  # missing position → when first seen missing
         self._wake = threading.Event()
+        self._hurry = threading.Event()
         self._finishing = False
         self._generation: int | None = None  # of the state the current batch was read from
         self._fenced = threading.Event()  # the heartbeat saw a rewind or pause: end the batch
@@ -509,6 +515,10 @@ class FollowerRunner:
         self._fenced.set()
         self.wake()
 
+    def hurry(self) -> None:
+        """End the current (or next) linger at once: someone waits for this follower to pass a stream."""
+        self._hurry.set()
+
     def wake(self) -> None:
         """Cut the current wait short (a stop request, a test)."""
         self._wake.set()
@@ -560,6 +570,11 @@ class FollowerRunner:
                         wait = MIN_WAIT_S
                 if stop.is_set():
                     break
+                if cycle.handled and self.follower.linger_s and not self._finishing:
+                    # Let more streams arrive before the next batch (its writes are gathered per batch),
+                    # unless someone waits for this follower (hurry).
+                    self._hurry.wait(self.follower.linger_s)
+                    self._hurry.clear()
                 if self._wait(seen, wait):
                     wait = MIN_WAIT_S
                 else:
@@ -669,6 +684,13 @@ class FollowerThreads:
     def names(self) -> list[str]:
         with self._lock:
             return sorted(self._running)
+
+    def hurry(self, name: str) -> None:
+        """Hurry this process's runner of follower ``name`` (see :meth:`FollowerRunner.hurry`), if it runs one."""
+        with self._lock:
+            running = self._running.get(name)
+        if running is not None:
+            running[1].hurry()
 
     def ensure(self) -> None:
         """Run every declared follower here (and only those)."""

@@ -52,6 +52,7 @@ from wow_django.domain.messages import (
     RecoverAggregate,
     command_type,
 )
+from wow_django.domain.values import NUL_RULE, nul_path
 from wow_django.exceptions import (
     AggregateIsDeleted,
     AggregateNotFound,
@@ -274,6 +275,7 @@ class CommandGateway:
         snapshot_time_offset_s: float = 60.0,
         snapshot_mode: str = "inline",
         status_ttl_s: float = 7 * 24 * 3600,
+        hurry: Callable[[str], None] | None = None,
     ):
         self.event_store = event_store
         self.snapshot_store = snapshot_store
@@ -304,6 +306,8 @@ class CommandGateway:
         self.snapshot_version_offset = snapshot_version_offset
         self.snapshot_time_offset_s = snapshot_time_offset_s
         self.snapshot_mode = snapshot_mode
+        #: Hurries this process's runner of a follower a SNAPSHOT wait waits for (the runtime's threads).
+        self.hurry = hurry
         self._locks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
 
@@ -457,6 +461,10 @@ class CommandGateway:
     def _message(self, cls, command_name, body, aggregate_id, request_id, tenant_id, owner_id, operator,
                  header, expected_version=None) -> CommandMessage:
         expected_version = check_expected_version(expected_version)
+        for name, value in (("body", body), ("operator", operator), ("owner_id", owner_id), ("header", header)):
+            where = nul_path(value, "" if name == "body" else name)
+            if where is not None:
+                raise CommandValidationError(f"{where}: {NUL_RULE}", [{"name": where, "msg": NUL_RULE}])
         command_id = generate_id()
         request_id_given = request_id is not None and request_id != ""
         request_id = _check_id(request_id, "request_id") if request_id_given else command_id
@@ -737,6 +745,8 @@ class CommandGateway:
         deadline = time.monotonic() + limit
         errors: list[str] = []
         if tracker is BY_FOLLOWER and self.projections is not None:
+            if self.hurry is not None:
+                self.hurry(SNAPSHOT_FOLLOWER)
             progress = self.projections.wait(stream, limit, names=[SNAPSHOT_FOLLOWER])
             if not progress.done:
                 return self._result(message, stream.version, WaitStage.PROCESSED, names,

@@ -256,6 +256,7 @@ class Runtime:
             dispatcher=dispatcher,
             projections=waiter,
             before_send=self._start_followers if threads else None,
+            hurry=self.follower_threads.hurry if threads else None,
             after_append=self.catch_up_followers if inline else None,
         )
 

@@ -136,6 +136,8 @@ class SnapshotWriter:
             if aggregate is not None and aggregate.version >= stream.version:
                 return  # already applied (a batch handed again, a rewind): its state holds it
             try:
+                if aggregate is None and stream.version == 1:
+                    aggregate = cls(agg.id, agg.tenant_id)  # a new aggregate: nothing to load
                 if aggregate is not None and aggregate.version == stream.version - 1:
                     apply_stream(aggregate, stream)
                     self.applied += 1
