@@ -257,3 +257,18 @@ def test_listing_parameters_out_of_range_are_a_400(bus_http_env, viewer, params)
     response = viewer.get("/bus/events/", params)
     assert response.status_code == 400 and error(response)["errorCode"] == "BusValidation"
     assert list(params) == [e["name"] for e in error(response)["bindingErrors"]]
+
+
+def test_nul_characters_are_refused_naming_the_field(bus_http_env, operator, viewer):
+    """Issue 26, item 2: event and trace ids in paths and query strings, a topic consumer's description."""
+    for response, name in (
+        (viewer.get("/bus/events/evt-\x00/"), "event_id"),
+        (viewer.get("/bus/traces/tr\x00/"), "trace_id"),
+        (viewer.get("/bus/events/", {"traceId": "t\x00"}), "traceId"),
+        (operator.post("/bus/topic-consumers/", {"topic": "order.shipped", "consumerId": "message-service",
+                                                 "description": "a\x00b"}, format="json"), "description"),
+    ):
+        assert response.status_code == 400, response.content
+        assert error(response)["bindingErrors"][0]["name"] == name
+    listed = viewer.get("/bus/topic-consumers/", {"topic": "order.shipped"}).json()["list"]
+    assert listed == []  # nothing stored

@@ -197,3 +197,26 @@ class ExactJSONEncoder(json.JSONEncoder):
 
 __all__ = ["ExactJSONEncoder", "canonical_time", "decimal_text", "dumps", "loads",
            "parse_time", "stored"]
+
+
+#: The rule a NUL character breaks: PostgreSQL stores none in text or JSON, so every backend refuses them.
+NUL_RULE = "must not contain NUL characters (\\u0000)"
+
+
+def nul_path(value: Any, root: str = "") -> str | None:
+    """Where the first NUL character of a JSON-like value is (``items[0].sku``; a key holding one names its
+    object, ``root`` or ``"body"`` at the top), or ``None``. Iterative: any depth."""
+    pending: list[tuple[str, Any]] = [(root, value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if "\x00" in str(key):
+                    return path or "body"
+                pending.append((f"{path}.{key}" if path else str(key), child))
+        elif isinstance(item, list | tuple):
+            pending.extend((f"{path}[{index}]", child) for index, child in enumerate(item))
+    return None

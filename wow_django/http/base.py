@@ -6,18 +6,51 @@ Both the aggregate API (:mod:`wow_django.http.views`) and the bus API
 
 from __future__ import annotations
 
+import base64
+import binascii
+import logging
+
+from django.db import DataError
 from django.http.request import MediaType
 from django.utils.module_loading import import_string
-from rest_framework.exceptions import UnsupportedMediaType
+from rest_framework.exceptions import AuthenticationFailed, UnsupportedMediaType
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from wow_django.conf import wow_settings
-from wow_django.http.errors import exception_handler
+from wow_django.domain.values import NUL_RULE
+from wow_django.http.errors import InvalidRequest, exception_handler
 from wow_django.http.parsers import WowJSONParser
 
 JSON_MEDIA_TYPE = "application/json"
+logger = logging.getLogger("wow_django.http")
+
+
+def refuse_nul(request, kwargs: dict) -> None:
+    """``InvalidRequest`` (400, naming it) for a NUL character in a path parameter, a query parameter (name or
+    value) or a header: PostgreSQL stores none, so every backend refuses them alike, before any lookup."""
+    for name, value in kwargs.items():
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidRequest(name, NUL_RULE)
+    for name, values in request.query_params.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            raise InvalidRequest(name.replace("\x00", "\\u0000"), NUL_RULE)
+    for key, value in request.META.items():
+        if key.startswith("HTTP_") and key != "HTTP_AUTHORIZATION" and isinstance(value, str) and "\x00" in value:
+            raise InvalidRequest(key[5:].replace("_", "-").title(), NUL_RULE)
+
+
+def _nul_in_credentials(header: str) -> bool:
+    if "\x00" in header:
+        return True
+    scheme, _, credentials = header.partition(" ")
+    if scheme.lower() != "basic" or not credentials:
+        return False
+    try:
+        return b"\x00" in base64.b64decode(credentials.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return False  # DRF's own check answers a malformed header
 
 
 def import_classes(values) -> list[type]:
@@ -46,8 +79,32 @@ class WowView(APIView):
         return exception_handler
 
     def initial(self, request, *args, **kwargs):
+        refuse_nul(request, kwargs)  # before anything reads them: no NUL reaches a database, on any backend
         super().initial(request, *args, **kwargs)
         self.check_content_type(request)
+
+    def perform_authentication(self, request):
+        """DRF's, except that credentials no database can look up (a NUL in them) are refused as what they
+        are, bad credentials (401), and a database error while checking them is a 401 too, never a 500."""
+        if _nul_in_credentials(request.META.get("HTTP_AUTHORIZATION", "")):
+            raise AuthenticationFailed(f"The Authorization header's credentials {NUL_RULE}.")
+        try:
+            super().perform_authentication(request)
+        except DataError as exc:
+            logger.warning("checking a request's credentials failed: %s: %s", type(exc).__name__, exc)
+            raise AuthenticationFailed("The credentials could not be checked.") from exc
+
+    def get_authenticate_header(self, request):
+        """The first authenticator's challenge; when it has none (session authentication first) but the request
+        sent an ``Authorization`` header, a challenge for that header's scheme: bad credentials are a 401 with
+        ``WWW-Authenticate``, not the 403 DRF would answer."""
+        header = super().get_authenticate_header(request)
+        if header:
+            return header
+        scheme = request.META.get("HTTP_AUTHORIZATION", "").split(" ", 1)[0].strip()
+        if scheme.isalnum():
+            return f'{scheme} realm="api"'
+        return None
 
     def check_content_type(self, request) -> None:
         """Refuse an unsafe request that does not say ``Content-Type: application/json``, whatever its body.

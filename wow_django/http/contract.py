@@ -116,12 +116,58 @@ def path_characters() -> str:
 
 
 def stripped_text_pattern() -> str:
-    """Text that neither starts nor ends with whitespace (so stripping it changes nothing) and is not empty."""
+    """Text that neither starts nor ends with whitespace (so stripping it changes nothing), is not empty and
+    holds no NUL character."""
     space = whitespace_characters()
-    return f"^[^{space}]([\\s\\S]*[^{space}])?$"
+    return f"^[^{space}\\u0000]([^\\u0000]*[^{space}\\u0000])?$"
 
 
 NO_NUL = "^[^\\u0000]*$"
+
+#: Strings a NUL-free pattern is checked against: one that matches none of them refuses NUL (a heuristic good for
+#: the patterns this API writes: character classes, fixed shapes).
+_NUL_PROBES = ("\x00", "a\x00", "\x00a", "a\x00a", "0\x00", "1\x00", "a.\x00")
+
+
+def forbid_nul(schema):
+    """``schema`` (changed in place, and returned) saying that no string of it holds a NUL character, as the API
+    refuses them (PostgreSQL stores none): a plain string gets :data:`NO_NUL` as its pattern; one whose own
+    pattern lets a NUL through gets it as well, in an ``allOf``; object keys likewise (``propertyNames``)."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, list):
+            pending.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("type")
+        is_string = kind == "string" or (isinstance(kind, list) and "string" in kind)
+        if is_string and not ({"enum", "const", "format"} & set(node)):
+            pattern = node.get("pattern")
+            if pattern is None:
+                node["pattern"] = NO_NUL
+            elif not _refuses_nul(pattern) and not any(
+                    isinstance(part, dict) and part.get("pattern") == NO_NUL for part in node.get("allOf", ())):
+                node["allOf"] = [*node.get("allOf", ()), {"pattern": NO_NUL}]
+        names = node.get("propertyNames")
+        extra = node.get("additionalProperties")
+        if names is None and (extra is True or isinstance(extra, dict)):
+            node["propertyNames"] = {"pattern": NO_NUL}  # extra keys are taken: none with a NUL
+        elif isinstance(names, dict) and "pattern" in names and not _refuses_nul(names["pattern"]):
+            names["allOf"] = [*names.get("allOf", ()), {"pattern": NO_NUL}]
+        for key, value in node.items():
+            if key not in ("enum", "const", "examples", "example", "default") and isinstance(value, dict | list):
+                pending.append(value)
+    return schema
+
+
+def _refuses_nul(pattern: str) -> bool:
+    try:
+        compiled = re.compile(pattern)
+    except re.error:
+        return False
+    return not any(compiled.search(probe) for probe in _NUL_PROBES)
 FIELD_PATH = {
     "type": "string", "minLength": 1, "maxLength": MAX_FIELD_PATH_LENGTH,
     "pattern": f"^[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z0-9_]+){{0,{MAX_FIELD_SEGMENTS - 1}}}$",
@@ -361,6 +407,8 @@ class WowJsonSchema(GenerateJsonSchema):
         found = super().str_schema(schema)
         if self.mode == "validation" and schema.get("strip_whitespace") and "pattern" not in found:
             found["pattern"] = stripped_text_pattern()
+        if self.mode == "validation":
+            forbid_nul(found)  # the API refuses NUL characters anywhere
         return found
 
 

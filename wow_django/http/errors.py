@@ -69,6 +69,7 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import DataError
 from django.http import Http404
 from kombu.exceptions import OperationalError as BrokerError
 from rest_framework import exceptions as drf
@@ -228,6 +229,13 @@ def error_response(exc: BaseException) -> Response | None:
         return None
     if isinstance(exc, BrokerError):
         return _unavailable(ErrorCodes.BROKER_UNAVAILABLE, exc)
+    if isinstance(exc, DataError):
+        # A value the database cannot take (a NUL character, a number out of range): the client's input. The
+        # database's own text (parts of the statement) goes to the log, never into the answer.
+        logger.warning("answering 400 for a value the database refused: %s: %s", type(exc).__name__, exc)
+        return Response(error_body(ErrorCodes.ILLEGAL_ARGUMENT, "A value of the request cannot be stored or "
+                                   "looked up (e.g. a NUL character, a number out of range)."),
+                        status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Http404):
         return Response(error_body(ErrorCodes.NOT_FOUND, str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DjangoPermissionDenied):

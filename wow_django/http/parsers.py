@@ -27,11 +27,12 @@ from decimal import Decimal
 
 from django.conf import settings
 from rest_framework import status
-from rest_framework.exceptions import APIException, ParseError
+from rest_framework.exceptions import APIException, ParseError, ValidationError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
 
 from wow_django.domain.messages import JSONDecimal
+from wow_django.domain.values import NUL_RULE, nul_path
 
 
 class RequestTooLarge(APIException):
@@ -67,7 +68,8 @@ def _no_constants(name: str):
 
 
 def _check_text(value) -> None:
-    """Raise ValueError on a lone surrogate anywhere (keys included), iteratively."""
+    """Raise ``UnicodeEncodeError`` on a lone surrogate anywhere (keys included), iteratively; a
+    ``ValidationError`` naming the field on a NUL character (see :func:`~wow_django.domain.values.nul_path`)."""
     pending = [value]
     while pending:
         item = pending.pop()
@@ -78,6 +80,9 @@ def _check_text(value) -> None:
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
+    where = nul_path(value)
+    if where is not None:
+        raise ValidationError({where: NUL_RULE})
 
 
 class WowJSONParser(BaseParser):

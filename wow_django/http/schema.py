@@ -86,6 +86,15 @@ def pydantic_models() -> tuple[tuple[type, str], ...]:
     return tuple(found)
 
 
+def _nul_free(parameters: list) -> list:
+    """The parameters' schemas saying that no NUL character is taken (a path, query or header value holding
+    one is a 400)."""
+    for parameter in parameters:
+        if isinstance(parameter, OpenApiParameter) and isinstance(parameter.type, dict):
+            parameter.type = contract.forbid_nul(copy.deepcopy(parameter.type))
+    return parameters
+
+
 class _Components:
     """Registers the API's components with drf-spectacular's registry and refers to them."""
 
@@ -95,7 +104,7 @@ class _Components:
             # A copy: drf-spectacular's post-processing hooks change the registered schemas in place, and these
             # are the very schemas the API holds requests to (contract.violations). Copied once per schema
             # document: every operation registers every component again (copying each time cost seconds).
-            component.schema = copy.deepcopy(schema)
+            component.schema = contract.forbid_nul(copy.deepcopy(schema))
             self.registry.register_on_missing(component)
         return component.ref
 
@@ -244,7 +253,7 @@ class WowAutoSchema(_Components, AutoSchema):
                 spec["name"], spec.get("schema", {"type": "string"}), spec.get("in", OpenApiParameter.HEADER),
                 required=spec.get("required", False), description=spec.get("description", ""),
             ))
-        return parameters
+        return _nul_free(parameters)
 
     def get_request_serializer(self):
         view = self.view
@@ -428,7 +437,7 @@ class WowBusSchema(_Components, AutoSchema):
                 "X-Request-Id", {"type": "string"}, OpenApiParameter.HEADER,
                 description="The client's request id, kept as initiator.clientRequestId when the envelope names "
                 "none."))
-        return parameters
+        return _nul_free(parameters)
 
     def get_request_serializer(self):
         body = self._key()[2]

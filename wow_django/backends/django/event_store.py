@@ -10,6 +10,7 @@ statement skips conflicts instead of failing).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Sequence
 
@@ -53,6 +54,8 @@ _encode_json = CanonicalJSONEncoder().encode
 # What RETURNING gives back to tell the inserted streams of a batch.
 _IDENTITY = ("stream_id", "aggregate_name", "aggregate_id", "version")
 
+
+logger = logging.getLogger("wow_django.backends.django.event_store")
 
 def _identity(stream: EventStream) -> tuple:
     return stream.id, stream.aggregate_name, stream.aggregate_id.id, stream.version
@@ -130,6 +133,16 @@ def _lock_waited(exc: OperationalError) -> bool:
         return True
     return type(cause).__module__.startswith("sqlite3") and "locked" in str(exc).lower()
 
+
+
+def _unstorable(stream: EventStream, exc: DataError) -> EventStoreError:
+    """The error for a stream the database refuses (a value it cannot store): what was refused, not the
+    database's text (parts of the statement), which goes to the log."""
+    logger.warning("event stream %r refused by the database: %s: %s", stream.id, type(exc).__name__, exc)
+    error = EventStoreError(f"event stream {stream.id!r} cannot be stored: a value the database refuses "
+                            "(e.g. a NUL character, a number out of range)")
+    error.__cause__ = exc
+    return error
 
 class DjangoEventStore(EventStore):
     """Event streams of every aggregate type in ``wow_event_stream`` of database ``using``.
@@ -249,7 +262,7 @@ class DjangoEventStore(EventStore):
         except IntegrityError as exc:
             raise self._conflict(connection, stream, exc) from exc
         except DataError as exc:
-            raise EventStoreError(f"event stream {stream.id!r} cannot be stored: {exc}") from exc
+            raise _unstorable(stream, exc) from exc
         self._appended(connection)
 
     def _timeout(self) -> float | None:
@@ -428,7 +441,7 @@ class DjangoEventStore(EventStore):
                         except IntegrityError as exc:
                             results[index] = self._conflict(connection, stream, exc)
                         except DataError as exc:
-                            results[index] = EventStoreError(f"event stream {stream.id!r} cannot be stored: {exc}")
+                            results[index] = _unstorable(stream, exc)
                         except (TypeError, ValueError) as exc:  # a body that is not JSON
                             results[index] = exc
         except RecoverableStoreError as exc:  # rolled back: nothing of this call is stored
