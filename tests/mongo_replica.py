@@ -49,15 +49,15 @@ class _Session:
         if self.in_transaction:
             self._abort()
 
-    @contextlib.contextmanager
     def start_transaction(self, **_options):
         self.in_transaction, self._held, self._counters, self._undo = True, [], {}, []
-        try:
-            yield self
-        except BaseException:
-            self._abort()
-            raise
-        self._commit()
+
+    def abort_transaction(self):
+        self._abort()
+
+    def commit_transaction(self):
+        if self.in_transaction:
+            self._commit()
 
     def increment(self, collection, filter_: dict, amount: int) -> dict:
         key = (collection.database.name, collection.name, filter_["_id"])

@@ -47,12 +47,15 @@ class TestWhatIsTransactional(unittest.TestCase):
 
 
 class _Session:
-    """A session whose transactions fail as told; what committed is recorded."""
+    """A session whose transactions fail as told (at commit); what committed is recorded."""
 
-    def __init__(self, failures: list[BaseException | None]):
+    def __init__(self, failures: list[BaseException | None], commit_failures: list[BaseException] | None = None):
         self.failures = failures
+        self.commit_failures = list(commit_failures or ())
         self.committed = 0
         self.attempts = 0
+        self.commits = 0
+        self.in_transaction = False
 
     def __enter__(self):
         return self
@@ -61,22 +64,22 @@ class _Session:
         return False
 
     def start_transaction(self):
-        session = self
+        self.attempts += 1
+        self.in_transaction = True
 
-        class Transaction:
-            def __enter__(self):
-                session.attempts += 1
-                return session
+    def abort_transaction(self):
+        self.in_transaction = False
 
-            def __exit__(self, kind, value, traceback):
-                if kind is None:
-                    failure = session.failures.pop(0) if session.failures else None
-                    if failure is not None:
-                        raise failure
-                    session.committed += 1
-                return False
-
-        return Transaction()
+    def commit_transaction(self):
+        self.commits += 1
+        if self.commit_failures:
+            raise self.commit_failures.pop(0)
+        failure = self.failures.pop(0) if self.failures else None
+        if failure is not None:
+            self.in_transaction = False
+            raise failure
+        self.in_transaction = False
+        self.committed += 1
 
 
 def _conflict() -> pymongo_errors.OperationFailure:
@@ -107,6 +110,24 @@ class TestTheRetryLoop(EmbeddedMongoDatabase, unittest.TestCase):
         self.assertEqual(session.committed, 0)
         self.assertIsInstance(caught.exception.__cause__, pymongo_errors.OperationFailure)
         self.assertGreater(session.attempts, 3)  # retried with short pauses, not once
+
+    def test_a_commit_whose_outcome_is_unknown_is_committed_again(self):
+        unknown = pymongo_errors.AutoReconnect("reply lost")
+        unknown._add_error_label("UnknownTransactionCommitResult")
+        session = _Session([], commit_failures=[unknown, unknown])
+        runs: list[object] = []
+        self.store(session)._transaction(runs.append)
+        self.assertEqual((len(runs), session.commits, session.committed), (1, 3, 1))  # run once, committed again
+
+    def test_an_error_in_the_work_aborts_and_is_not_retried(self):
+        session = _Session([])
+
+        def failing(_session):
+            raise ValueError("bad document")
+
+        with self.assertRaises(ValueError):
+            self.store(session)._transaction(failing)
+        self.assertEqual((session.attempts, session.committed, session.in_transaction), (1, 0, False))
 
     def test_any_other_error_is_not_retried(self):
         session = _Session([pymongo_errors.OperationFailure("bad value", 2, {"code": 2})])

@@ -68,7 +68,7 @@ def redact(uri: str) -> str:
 def is_transactional(hello: dict) -> bool:
     """Whether a server's ``hello`` answer is a deployment with multi-document transactions: a replica set
     member (``setName``) or a ``mongos`` (``msg: isdbgrid``), with sessions, at wire version 8 (MongoDB 4.2)
-    or later (transactions across shards; a replica set has them from 4.0)."""
+    or later for both (a 4.0 replica set has transactions too, but is not supported here)."""
     if "logicalSessionTimeoutMinutes" not in hello or hello.get("maxWireVersion", 0) < 8:
         return False
     return bool(hello.get("setName")) or hello.get("msg") == "isdbgrid"

@@ -198,7 +198,10 @@ class MongoEventStore(EventStore):
         Two appends of a context both update its counter document: MongoDB aborts the later transaction
         at once with a write conflict (``TransientTransactionError``) rather than making it wait. It is run
         again after a short, growing, jittered pause until it commits, or until ``lock_timeout_s`` (120 s
-        when None) has passed: ``ContextLockTimeout``, nothing stored. Any other error aborts the
+        when None) has passed: ``ContextLockTimeout``, nothing stored. A commit whose outcome is unknown
+        (``UnknownTransactionCommitResult``: the reply was lost) is committed again — MongoDB makes that
+        idempotent — until the same deadline; past it the error propagates as a transient one (the
+        stream may be stored: a caller reads back, as the gateway does). Any other error aborts the
         transaction and propagates (nothing of it is stored)."""
         limit = 120.0 if self.lock_timeout_s is None else self.lock_timeout_s
         deadline = time.monotonic() + limit
@@ -206,8 +209,14 @@ class MongoEventStore(EventStore):
         with self.connection.client.start_session() as session:
             while True:
                 try:
-                    with session.start_transaction():
+                    session.start_transaction()
+                    try:
                         work(session)
+                    except BaseException:
+                        if session.in_transaction:
+                            session.abort_transaction()
+                        raise
+                    self._commit(session, deadline)
                     return
                 except pymongo_errors.PyMongoError as exc:
                     if not exc.has_error_label("TransientTransactionError"):
@@ -219,6 +228,18 @@ class MongoEventStore(EventStore):
                         ) from exc
                 time.sleep(pause * random.uniform(0.5, 1.5))
                 pause = min(pause * 2, 0.05)
+
+    @staticmethod
+    def _commit(session, deadline: float) -> None:
+        """Commit, again while the outcome is unknown and the deadline allows (a repeated commit is safe)."""
+        while True:
+            try:
+                session.commit_transaction()
+                return
+            except pymongo_errors.PyMongoError as exc:
+                if not exc.has_error_label("UnknownTransactionCommitResult") or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.005)
 
     def _position_and_insert(self, collection, documents: list[dict], session) -> None:
         """Within ``session``'s transaction: positions for ``documents``, then one ordered insert."""
