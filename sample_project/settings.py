@@ -149,6 +149,24 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- HTTP API (wow_django.http) and its OpenAPI schema -------------------------------
 REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+
+# Logging: everything at WARNING and above to stderr (a process manager or container runtime keeps it), each
+# line with its logger and, for a request's errors (django.request: every 500 with its traceback, 4xx as
+# warnings), the request id the client sent (Command-Request-Id or X-Request-Id). wow_django's loggers are
+# named after its modules under "wow_django" (wow_django.http, wow_django.bus, wow_django.application.*,
+# wow_django.backends.*, wow_django.tasks); WOW_LOG_LEVEL=INFO shows their INFO lines too.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_id": {"()": "wow_django.log.RequestIdFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s [request %(request_id)s] %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["request_id"]}},
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
+    # Django's own handlers (its console under DEBUG, mail to ADMINS) give way to the one above.
+    "loggers": {"django": {"handlers": [], "level": "WARNING", "propagate": True}},
+}
+if os.environ.get("WOW_LOG_LEVEL"):
+    LOGGING["loggers"]["wow_django"] = {"level": os.environ["WOW_LOG_LEVEL"]}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Order service",
     "DESCRIPTION": "Commands, state, snapshots and event streams of the sample order service (wow_django).",

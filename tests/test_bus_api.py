@@ -272,3 +272,15 @@ def test_nul_characters_are_refused_naming_the_field(bus_http_env, operator, vie
         assert error(response)["bindingErrors"][0]["name"] == name
     listed = viewer.get("/bus/topic-consumers/", {"topic": "order.shipped"}).json()["list"]
     assert listed == []  # nothing stored
+
+
+def test_the_python_api_refuses_nul_in_an_envelope_and_keeps_a_consumers_error_readable(bus_http_env):
+    from wow_django.exceptions import EnvelopeValidationError
+
+    bus = get_bus()
+    with pytest.raises(EnvelopeValidationError) as caught:
+        bus.send("order.purchased", {"orderId": "o-1", "note": "a\x00b"})
+    assert [e["name"] for e in caught.value.binding_errors] == ["payload.note"]
+    sent = bus.send("order.purchased", {"orderId": "o-2"})
+    row = bus.record_feedback(sent.event_id, "member-service", False, "decode failed at \x00")
+    assert row["error"] == "decode failed at \\u0000"

@@ -538,3 +538,55 @@ def test_two_gateways_on_one_store_conflict_and_retry(wow):
         gateway.close()
     assert versions(customer, "customer") == list(range(1, 152))
     assert 2 in conflicts, "the two gateways' first commands did not conflict: the retry path was not exercised"
+
+
+@pytest.mark.parametrize("expect_version", [False, True])
+def test_a_copy_of_a_request_refused_in_the_state_its_twin_made_answers_the_twins_result(every_backend, expect_version):
+    """Issue 26, item 4: two copies of one request (same request id) in two processes. The copy that looked
+    the request id up just before its twin appended loads the state the twin made and is refused there
+    (ORDER_ALREADY_PAID, or CommandExpectVersionConflict with Command-Aggregate-Version): it must answer the
+    twin's result as a duplicate, not the refusal."""
+    first, second = (CommandGateway(get_runtime().event_store, None, context_name="order-service",
+                                    prepare_keys=get_runtime().prepare_key) for _ in range(2))
+    order = place(first, amount="5.00", quantity=1).aggregate_id
+    pay = PayOrder(amount=Decimal("5.00"), payment_id="pay-1")
+    options = {"aggregate_id": order, "request_id": "pay-req-1"}
+    if expect_version:
+        options["expected_version"] = 1
+    twin: list = []
+    lookup = second._find_stored
+
+    def looked_up_then_twin_appends(message):
+        found = lookup(message)
+        if not twin:  # the other process's copy lands right after this lookup saw nothing
+            twin.append(first.send(pay, **options))
+        return found
+
+    second._find_stored = looked_up_then_twin_appends
+    answer = second.send(pay, **options)
+    assert twin[0].succeeded and not twin[0].duplicate
+    assert answer.succeeded and answer.duplicate, answer
+    assert (answer.aggregate_version, answer.command_id) == (twin[0].aggregate_version, twin[0].command_id)
+    assert versions(order) == [1, 2]
+    # A refusal that is the request's own still stands.
+    with pytest.raises(DomainError, match="already paid") as refused:
+        second.send(pay, aggregate_id=order, request_id="pay-req-2")
+    assert refused.value.error_code == "ORDER_ALREADY_PAID"
+    for gateway in (first, second):
+        gateway.close()
+
+
+def test_a_queued_message_holding_a_nul_is_refused_and_recorded(wow):
+    """What the Python API refuses at send, a message queued from elsewhere is refused at processing too."""
+    from wow_django.application.gateway import CommandMessage
+
+    gateway = get_runtime().gateway
+    message = CommandMessage(aggregate_name="customer", command_name="register_customer",
+                             body={"username": "nul", "display_name": "a\x00"}, aggregate_id="cust-nul",
+                             request_id="req-nul", command_id="cmd-nul", request_id_given=True,
+                             tenant_id=DEFAULT_TENANT_ID, owner_id="", operator="", header={})
+    with pytest.raises(CommandValidationError) as caught:
+        gateway.process_message(message)
+    assert caught.value.binding_errors[0]["name"] == "display_name"
+    status = gateway.status("customer", "req-nul", tenant_id=DEFAULT_TENANT_ID)
+    assert status.error_code == "CommandValidation"

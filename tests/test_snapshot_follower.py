@@ -278,3 +278,97 @@ def test_it_lingers_between_batches_unless_hurried():
             runner.wake()
             thread.join(10)
             runner.close()
+
+
+def test_a_repeated_request_waits_for_the_snapshot_too():
+    with _settings(COMMAND_WAIT_TIMEOUT_S=0.3):
+        customer = _register("repeat").aggregate_id
+        first = get_runtime().gateway.send(ChangeDisplayName(display_name="again"), aggregate_id=customer,
+                                           request_id="rename-1")
+        again = get_runtime().gateway.send(ChangeDisplayName(display_name="again"), aggregate_id=customer,
+                                           request_id="rename-1", wait=WaitStage.SNAPSHOT, timeout=0.3)
+        assert again.duplicate and again.command_id == first.command_id
+        assert (again.stage, again.error_code) == (WaitStage.PROCESSED, "RequestTimeout")  # no follower runs
+        _drain(_runner())
+        again = get_runtime().gateway.send(ChangeDisplayName(display_name="again"), aggregate_id=customer,
+                                           request_id="rename-1", wait=WaitStage.SNAPSHOT, timeout=5)
+        assert again.duplicate and (again.stage, again.error_code) == (WaitStage.SNAPSHOT, "Ok")
+
+
+def test_follower_mode_needs_a_waiter():
+    from wow_django.application.gateway import CommandGateway
+    from wow_django.backends.memory.stores import InMemoryEventStore, InMemorySnapshotStore
+
+    with pytest.raises(ValueError, match="needs a waiter"):
+        CommandGateway(InMemoryEventStore(), InMemorySnapshotStore(), context_name="c", snapshot_mode="follower")
+
+
+def test_a_stream_the_store_cannot_load_yet_is_retried_not_poison(monkeypatch):
+    """A read that lags the feed (a replica, a router) fails the batch as a transient error: handed again."""
+    with _settings():
+        customer = _register("lagging").aggregate_id
+        _rename(customer, 1)
+        runtime = get_runtime()
+        # The writer has never seen it, and a first load finds nothing (the lagging read).
+        store = runtime.event_store
+        real = store.load
+        misses = [True]
+
+        def lagging(*args, **kwargs):
+            if misses:
+                misses.pop()
+                return []
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, "load", lagging)
+        runtime.follower_store.acquire(SNAPSHOT_FOLLOWER, "test", 30, now=FakeClock()())
+        runtime.follower_store.advance(SNAPSHOT_FOLLOWER, "test", 1, now=FakeClock()())
+        runtime.follower_store.release(SNAPSHOT_FOLLOWER, "test")
+        runner = _runner()
+        with pytest.raises(RecoverableStoreError):
+            runner.run_once()
+        _drain(runner)
+        state = runtime.follower_store.get(SNAPSHOT_FOLLOWER)
+        assert state.poison is None and _snapshot(customer).version == 2
+
+
+def test_a_failing_stream_keeps_the_snapshot_asked_for_before_it(monkeypatch):
+    """The strategy asked for v2's snapshot; v3 then fails to apply (poison): v2's snapshot is still written
+    with the checkpoint before v3, from the state as it was, not the half-applied one."""
+    from wow_django.application import snapshotting
+
+    with _settings():
+        customer = _register("poisoned").aggregate_id
+        _rename(customer, 2)
+        _rename(customer, 3)
+        real = snapshotting.apply_stream
+
+        def failing(aggregate, stream, events=None):
+            if stream.version == 3:
+                aggregate.state.display_name = "half-applied"
+                raise ValueError("cannot apply v3")
+            return real(aggregate, stream, events)
+
+        monkeypatch.setattr(snapshotting, "apply_stream", failing)
+        runner = _runner(min_batch=16, max_batch=16)
+        runner.run_once()
+        state = get_runtime().follower_store.get(SNAPSHOT_FOLLOWER)
+        assert state.poison is not None and "cannot apply v3" in state.poison.error
+        snapshot = _snapshot(customer)
+        assert snapshot.version == 2 and snapshot.state["display_name"] == "name 2"
+
+
+def test_stopping_ends_a_linger():
+    with _settings(SNAPSHOT_FOLLOWER_LINGER_S=60):
+        _register("stop")
+        runtime = get_runtime()
+        runner = FollowerRunner(snapshot_follower(), runtime.stream_feed, runtime.follower_store, owner="thread")
+        stop = threading.Event()
+        thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+        thread.start()
+        wait_for(lambda: runtime.follower_store.get(SNAPSHOT_FOLLOWER) is not None
+                 and runtime.follower_store.get(SNAPSHOT_FOLLOWER).position >= 1, timeout=10, what="the batch")
+        stop.set()
+        runner.wake()
+        thread.join(5)
+        assert not thread.is_alive()  # not 60 s of linger

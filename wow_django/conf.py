@@ -47,8 +47,9 @@ DEFAULTS: dict[str, Any] = {
     # holds the django backend's tables: migrate it with
     # ``manage.py migrate --database=<alias>``.
     "DATABASE_ALIAS": "default",
-    # PostgreSQL's statement_timeout for each query of the query API (the
-    # condition DSL) on the django backend; SQLite has no server-side limit.
+    # The time limit of each query of the query API (the condition DSL) on the
+    # django backend: PostgreSQL's statement_timeout; on SQLite a progress
+    # handler that interrupts the statement past it. Then QueryTooExpensive (400).
     "DATABASE_QUERY_TIMEOUT_MS": 10_000,
     # --- MongoDB ----------------------------------------------------------
     # mongodb://, mongodb+srv:// or mongomock:// (the embedded engine).

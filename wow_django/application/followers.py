@@ -520,8 +520,9 @@ class FollowerRunner:
         self._hurry.set()
 
     def wake(self) -> None:
-        """Cut the current wait short (a stop request, a test)."""
+        """Cut the current wait (or linger) short (a stop request, a test)."""
         self._wake.set()
+        self._hurry.set()
         if self.feed.notifier is not None:
             self.feed.notifier.notify()
 

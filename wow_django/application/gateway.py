@@ -306,6 +306,9 @@ class CommandGateway:
         self.snapshot_version_offset = snapshot_version_offset
         self.snapshot_time_offset_s = snapshot_time_offset_s
         self.snapshot_mode = snapshot_mode
+        if snapshot_mode == "follower" and projections is None and self.snapshot_strategy != "none":
+            raise ValueError("snapshot_mode='follower' needs a waiter (projections=) for the SNAPSHOT stage: without "
+                             "one a SNAPSHOT answer would not mean that the snapshot is stored")
         #: Hurries this process's runner of a follower a SNAPSHOT wait waits for (the runtime's threads).
         self.hurry = hurry
         self._locks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -369,6 +372,7 @@ class CommandGateway:
         """
         try:
             cls = self._aggregate_for(message.command_name, message.aggregate_name)
+            _refuse_nul(message.body, message.operator, message.owner_id, message.header)
             command = command_type(message.command_name).from_json(message.body)
             result = self._process(cls, command, message, wait, timeout)
         except (CommandError, EventVersionConflict) as exc:
@@ -461,10 +465,7 @@ class CommandGateway:
     def _message(self, cls, command_name, body, aggregate_id, request_id, tenant_id, owner_id, operator,
                  header, expected_version=None) -> CommandMessage:
         expected_version = check_expected_version(expected_version)
-        for name, value in (("body", body), ("operator", operator), ("owner_id", owner_id), ("header", header)):
-            where = nul_path(value, "" if name == "body" else name)
-            if where is not None:
-                raise CommandValidationError(f"{where}: {NUL_RULE}", [{"name": where, "msg": NUL_RULE}])
+        _refuse_nul(body, operator, owner_id, header)
         command_id = generate_id()
         request_id_given = request_id is not None and request_id != ""
         request_id = _check_id(request_id, "request_id") if request_id_given else command_id
@@ -566,6 +567,16 @@ class CommandGateway:
         aggregate's lock: another command of the aggregate is not held behind this wait)."""
         message, original, duplicate = found
         names = [e.name for e in original.body]
+        if _rank(wait) >= _rank(WaitStage.SNAPSHOT) and self.snapshot_mode == "follower" \
+                and self.projections is not None and self.snapshot_strategy != "none":
+            # The first request's snapshot is the snapshot follower's to write, as for a new command.
+            limit = self.wait_timeout_s if timeout is None else timeout
+            if self.hurry is not None:
+                self.hurry(SNAPSHOT_FOLLOWER)
+            progress = self.projections.wait(original, limit, names=[SNAPSHOT_FOLLOWER])
+            if not progress.done:
+                return self._result(message, original.version, WaitStage.PROCESSED, names, duplicate=duplicate,
+                                    **_timeout_error(progress, limit, "SNAPSHOT"))
         if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
             # The first request's projections may not have run yet (its process died after the append).
             limit = self.wait_timeout_s if timeout is None else timeout
@@ -639,6 +650,21 @@ class CommandGateway:
                     raise  # carried reservations stay: the write may have landed
                 self._backoff(attempt)
                 attempt += 1
+            except CommandError:
+                # Refused in the state loaded (a business rule, CommandExpectVersionConflict): a copy of this
+                # request (another process, another thread of a client retrying) may have been appended
+                # between the request-id lookup and the load, and it is what put the aggregate in that state.
+                # Its result is this request's answer, as on the duplicate path (its reservations are the
+                # stored events': kept). Only then is the refusal this request's own.
+                if message.request_id_given:
+                    try:
+                        stored = self._stored(message, wait, timeout)
+                    except RecoverableStoreError:
+                        stored = None
+                    if stored is not None:
+                        return stored
+                give_up(ctx)
+                raise
             except EventVersionConflict as exc:
                 ctx.compensate()
                 if attempt >= self.retry_limit:
@@ -772,6 +798,14 @@ class CommandGateway:
 
     def close(self) -> None:
         self.dispatcher.close()
+
+
+def _refuse_nul(body, operator, owner_id, header) -> None:
+    """``CommandValidationError`` naming the field that holds a NUL character (no SQL database stores one)."""
+    for name, value in (("body", body), ("operator", operator), ("owner_id", owner_id), ("header", header)):
+        where = nul_path(value, "" if name == "body" else name)
+        if where is not None:
+            raise CommandValidationError(f"{where}: {NUL_RULE}", [{"name": where, "msg": NUL_RULE}])
 
 
 def _timeout_error(progress: Progress, limit: float, stage: str = "PROJECTED") -> dict:

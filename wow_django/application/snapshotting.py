@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from wow_django.application.repository import AggregateRepository, apply_stream, snapshot_of
 from wow_django.domain.aggregate import Aggregate
+from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.records import now_ms
 
 logger = logging.getLogger("wow_django.application.snapshotting")
@@ -145,11 +146,23 @@ class SnapshotWriter:
                     aggregate = repository.load(cls, agg.id, tenant_id=agg.tenant_id)
                     self.loaded += 1
                     if aggregate is None or aggregate.version < stream.version:
-                        raise LookupError(f"{agg.aggregate_name} {agg.id!r} v{stream.version} is in the feed but "
-                                          "not loadable from the event store")
+                        # The feed saw it, the store's read did not (yet): a lagging read, retried with the batch.
+                        raise RecoverableStoreError(
+                            f"{agg.aggregate_name} {agg.id!r} v{stream.version} is in the feed but not loadable "
+                            "from the event store yet; retry")
             except BaseException:
-                self._states.pop(key, None)  # a half-applied state is never kept
-                self._dirty.pop(key, None)
+                # A half-applied state is never kept. A snapshot the strategy asked for before this stream (its
+                # state now half-applied too) is taken again from the stores, as it was before this stream.
+                self._states.pop(key, None)
+                if self._dirty.pop(key, None) is not None and stream.version > 1:
+                    try:
+                        before = repository.load(cls, agg.id, tenant_id=agg.tenant_id, tail_version=stream.version - 1)
+                    except Exception:  # the snapshot is lost to this failure only (logged with it)
+                        logger.exception("reloading %s %r v%s after a failed stream failed", agg.aggregate_name,
+                                         agg.id, stream.version - 1)
+                    else:
+                        if before is not None:
+                            self._dirty[key] = before
                 raise
             self._remember(key, aggregate)
             if should_snapshot(self.strategy, aggregate, version_offset=self.version_offset,

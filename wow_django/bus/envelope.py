@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from wow_django.bus.context import current_context
+from wow_django.domain.values import NUL_RULE, nul_path
 from wow_django.exceptions import EnvelopeValidationError
 from wow_django.persistence.bus import EventStatus, to_bson_time, utcnow
 
@@ -249,6 +250,9 @@ def build_envelope(data: dict, *, default_service: str) -> Envelope:
     for key in data:
         if key not in _WIRE_NAMES:
             errors.add(str(key), "unknown field: not part of the envelope")
+    nul = nul_path(data)
+    if nul is not None:  # PostgreSQL stores none: refused on every bus store alike
+        errors.add(nul.replace("\x00", "\\u0000"), NUL_RULE)
     ctx = current_context()
     event_id = _text(errors, "eventId", data.get("eventId"), required=False, pattern=ID_RE, max_length=128,
                      rule="must be 1-128 letters, digits or . _ : @ - and start with a letter or digit")

@@ -136,7 +136,9 @@ def _text_or_none(value: Any, name: str, limit: int) -> str | None:
         return None
     if not isinstance(value, str):
         raise EnvelopeValidationError.from_errors("feedback", [{"name": name, "msg": "must be a string"}])
-    return value[:limit]
+    # A consumer's own words (an exception's message may hold anything): kept, with a NUL written out, as no
+    # database of the SQL stores takes one.
+    return value[:limit].replace("\x00", "\\u0000")
 
 
 class EventBus:

@@ -47,8 +47,8 @@ def _nul_in_credentials(header: str) -> bool:
     scheme, _, credentials = header.partition(" ")
     if scheme.lower() != "basic" or not credentials:
         return False
-    try:
-        return b"\x00" in base64.b64decode(credentials.strip(), validate=True)
+    try:  # leniently, as DRF's BasicAuthentication decodes it (characters outside base64 are skipped)
+        return b"\x00" in base64.b64decode(credentials.strip())
     except (binascii.Error, ValueError):
         return False  # DRF's own check answers a malformed header
 
@@ -79,19 +79,29 @@ class WowView(APIView):
         return exception_handler
 
     def initial(self, request, *args, **kwargs):
-        refuse_nul(request, kwargs)  # before anything reads them: no NUL reaches a database, on any backend
+        # The user first, once (what DRF's own perform_authentication does, made safe): whatever answers the
+        # request afterwards — an error below, the browsable API's page — reads it without asking a database
+        # again. Then the path, query and headers: no NUL reaches a database, on any backend.
+        self.perform_authentication(request)
+        refuse_nul(request, kwargs)
         super().initial(request, *args, **kwargs)
         self.check_content_type(request)
 
     def perform_authentication(self, request):
         """DRF's, except that credentials no database can look up (a NUL in them) are refused as what they
-        are, bad credentials (401), and a database error while checking them is a 401 too, never a 500."""
+        are, bad credentials (401), and a database error while checking them (a session key or user name the
+        database refuses) is one too, never a 500. Either way the request is left anonymous, so nothing that
+        reads ``request.user`` afterwards runs the authenticators again."""
+        if hasattr(request, "_user"):
+            return  # resolved already
         if _nul_in_credentials(request.META.get("HTTP_AUTHORIZATION", "")):
+            request._not_authenticated()
             raise AuthenticationFailed(f"The Authorization header's credentials {NUL_RULE}.")
         try:
-            super().perform_authentication(request)
+            request.user  # noqa: B018 - runs the authenticators (DRF leaves it anonymous on their refusal)
         except DataError as exc:
             logger.warning("checking a request's credentials failed: %s: %s", type(exc).__name__, exc)
+            request._not_authenticated()
             raise AuthenticationFailed("The credentials could not be checked.") from exc
 
     def get_authenticate_header(self, request):

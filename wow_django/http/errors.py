@@ -223,7 +223,13 @@ def error_response(exc: BaseException) -> Response | None:
             if isinstance(exc, cls):
                 if exc.error_code in UNAVAILABLE_MESSAGES:
                     return _unavailable(exc.error_code, exc)
-                body = error_body(exc.error_code, str(exc), getattr(exc, "binding_errors", ()))
+                message = str(exc)
+                if type(exc) is EventStoreError:
+                    # The store's own words (a server's error message, a refused statement) stay in the log: the
+                    # answer says what happened, not what the database said.
+                    logger.warning("answering %s for a store error: %s", code, message)
+                    message = "The command's events could not be stored; nothing was appended."
+                body = error_body(exc.error_code, message, getattr(exc, "binding_errors", ()))
                 headers = {"Retry-After": RETRY_AFTER_S} if code == status.HTTP_503_SERVICE_UNAVAILABLE else None
                 return Response(body, status=code, headers=headers)
         return None

@@ -142,6 +142,10 @@ MAX_FIELD_PATH_LENGTH = 1024
 # a RAW $regex) or a full-text search (MATCH). Escaped, 4096 characters stay well under MongoDB's
 # 32764-byte pattern limit; each distinct pattern costs a compilation (and a cache entry) per backend.
 MAX_TEXT_LENGTH = 4096
+# All the text of one query's text conditions together (CONTAINS, STARTS_WITH, ENDS_WITH, MATCH, and the text
+# of EQ/NE, which ignoreCase turns into a pattern): each character is matched against every candidate
+# document's field, so the query's cost grows with it. Four texts at the longest each.
+MAX_QUERY_TEXT = 4 * MAX_TEXT_LENGTH
 MAX_OPTION_LENGTH = 64  # zoneId, datePattern
 MAX_LIST_SIZE = 1000
 MAX_SORT_FIELDS = 32  # MongoDB sorts on at most 32 keys.
@@ -477,6 +481,8 @@ class _ConditionParser:
         self.allow_raw = allow_raw
         self.max_depth = max_depth
         self.text_searches = 0
+        #: The text of the text conditions parsed so far (bounded by MAX_QUERY_TEXT).
+        self.query_text = 0
 
     def parse(self, data: Any, path: str, *, depth: int, in_element: bool, text_allowed: bool) -> Condition:
         if depth > self.max_depth:
@@ -597,6 +603,15 @@ class _ConditionParser:
 
     # --- values -------------------------------------------------------------------------
 
+    def _charge(self, text: str, path: str) -> str:
+        """Count ``text`` against :data:`MAX_QUERY_TEXT`; refuse the query at the value that passes it."""
+        self.query_text += len(text)
+        if self.query_text > MAX_QUERY_TEXT:
+            raise _fail(path, f"the text of a query's conditions (CONTAINS, STARTS_WITH, ENDS_WITH, MATCH, EQ, NE) "
+                              f"takes at most {MAX_QUERY_TEXT} characters in all (this one brings it to "
+                              f"{self.query_text})")
+        return text
+
     def _value(self, operator: Operator, raw: Any, path: str, node_path: str, text_allowed: bool) -> Any:
         if operator in (Op.ID, Op.AGGREGATE_ID, Op.TENANT_ID, Op.OWNER_ID):
             return self._text(raw, path, operator, allow_empty=False)
@@ -613,11 +628,14 @@ class _ConditionParser:
             return DeletionState(raw)
         if operator in (Op.EQ, Op.NE):
             self._json(raw, path, depth=1)
+            if isinstance(raw, str):
+                self._charge(raw, path)
             return copy.deepcopy(raw)
         if operator in COMPARISON_OPERATORS:
             return self._comparable(raw, path, operator)
         if operator in TEXT_OPERATORS:
-            return _check_text_length(self._text(raw, path, operator, allow_empty=True), path, operator)
+            return self._charge(_check_text_length(self._text(raw, path, operator, allow_empty=True), path,
+                                                   operator), path)
         if operator is Op.MATCH:
             if not text_allowed:
                 raise _fail(
@@ -627,7 +645,8 @@ class _ConditionParser:
             self.text_searches += 1
             if self.text_searches > 1:
                 raise _fail(_join(node_path, "operator"), "only one MATCH (full-text search) is allowed per query")
-            text = _check_text_length(self._text(raw, path, operator, allow_empty=False), path, operator)
+            text = self._charge(_check_text_length(self._text(raw, path, operator, allow_empty=False), path,
+                                                   operator), path)
             if not text.strip():
                 raise _fail(path, "MATCH needs at least one word to search for")
             return text

@@ -34,6 +34,7 @@ engine calls too complex.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -109,6 +110,10 @@ def query_settings(using: str, *, max_time_ms: int | None = None) -> Iterator[No
     queries that run in milliseconds, at a cost of seconds. Elsewhere: nothing.
     """
     connection = connections[using]
+    if connection.vendor == "sqlite":
+        with sqlite_time_limit(connection, max_time_ms):
+            yield
+        return
     if connection.vendor != "postgresql":
         yield
         return
@@ -120,6 +125,41 @@ def query_settings(using: str, *, max_time_ms: int | None = None) -> Iterator[No
         yield
         if not transaction.get_rollback(using=using):  # a rollback puts them back anyway
             _set_local(connection, previous)
+
+
+#: How many SQLite virtual-machine instructions run between two looks at the clock.
+SQLITE_PROGRESS_STEPS = 1000
+_now = time.monotonic  # the clock the SQLite limit reads (a test moves it)
+
+
+@contextlib.contextmanager
+def sqlite_time_limit(connection, max_time_ms: int | None) -> Iterator[None]:
+    """On SQLite, stop the queries inside once they ran ``max_time_ms`` (SQLite has no statement timeout: a
+    progress handler looks at the clock every :data:`SQLITE_PROGRESS_STEPS` instructions and interrupts the
+    statement past the deadline; ``QueryTooExpensive`` follows). Nothing without a limit."""
+    if not max_time_ms:
+        yield
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    deadline = _now() + max_time_ms / 1000
+    stopped = []
+
+    def handler() -> int:
+        if _now() > deadline:
+            stopped.append(True)
+            return 1  # a non-zero answer interrupts the statement
+        return 0
+
+    raw.set_progress_handler(handler, SQLITE_PROGRESS_STEPS)
+    try:
+        yield
+    except OperationalError as exc:
+        if stopped:
+            raise OperationalError(f"statement timeout (SQLite, {max_time_ms} ms)") from exc
+        raise
+    finally:
+        raw.set_progress_handler(None, 0)
 
 
 def _set_local(connection, values: dict[str, str]) -> dict[str, str]:

@@ -1,8 +1,10 @@
-"""NUL characters from hostile clients (issue 26, item 2): PostgreSQL stores none (text or JSON), so every
-backend refuses them alike with a 400 naming the field, before any lookup, and nothing is stored; credentials
-with one are a 401 with ``WWW-Authenticate``; a database's refusal never answers 500 nor shows its SQL.
+"""Hostile clients on the SQL backends (issue 26): NUL characters (item 2), costly text conditions (item 3),
+the store's own words kept out of answers (item 5).
 
-Run on the django backend on SQLite (which would store the NUL) and on PostgreSQL (which would fail).
+PostgreSQL stores no NUL (text or JSON), so every backend refuses them alike with a 400 naming the field,
+before any lookup, and nothing is stored; credentials with one are a 401 with ``WWW-Authenticate``; a
+database's refusal never answers 500 nor shows its SQL. Run on the django backend on SQLite (which would
+store the NUL) and on PostgreSQL (which would fail).
 """
 
 from __future__ import annotations
@@ -93,25 +95,35 @@ def test_a_nul_in_a_path_a_query_parameter_or_a_header_is_a_400(api):
     assert api.get(f"/api/order/{order_id}/state", HTTP_COMMAND_TENANT_ID="t1").status_code == 200
 
 
-def test_a_nul_in_basic_credentials_is_a_401_with_a_challenge(api):
-    for user in ("ad\x00min", "admin"):
-        credentials = base64.b64encode(f"{user}:pw\x00".encode()).decode()
+@pytest.mark.parametrize("accept", ["application/json", "text/html"])
+def test_a_nul_in_basic_credentials_is_a_401_with_a_challenge(api, accept):
+    """Also as the browsable API's page (which reads the user again while rendering), and with what DRF's
+    lenient decoding still reads (characters outside base64 skipped)."""
+    headers = [base64.b64encode(f"{user}:pw\x00".encode()).decode() for user in ("ad\x00min", "admin")]
+    headers.append("YQA6Yg==!")  # "a\0:b" once the "!" is skipped
+    for credentials in headers:
         response = api.get("/api/order/x/state", HTTP_AUTHORIZATION=f"Basic {credentials}",
-                           HTTP_COMMAND_TENANT_ID="t1")
-        assert response.status_code == 401, response.content
+                           HTTP_COMMAND_TENANT_ID="t1", HTTP_ACCEPT=accept)
+        assert response.status_code == 401, response.content[:500]
         assert response["WWW-Authenticate"].startswith("Basic")
-        assert response.json()["errorCode"] == "AuthenticationFailed"
+        if accept == "application/json":
+            assert response.json()["errorCode"] == "AuthenticationFailed"
+    both = api.get("/api/order/x/state?tenantId=a%00", HTTP_AUTHORIZATION=f"Basic {headers[0]}",
+                   HTTP_COMMAND_TENANT_ID="t1", HTTP_ACCEPT=accept)
+    assert both.status_code == 401, both.content[:500]
 
 
 def test_a_database_error_while_authenticating_is_a_401(api, settings):
     settings.REST_FRAMEWORK = {**getattr(settings, "REST_FRAMEWORK", {}), "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tests.test_nul_characters.RefusedByTheDatabase"]}
+        "tests.test_hostile_inputs_sql.RefusedByTheDatabase"]}
     with override_settings(WOW={**get_runtime_settings(), "API_AUTHENTICATION_CLASSES": [
-            "tests.test_nul_characters.RefusedByTheDatabase"]}):
-        response = api.get("/api/order/x/state", HTTP_AUTHORIZATION="Basic eDp5", HTTP_COMMAND_TENANT_ID="t1")
-    assert response.status_code == 401, response.content
-    assert response["WWW-Authenticate"].startswith("Basic")
-    assert "SELECT" not in response.content.decode()
+            "tests.test_hostile_inputs_sql.RefusedByTheDatabase"]}):
+        for accept in ("application/json", "text/html"):  # the page reads the user again: no second lookup
+            response = api.get("/api/order/x/state", HTTP_AUTHORIZATION="Basic eDp5", HTTP_COMMAND_TENANT_ID="t1",
+                               HTTP_ACCEPT=accept)
+            assert response.status_code == 401, response.content[:500]
+            assert response["WWW-Authenticate"].startswith("Basic")
+            assert "SELECT" not in response.content.decode()
 
 
 def get_runtime_settings() -> dict:
@@ -185,3 +197,63 @@ def test_a_database_refusal_on_a_read_is_a_400_without_the_sql(api, monkeypatch)
     response = api.get(f"/api/order/{order_id}/state", HTTP_COMMAND_TENANT_ID="t1")
     body = refused(response, 400)
     assert body["errorCode"] == "IllegalArgument"
+
+
+def test_a_store_error_answers_without_the_stores_words(api, monkeypatch):
+    """Issue 26, item 5: a store's refusal that is not a known conflict answers what happened; the server's
+    message (a statement, a document) goes to the log only."""
+    from wow_django.exceptions import EventStoreError
+
+    store = get_runtime().event_store
+
+    def refusing(stream):
+        raise EventStoreError('E11000 index wow_x dup key: { body: "secret" } / INSERT INTO "wow_event_stream"')
+
+    monkeypatch.setattr(store, "append", refusing)
+    response = post(api, "order/place_order", ORDER)
+    assert response.status_code == 409, response.content
+    body = response.json()
+    assert body["errorCode"] == "EventStoreError"
+    assert "secret" not in body["errorMsg"] and "E11000" not in body["errorMsg"] and "INSERT" not in body["errorMsg"]
+
+
+# --- issue 26, item 3: costly text conditions ---------------------------------------------------------------
+
+def _contains(n: int, length: int) -> dict:
+    return {"operator": "OR", "children": [
+        {"field": "state.customer_id", "operator": "CONTAINS", "value": "x" * length, "options": {"ignoreCase": True}}
+        for _ in range(n)]}
+
+
+def test_the_text_of_a_querys_conditions_is_bounded_in_all(api):
+    place(api)
+    body = refused(post(api, "order/snapshot/list", {"condition": _contains(50, 4096)}), 400)
+    error = body["bindingErrors"][0]
+    assert error["name"] == "condition.children[4].value" and "16384 characters in all" in error["msg"], body
+    assert post(api, "order/snapshot/list", {"condition": _contains(4, 4096)}).status_code == 200
+
+
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+def test_sqlite_stops_a_query_at_its_time_limit(monkeypatch):
+    """SQLite has no statement timeout: the progress handler stops the statement once the clock passes the
+    limit (here the clock jumps an hour after its first look), and the answer is QueryTooExpensive. (PostgreSQL's
+    statement_timeout has its own test with the query service.)"""
+    from wow_django.backends.django import queries
+
+    with isolated(fresh_wow("django", DATABASE_ALIAS="wow_sqlite")):
+        api = APIClient()
+        for _ in range(5):
+            place(api)
+        looks = []
+        start = queries._now()
+
+        def clock():
+            looks.append(1)
+            return start if len(looks) == 1 else start + 3600
+
+        monkeypatch.setattr(queries, "_now", clock)
+        monkeypatch.setattr(queries, "SQLITE_PROGRESS_STEPS", 1)
+        body = refused(post(api, "order/snapshot/list", {"condition": _contains(1, 10)}), 400)
+        assert body["errorCode"] == "QueryTooExpensive" and "DATABASE_QUERY_TIMEOUT_MS" in body["errorMsg"], body
+        monkeypatch.setattr(queries, "_now", lambda: start)
+        assert post(api, "order/snapshot/list", {"condition": _contains(1, 10)}).status_code == 200
