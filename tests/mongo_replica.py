@@ -94,10 +94,15 @@ class _Session:
         self._held, self._counters, self._undo = [], {}, []
 
 
-class _Collection:
+class _Wrapper:
+    """Delegates to the embedded engine's object, dropping ``session=`` (what :meth:`_wrap` makes of answers)."""
+
     def __init__(self, inner, replica: SimulatedReplicaSet):
         self._inner = inner
         self._replica = replica
+
+    def _wrap(self, name: str, answer):
+        return answer
 
     def __getattr__(self, name):
         attribute = getattr(self._inner, name)
@@ -106,10 +111,12 @@ class _Collection:
 
         def call(*args, **kwargs):
             kwargs, _session = _strip(kwargs)
-            return attribute(*args, **kwargs)
+            return self._wrap(name, attribute(*args, **kwargs))
 
         return call
 
+
+class _Collection(_Wrapper):
     def with_options(self, *args, **kwargs):
         return _Collection(self._inner.with_options(*args, **kwargs), self._replica)
 
@@ -144,22 +151,9 @@ class _Collection:
         return result
 
 
-class _Database:
-    def __init__(self, inner, replica: SimulatedReplicaSet):
-        self._inner = inner
-        self._replica = replica
-
-    def __getattr__(self, name):
-        attribute = getattr(self._inner, name)
-        if not callable(attribute):
-            return attribute
-
-        def call(*args, **kwargs):
-            kwargs, _session = _strip(kwargs)
-            answer = attribute(*args, **kwargs)
-            return _Collection(answer, self._replica) if name in ("get_collection", "create_collection") else answer
-
-        return call
+class _Database(_Wrapper):
+    def _wrap(self, name: str, answer):
+        return _Collection(answer, self._replica) if name in ("get_collection", "create_collection") else answer
 
     def __getitem__(self, name):
         return _Collection(self._inner[name], self._replica)
