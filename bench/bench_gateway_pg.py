@@ -77,13 +77,14 @@ def main() -> None:
     def snapshots_caught_up() -> None:
         """Wait for the snapshot follower (default settings) to pass every stream: its work counts."""
         from wow_django.application.followers import snapshot_follower
+        from wow_django.application.snapshotting import SNAPSHOT_FOLLOWER
 
         if snapshot_follower() is None:
             return
         runtime = get_runtime()
         head = runtime.stream_feed.head()
         while True:
-            state = runtime.follower_store.get("wow-snapshots")
+            state = runtime.follower_store.get(SNAPSHOT_FOLLOWER)
             if state is not None and state.position >= head:
                 return
             if state is not None and state.poison is not None:

@@ -81,7 +81,7 @@ MAX_ID_LENGTH = 128
 def printable_characters() -> str:
     """A regular-expression character class body (no brackets) of the printable characters: those of the Basic
     Multilingual Plane that ``str.isprintable`` accepts (no control, format, separator, surrogate, private-use or
-    unassigned character; the ASCII space is printable). Written with ``\\uXXXX`` escapes only, so Python,
+    unassigned character; the ASCII space is printable). Written with ``\\u`` escapes of four hex digits only, so Python,
     ECMAScript (OpenAPI's pattern dialect) and Rust read it alike."""
     parts, start = [], None
     for code in range(0x10001):
@@ -571,9 +571,7 @@ class CommandGateway:
                 and self.projections is not None and self.snapshot_strategy != "none":
             # The first request's snapshot is the snapshot follower's to write, as for a new command.
             limit = self.wait_timeout_s if timeout is None else timeout
-            if self.hurry is not None:
-                self.hurry(SNAPSHOT_FOLLOWER)
-            progress = self.projections.wait(original, limit, names=[SNAPSHOT_FOLLOWER])
+            progress = self._snapshot_follower_passed(original, limit)
             if not progress.done:
                 return self._result(message, original.version, WaitStage.PROCESSED, names, duplicate=duplicate,
                                     **_timeout_error(progress, limit, "SNAPSHOT"))
@@ -771,9 +769,7 @@ class CommandGateway:
         deadline = time.monotonic() + limit
         errors: list[str] = []
         if tracker is BY_FOLLOWER and self.projections is not None:
-            if self.hurry is not None:
-                self.hurry(SNAPSHOT_FOLLOWER)
-            progress = self.projections.wait(stream, limit, names=[SNAPSHOT_FOLLOWER])
+            progress = self._snapshot_follower_passed(stream, limit)
             if not progress.done:
                 return self._result(message, stream.version, WaitStage.PROCESSED, names,
                                     **_timeout_error(progress, limit, "SNAPSHOT"))
@@ -795,6 +791,13 @@ class CommandGateway:
             return self._result(message, stream.version, stage, names, error_code="DispatchFailed",
                                 error_msg="appended, but: " + "; ".join(errors))
         return self._result(message, stream.version, stage, names)
+
+    def _snapshot_follower_passed(self, stream: EventStream, limit: float) -> Progress:
+        """Wait (at most ``limit`` s) for the snapshot follower to pass ``stream``, hurrying this process's
+        runner of it out of its linger."""
+        if self.hurry is not None:
+            self.hurry(SNAPSHOT_FOLLOWER)
+        return self.projections.wait(stream, limit, names=[SNAPSHOT_FOLLOWER])
 
     def close(self) -> None:
         self.dispatcher.close()

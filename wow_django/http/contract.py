@@ -22,7 +22,7 @@ the server with a 400 naming the part.
 
 Patterns are written for every regular-expression dialect that reads them —
 ECMAScript (OpenAPI's), Python and Rust — with explicit character classes and
-``\\uXXXX`` escapes only (no ``\\d``, ``\\s``, ``\\w``, whose meanings differ), and
+``\\u`` escapes of four hex digits only (no ``\\d``, ``\\s``, ``\\w``, whose meanings differ), and
 Python reads a final ``$`` as the end of the text, as the others do.
 """
 

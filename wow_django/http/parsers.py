@@ -67,9 +67,11 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not JSON (numbers must be finite)")
 
 
-def _check_text(value) -> None:
+def _check_text(value, text: str) -> None:
     """Raise ``UnicodeEncodeError`` on a lone surrogate anywhere (keys included), iteratively; a
-    ``ValidationError`` naming the field on a NUL character (see :func:`~wow_django.domain.values.nul_path`)."""
+    ``ValidationError`` naming the field on a NUL character (see :func:`~wow_django.domain.values.nul_path`).
+    JSON can only carry a NUL as the escape ``\\u0000``: the parsed value is walked for it only when ``text``,
+    the body it was parsed from, holds that escape."""
     pending = [value]
     while pending:
         item = pending.pop()
@@ -80,7 +82,7 @@ def _check_text(value) -> None:
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
-    where = nul_path(value)
+    where = nul_path(value) if "\\u0000" in text else None
     if where is not None:
         raise ValidationError({where: NUL_RULE})
 
@@ -109,7 +111,7 @@ class WowJSONParser(BaseParser):
         except ValueError as exc:
             raise ParseError(f"Malformed JSON: {exc}")
         try:
-            _check_text(data)
+            _check_text(data, text)
         except UnicodeEncodeError:
             raise ParseError("Malformed JSON: strings must not contain lone surrogates (\\ud800-\\udfff).")
         return data
