@@ -35,7 +35,7 @@ stores that live in one process). By default the in-memory store is measured
 with ``worker`` and ``eager`` and the Mongo store with ``worker``. Everything
 runs in this one process, so the Celery worker thread shares the interpreter
 with the senders and consumers. The goal: the bus with the rollup on its Celery
-worker at ≥ 0.50 of bare kombu's events/s; each worker run says whether it meets
+worker at ≥ 0.60 of bare kombu's events/s; each worker run says whether it meets
 it. On a machine busy with other work the figures move from run to run:
 ``--repeat N`` measures in N rounds (bare kombu, then each bus run) and reports
 medians. ``--profile FILE`` samples every thread of the first in-memory run and
@@ -89,7 +89,7 @@ from wow_django.testing.bus import delete_amqp_entities  # noqa: E402
 
 TOPIC = "bench.purchased"
 CONSUMERS = ("bench-member", "bench-message")
-GOAL = 0.5  # the bus with the rollup on its Celery worker, as a share of bare kombu's events/s
+GOAL = 0.6  # the bus with the rollup on its Celery worker, as a share of bare kombu's events/s
 ROLLUP_TASKS = ("wow_django.bus.rollup_pending", "wow_django.bus.rollup")
 
 
@@ -309,10 +309,11 @@ def bus_end_to_end(url: str, messages: list[dict], senders: int, rollup: str, re
             deadline = time.monotonic() + float(os.environ.get("BENCH_BUS_TIMEOUT", 600))
             consumed = 0
             while time.monotonic() < deadline:
-                consumed, _ = bus.store.find_events(consumed_query, skip=0, limit=1)
+                consumed, _ = bus.store.find_events(consumed_query, skip=0, limit=0)
                 if consumed == len(messages):
                     break
-                # A one-event page: the in-memory store starts from its status index; the embedded engine scans.
+                # The count only (an empty page): the in-memory store reads its status index; the embedded
+                # engine scans. This watching shares the interpreter with the bus, so it stays cheap.
                 time.sleep(0.005 if store == "memory" else 0.05)
             elapsed = time.perf_counter() - started
             if sampler is not None:

@@ -7,7 +7,7 @@ times). Plain dicts; no pymongo.
 
 from __future__ import annotations
 
-from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream, Snapshot
+from wow_django.persistence.records import AggregateId, EventStream, Snapshot, stored_events, stored_stream
 
 
 def stream_to_document(stream: EventStream) -> dict:
@@ -33,27 +33,13 @@ def stream_to_document(stream: EventStream) -> dict:
 
 
 def document_to_stream(doc: dict) -> EventStream:
-    return EventStream(
-        id=doc["_id"],
-        aggregate_id=AggregateId(
-            aggregate_name=doc["aggregateName"],
-            id=doc["aggregateId"],
-            context_name=doc["contextName"],
-            tenant_id=doc["tenantId"],
-        ),
-        version=doc["version"],
-        body=tuple(
-            DomainEventRecord(
-                id=e["id"], name=e["name"], revision=e.get("revision", ""),
-                body_type=e.get("bodyType", ""), body=e.get("body") or {},
-            )
-            for e in doc["body"]
-        ),
-        request_id=doc["requestId"],
-        command_id=doc["commandId"],
-        owner_id=doc.get("ownerId") or "",
-        header=doc.get("header") or {},
-        create_time=doc["createTime"],
+    """The stream of a stored document (checked when it was appended: see :func:`stored_stream`)."""
+    return stored_stream(
+        doc["_id"],
+        AggregateId(aggregate_name=doc["aggregateName"], id=doc["aggregateId"], context_name=doc["contextName"],
+                    tenant_id=doc["tenantId"]),
+        doc["version"], stored_events(doc["body"]), doc["requestId"], doc["commandId"], doc.get("ownerId"),
+        doc.get("header"), doc["createTime"],
     )
 
 

@@ -98,6 +98,60 @@ class EventStream:
         return self.aggregate_id.aggregate_name
 
 
+# --- records read back from a store ---------------------------------------------------------------
+#
+# What a store reads was checked when it was appended (the constructors above) and is held by the
+# database's constraints since, so reads build their records without checking every field again: on a
+# load of a few small streams the checks and the frozen dataclasses' ``__init__`` (one
+# ``object.__setattr__`` per field) cost more than the database's answer. The slots' descriptors set the
+# fields directly; the records are the same classes, equal to and hashed as ones built the usual way.
+
+_new = object.__new__
+_set_event = tuple(DomainEventRecord.__dict__[name].__set__ for name in ("id", "name", "revision", "body_type", "body"))
+_set_stream = tuple(EventStream.__dict__[name].__set__ for name in (
+    "id", "aggregate_id", "version", "body", "request_id", "command_id", "owner_id", "header", "create_time"))
+
+
+def stored_events(documents: list[dict]) -> tuple[DomainEventRecord, ...]:
+    """The events of a stored stream from their documents (``id``, ``name``, ``revision``, ``bodyType``, ``body``).
+
+    Raises ``KeyError``/``TypeError`` on a document without an id or a name, as the usual constructor would
+    refuse it; an absent revision, body type or body reads as empty.
+    """
+    set_id, set_name, set_revision, set_body_type, set_body = _set_event
+    events = []
+    for document in documents:
+        event = _new(DomainEventRecord)
+        set_id(event, document["id"])
+        set_name(event, document["name"])
+        set_revision(event, document.get("revision") or "")
+        set_body_type(event, document.get("bodyType") or "")
+        set_body(event, document.get("body") or {})
+        events.append(event)
+    if not events:
+        raise ValueError("a stored event stream holds no event")
+    return tuple(events)
+
+
+def stored_stream(stream_id: str, aggregate_id: AggregateId, version: int, events: tuple[DomainEventRecord, ...],
+                  request_id: str, command_id: str, owner_id: str | None, header: dict | None,
+                  create_time: int) -> EventStream:
+    """An :class:`EventStream` read back from a store (see the note above): fields as stored, none checked again."""
+    stream = _new(EventStream)
+    set_id, set_aggregate_id, set_version, set_body, set_request_id, set_command_id, set_owner_id, set_header, \
+        set_create_time = _set_stream
+    set_id(stream, stream_id)
+    set_aggregate_id(stream, aggregate_id)
+    set_version(stream, version)
+    set_body(stream, events)
+    set_request_id(stream, request_id)
+    set_command_id(stream, command_id)
+    set_owner_id(stream, owner_id or "")
+    set_header(stream, header or {})
+    set_create_time(stream, create_time)
+    return stream
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The state of one aggregate at one version, as stored."""

@@ -401,6 +401,22 @@ class EventRecordsContract(BusStoreCase):
         total, page = self.store.find_events(EventQuery(), skip=10, limit=2)
         self.assertEqual((total, page), (5, []))
 
+    def test_a_short_page_of_many_events_is_the_page_of_the_full_order(self):
+        # Many more events than a page (a store may find a short page without sorting them all): times that
+        # repeat, ids inserted out of order, a status filter, an event without a time last.
+        for n in (7, 3, 11, 0, 9, 1, 5, 10, 2, 8, 6, 4, 12, 13, 14, 15, 16, 17, 18, 19):
+            self.insert(make_event(f"evt-{n:02d}", occurredAt=T0 + timedelta(seconds=n // 3)))
+        self.insert(make_event("evt-none", occurredAt=None))
+        expected = [f"evt-{n:02d}" for n in sorted(range(20), key=lambda n: (-(n // 3), n))] + ["evt-none"]
+        total, page = self.store.find_events(EventQuery(), skip=0, limit=3)
+        self.assertEqual((total, self.ids(page)), (21, expected[:3]))
+        total, page = self.store.find_events(EventQuery(status="PENDING"), skip=2, limit=2)
+        self.assertEqual((total, self.ids(page)), (21, expected[2:4]))
+        total, page = self.store.find_events(EventQuery(), skip=19, limit=3)
+        self.assertEqual((total, self.ids(page)), (21, expected[19:]))
+        after = (T0 + timedelta(seconds=4), "evt-13")
+        self.assertEqual(self.ids(self.store.events_after(EventQuery(), after=after, limit=2)), ["evt-14", "evt-09"])
+
     def test_events_after_pages_by_key_in_the_listing_order(self):
         self.listing_events()
         self.insert(make_event("evt-none", occurredAt=None))

@@ -33,7 +33,7 @@ from wow_django.exceptions import (
 )
 from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
 from wow_django.persistence.followers import AppendNotifier
-from wow_django.persistence.records import MAX_VERSION, AggregateId, DomainEventRecord, EventStream
+from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream, stored_events, stored_stream
 
 #: What a violated constraint means.
 CONSTRAINT_KINDS = {
@@ -102,22 +102,8 @@ def _streams_of(aggregate_id: AggregateId, found: list[tuple]) -> list[EventStre
             agg = ids[context_name, tenant_id] = AggregateId(
                 aggregate_name=aggregate_id.aggregate_name, id=aggregate_id.id, context_name=context_name,
                 tenant_id=tenant_id)
-        header, body = decoded[2 * index], decoded[2 * index + 1]
-        streams.append(EventStream(
-            id=stream_id,
-            aggregate_id=agg,
-            version=version,
-            body=tuple(
-                DomainEventRecord(id=e["id"], name=e["name"], revision=e.get("revision", ""),
-                                  body_type=e.get("bodyType", ""), body=e.get("body") or {})
-                for e in body
-            ),
-            request_id=request_id,
-            command_id=command_id,
-            owner_id=owner_id or "",
-            header=header or {},
-            create_time=create_time,
-        ))
+        streams.append(stored_stream(stream_id, agg, version, stored_events(decoded[2 * index + 1]), request_id,
+                                     command_id, owner_id, decoded[2 * index], create_time))
     return streams
 
 

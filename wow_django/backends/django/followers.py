@@ -44,7 +44,7 @@ from wow_django.persistence.followers import (
     poison_to_json,
     to_micros,
 )
-from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream
+from wow_django.persistence.records import AggregateId, stored_events, stored_stream
 
 _COLUMNS = ("position", "stream_id", "aggregate_name", "aggregate_id", "tenant_id", "owner_id", "request_id",
             "command_id", "version", "header", "body", "create_time")
@@ -85,21 +85,11 @@ class DjangoStreamFeed(StreamFeed):
         items = []
         for index, (position, stream_id, name, aggregate_id, tenant_id, owner_id, request_id, command_id, version,
                     _, _, create_time) in enumerate(found):
-            header, body = decoded[2 * index], decoded[2 * index + 1]
-            items.append(PositionedStream(position, EventStream(
-                id=stream_id,
-                aggregate_id=AggregateId(aggregate_name=name, id=aggregate_id, context_name=self.context_name,
-                                         tenant_id=tenant_id),
-                version=version,
-                body=tuple(DomainEventRecord(id=e["id"], name=e["name"], revision=e.get("revision", ""),
-                                             body_type=e.get("bodyType", ""), body=e.get("body") or {})
-                           for e in body),
-                request_id=request_id,
-                command_id=command_id,
-                owner_id=owner_id or "",
-                header=header or {},
-                create_time=create_time,
-            )))
+            agg = AggregateId(aggregate_name=name, id=aggregate_id, context_name=self.context_name,
+                              tenant_id=tenant_id)
+            items.append(PositionedStream(position, stored_stream(
+                stream_id, agg, version, stored_events(decoded[2 * index + 1]), request_id, command_id, owner_id,
+                decoded[2 * index], create_time)))
         return items
 
     def head(self) -> int:

@@ -11,6 +11,7 @@ persisted or shared with other processes.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Iterable
 from datetime import datetime
@@ -31,6 +32,7 @@ PENDING = EventStatus.PENDING.value
 SENT = EventStatus.SENT.value
 RETRYING = EventStatus.RETRYING.value
 EARLIEST = datetime.min
+LATEST = datetime.max
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _CONTAINERS = frozenset({dict, list})
 
@@ -75,11 +77,17 @@ def _time_order(event: dict) -> tuple:
     return (occurred if isinstance(occurred, datetime) else EARLIEST, event.get("eventId") or "")
 
 
-def _newest_first(events: list[dict]) -> list[dict]:
-    events = sorted(events, key=lambda e: e.get("eventId") or "")
-    events.sort(key=lambda e: e.get("occurredAt") if isinstance(e.get("occurredAt"), datetime) else EARLIEST,
-                reverse=True)  # stable: equal times keep the eventId order
-    return events
+def _newest_key(event: dict) -> tuple:
+    """Newest ``occurredAt`` first (none: last), then ``eventId`` ascending."""
+    occurred = event.get("occurredAt")
+    return (LATEST - (occurred if isinstance(occurred, datetime) else EARLIEST), event.get("eventId") or "")
+
+
+def _newest_first(events: list[dict], count: int | None = None) -> list[dict]:
+    """``events`` newest first; with ``count``, only the first ``count`` of them (a page: no full sort)."""
+    if count is not None and count < len(events) // 4:
+        return heapq.nsmallest(count, events, key=_newest_key)
+    return sorted(events, key=_newest_key)
 
 
 class InMemoryBusStore(BusStore):
@@ -247,6 +255,8 @@ class InMemoryBusStore(BusStore):
         event[STATUS_REVISION] = status_revision(event) + 1
 
     def _matching(self, query: EventQuery) -> list[dict]:
+        if query == EventQuery(status=query.status) and query.status is not None:  # the status index answers
+            return [self._events[i] for i in self._by_status.get(query.status, {})]
         query = EventQuery(query.status, query.topic, query.service, query.trace_id, _time(query.since),
                            _time(query.until))
         ids: Iterable[str] | None = None
@@ -262,7 +272,7 @@ class InMemoryBusStore(BusStore):
     def find_events(self, query: EventQuery, *, skip: int, limit: int) -> tuple[int, list[dict]]:
         with self._lock:
             found = self._matching(query)
-            page = _newest_first(found)[skip:skip + limit] if limit > 0 else []
+            page = _newest_first(found, skip + limit)[skip:skip + limit] if limit > 0 else []
             return len(found), [_copy(e) for e in page]
 
     def events_after(self, query: EventQuery, *, after: tuple[datetime, str] | None, limit: int) -> list[dict]:
@@ -272,7 +282,7 @@ class InMemoryBusStore(BusStore):
                 moment, event_id = _time(after[0]), after[1]
                 found = [e for e in found if e["occurredAt"] < moment
                          or (e["occurredAt"] == moment and (e.get("eventId") or "") > event_id)]
-            page = _newest_first(found)[:limit] if limit > 0 else []
+            page = _newest_first(found, limit)[:limit] if limit > 0 else []
             return [_copy(e) for e in page]
 
     def _in_time_order(self, event_ids: Iterable[str], limit: int) -> list[dict]:
