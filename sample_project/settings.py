@@ -230,6 +230,17 @@ WOW = {
 }
 if os.environ.get("WOW_MONGO_URI"):
     WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]
+# Who may do what through the API. Under DEBUG (the demo) it is open: anonymous requests, and the tenant
+# from the Command-Tenant-Id header ("(0)" without it). Deployed (DEBUG off) it is closed:
+# - only signed-in users (a session, or HTTP Basic);
+# - each acts for the tenant of its membership (admin: Orders → Tenant memberships); a user without one is
+#   refused, and so is a Command-Tenant-Id header naming another tenant;
+# - an order takes commands from the user who placed it only, or from a user with the
+#   wow_django.act_for_any_owner permission (superusers have it): staff acting for customers.
+if not DEBUG:
+    WOW["API_PERMISSION_CLASSES"] = ["rest_framework.permissions.IsAuthenticated",
+                                     "wow_django.http.permissions.IsOwnerOrPermitted"]
+    WOW["TENANT_RESOLVER"] = "sample_project.orders.tenancy.MembershipTenantResolver"
 # Where projections, processors and the relay run: "threads" of every process (the default), or only where
 # `manage.py wow_follow` / the Celery beat task run them ("command" / "celery"), as in production.
 if os.environ.get("WOW_FOLLOWERS_RUN"):

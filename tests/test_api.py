@@ -287,6 +287,14 @@ def test_domain_rules_answer_409(api):
     assert_error(post(api, "customer/register_customer", body), 409, "USERNAME_TAKEN")
 
 
+def test_a_username_is_unique_within_its_tenant_only(api):
+    # Another tenant's names neither collide with nor show through this tenant's (issue 26, item 8).
+    body = {"username": "alice", "display_name": "Alice"}
+    assert post(api, "customer/register_customer", body, tenant="acme").status_code == 200
+    assert post(api, "customer/register_customer", body, tenant="globex").status_code == 200
+    assert_error(post(api, "customer/register_customer", body, tenant="globex"), 409, "USERNAME_TAKEN")
+
+
 @pytest.mark.parametrize(("error", "status", "code"), [
     (EventVersionConflict("order", "x", 2), 409, "EventVersionConflict"),
     (DuplicateAggregateId("order", "x"), 409, "DuplicateAggregateId"),
@@ -775,6 +783,55 @@ def test_operator_and_owner_come_from_the_user(api):
     pay(api, order_id)
     snapshot = get(api, f"order/{order_id}/snapshot", tenant="t1").json()
     assert (snapshot["ownerId"], snapshot["operator"]) == ("42", "43")
+
+
+OWNER_POLICY = {"API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated",
+                                           "wow_django.http.permissions.IsOwnerOrPermitted"]}
+
+
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+def test_the_owner_policy_refuses_commands_on_another_users_aggregate(every_backend):
+    from django.contrib.auth.models import Permission
+
+    def user(name, **extra):
+        return User.objects.create_user(name, f"{name}@example.com", "pw", **extra)
+
+    alice, bob, staff, root = user("alice"), user("bob"), user("staff", is_staff=True), user("root", is_superuser=True)
+    staff.user_permissions.add(Permission.objects.get(content_type__app_label="wow_django",
+                                                      codename="act_for_any_owner"))
+    api = APIClient()
+    with override_settings(WOW={**every_backend, **OWNER_POLICY}):
+        api.force_authenticate(alice)
+        order_id = place(api)  # alice owns it
+        api.force_authenticate(bob)
+        body = assert_error(pay(api, order_id), 403, "PermissionDenied")
+        assert order_id in body["errorMsg"] and "wow_django.act_for_any_owner" in body["errorMsg"]
+        assert_error(api.delete(f"/api/order/{order_id}", HTTP_COMMAND_TENANT_ID="t1"), 403, "PermissionDenied")
+        assert versions(order_id) == [1]  # nothing stored
+        # Creating is anyone's; an id this tenant does not have answers 404, not 403 (nothing shows through).
+        assert place(api)
+        assert_error(pay(api, "no-such-order"), 404, "NotFound")
+        assert_error(pay(api, order_id, tenant="t2"), 404, "NotFound")
+        # Reads stay open to the tenant.
+        assert get(api, f"order/{order_id}/state", tenant="t1").status_code == 200
+        # The owner, a user with the permission and a superuser pass.
+        api.force_authenticate(alice)
+        assert pay(api, order_id).status_code == 200
+        api.force_authenticate(User.objects.get(pk=staff.pk))  # permissions are cached per instance
+        assert post(api, f"order/{order_id}/ship_order", {"tracking_number": "T-1"}, tenant="t1").status_code == 200
+        api.force_authenticate(root)
+        assert api.delete(f"/api/order/{order_id}", HTTP_COMMAND_TENANT_ID="t1").status_code == 200
+        assert versions(order_id) == [1, 2, 3, 4]
+        api.force_authenticate(None)
+        assert_error(pay(api, order_id), 403, "NotAuthenticated")
+
+
+def test_an_aggregate_without_an_owner_takes_commands_from_anyone(api):
+    with override_settings(WOW={**stores_settings(),
+                                "API_PERMISSION_CLASSES": ["wow_django.http.permissions.IsOwnerOrPermitted"]}):
+        order_id = place(api)  # anonymous: no owner
+        api.force_authenticate(User(pk=8, username="gina"))
+        assert pay(api, order_id).status_code == 200
 
 
 class TenantUser(SimpleNamespace):

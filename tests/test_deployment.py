@@ -176,8 +176,9 @@ class Api:
 
     def call(self, method: str, path: str, body=None, headers: dict | None = None) -> tuple[int, object]:
         data = json.dumps(body).encode() if body is not None else None
+        # Every call signed in as the admin: the sample deployed (DEBUG off) lets no anonymous client in.
         request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json", **(headers or {})})
+                                         headers={"Content-Type": "application/json", **self.auth, **(headers or {})})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - localhost only
                 return response.status, json.loads(response.read() or b"null")
@@ -195,14 +196,14 @@ class Api:
 
     def ready(self) -> bool:
         try:
-            return self.call("GET", "/bus/events/?size=1", headers=self.auth)[0] == 200
+            return self.call("GET", "/bus/events/?size=1")[0] == 200
         except OSError:
             return False
 
     def events(self, topic: str) -> list[dict]:
         found, page = [], 1
         while True:
-            answer = self.ok("GET", f"/bus/events/?topic={topic}&size=200&page={page}", headers=self.auth)
+            answer = self.ok("GET", f"/bus/events/?topic={topic}&size=200&page={page}")
             found.extend(answer["list"])
             if len(found) >= answer["total"] or not answer["list"]:
                 return found
@@ -388,7 +389,8 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
     exchange = unique_exchange("wow.deploy")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("WOW_MONGO", "SAMPLE_", "CELERY_"))},
-        "DJANGO_SETTINGS_MODULE": "tests.deploy_settings", "PYTHONUNBUFFERED": "1",
+        # DEBUG off as the sample reads it: its API closed to anonymous clients, tenants from memberships.
+        "DJANGO_SETTINGS_MODULE": "tests.deploy_settings", "DJANGO_DEBUG": "0", "PYTHONUNBUFFERED": "1",
         "WOW_DEPLOY_RUN": run, "WOW_DEPLOY_PG_DB": database, "WOW_DEPLOY_REDIS_URL": REDIS_URL,
         "WOW_DEPLOY_AMQP_URL": amqp_url(), "WOW_DEPLOY_EXCHANGE": exchange,
     }
@@ -408,7 +410,10 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
             "from django.contrib.auth import get_user_model\n"
             "from sample_project.orders.integration import configure_topic_consumers\n"
             "configure_topic_consumers()\n"
-            f"get_user_model().objects.create_superuser({ADMIN[0]!r}, 'e2e@example.invalid', {ADMIN[1]!r})\n"
+            f"admin = get_user_model().objects.create_superuser({ADMIN[0]!r}, 'e2e@example.invalid', {ADMIN[1]!r})\n"
+            # The tenant its API requests act for (the sample's MembershipTenantResolver when DEBUG is off).
+            "from sample_project.orders.models import TenantMembership\n"
+            "TenantMembership.objects.create(user=admin, tenant_id='shop')\n"
         )])
         deployment.start("gunicorn", [sys.executable, "-m", "gunicorn", "sample_project.wsgi:application",
                                       "--bind", f"127.0.0.1:{port}", "--workers", "2", "--timeout", "60",

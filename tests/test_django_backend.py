@@ -32,7 +32,7 @@ from django.db import IntegrityError, InternalError, OperationalError, Programmi
 from django.test import TransactionTestCase, override_settings
 from django.test.utils import CaptureQueriesContext
 
-from sample_project.orders.aggregates import OrderLine, PlaceOrder, RegisterCustomer
+from sample_project.orders.aggregates import OrderLine, PlaceOrder, RegisterCustomer, username_key
 from wow_django.application import WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.backends.django import DjangoBackend
@@ -60,7 +60,7 @@ from wow_django.exceptions import (
     SchemaConflictError,
 )
 from wow_django.persistence.batching import BatchingEventStore
-from wow_django.persistence.records import AggregateId
+from wow_django.persistence.records import DEFAULT_TENANT_ID, AggregateId
 from wow_django.testing import EventStoreContract, FakeClock, make_snapshot, make_stream
 
 from .support import in_forked_child
@@ -734,8 +734,8 @@ class TestRuntimeOnTheDjangoBackend(OnPostgreSQL, TransactionTestCase):
             self.assertEqual(runtime.snapshot_store.load(order).version, 1)
             self.assertTrue(EventStreamRow.objects.using("wow_pg").filter(aggregate_id=placed.aggregate_id).exists())
             customer = runtime.gateway.send(RegisterCustomer(username="alice", display_name="Alice"))
-            self.assertEqual(runtime.prepare_key("username").get("alice").value, customer.aggregate_id)
-            self.assertEqual(PrepareKeyRow.objects.using("wow_pg").get(key="alice").name, "username")
+            self.assertEqual(runtime.prepare_key("username").get(username_key(DEFAULT_TENANT_ID, "alice")).value, customer.aggregate_id)
+            self.assertEqual(PrepareKeyRow.objects.using("wow_pg").get(key=username_key(DEFAULT_TENANT_ID, "alice")).name, "username")
 
     def test_the_query_services_read_the_django_stores(self):
         from wow_django.application.queries import parse_count_query, parse_paged_query

@@ -16,6 +16,7 @@ from sample_project.orders.aggregates import (
     PlaceOrder,
     RegisterCustomer,
     ShipOrder,
+    username_key,
 )
 from wow_django.application.following import wait_caught_up
 from wow_django.application.gateway import CommandGateway, WaitStage, derived_aggregate_id
@@ -193,7 +194,7 @@ def test_unique_username_through_prepare_key(wow):
     with pytest.raises(DomainError) as caught:
         gateway.send(RegisterCustomer(username="alice", display_name="Impostor"))
     assert caught.value.error_code == "USERNAME_TAKEN"
-    assert get_runtime().prepare_key("username").get("alice").value == alice.aggregate_id
+    assert get_runtime().prepare_key("username").get(username_key(DEFAULT_TENANT_ID, "alice")).value == alice.aggregate_id
     gateway.send(ChangeDisplayName(display_name="Alice B"), aggregate_id=alice.aggregate_id)
 
 
@@ -204,7 +205,7 @@ def test_prepared_username_is_released_when_the_append_fails(wow):
     # fails (the id exists): the reservation must be released.
     with pytest.raises(DuplicateAggregateId):
         gateway.send(RegisterCustomer(username="carol", display_name="Carol"), aggregate_id="customer-1")
-    assert get_runtime().prepare_key("username").get("carol") is None
+    assert get_runtime().prepare_key("username").get(username_key(DEFAULT_TENANT_ID, "carol")) is None
     gateway.send(RegisterCustomer(username="carol", display_name="Carol"))
 
 
@@ -484,7 +485,7 @@ def test_a_write_that_landed_before_a_transient_error_is_a_success(wow_memory, r
     assert result.succeeded and not result.duplicate and result.aggregate_version == 1
     assert store.appends == 1  # never written twice
     # The reservation belongs to the stored customer: a second 'ada' is refused.
-    assert get_runtime().prepare_key("username").get("ada").value == result.aggregate_id
+    assert get_runtime().prepare_key("username").get(username_key(DEFAULT_TENANT_ID, "ada")).value == result.aggregate_id
     with pytest.raises(DomainError, match="taken"):
         gateway.send(RegisterCustomer(username="ada", display_name="Other"))
     gateway.close()
@@ -496,7 +497,7 @@ def test_a_reservation_is_released_when_no_attempt_was_written(wow_memory):
                              retry_backoff_ms=0)
     with pytest.raises(RecoverableStoreError):
         gateway.send(RegisterCustomer(username="grace", display_name="Grace"))
-    assert get_runtime().prepare_key("username").get("grace") is None
+    assert get_runtime().prepare_key("username").get(username_key(DEFAULT_TENANT_ID, "grace")) is None
     gateway.close()
     place_again = CommandGateway(get_runtime().event_store, get_runtime().snapshot_store, context_name="order-service", prepare_keys=get_runtime().prepare_key)
     assert place_again.send(RegisterCustomer(username="grace", display_name="Grace")).succeeded
@@ -510,7 +511,7 @@ def test_a_reservation_held_by_another_aggregate_is_never_released(wow_memory):
     # create fails, and the failure must not release cust-1's username.
     with pytest.raises(DuplicateAggregateId):
         gateway.send(RegisterCustomer(username="linus", display_name="L2"), aggregate_id="cust-1")
-    assert get_runtime().prepare_key("username").get("linus").value == "cust-1"
+    assert get_runtime().prepare_key("username").get(username_key(DEFAULT_TENANT_ID, "linus")).value == "cust-1"
 
 
 def test_two_gateways_on_one_store_conflict_and_retry(wow):

@@ -165,6 +165,13 @@ class Order(Aggregate, name="order", state=OrderState):
 
 USERNAMES = declare_prepare_key("username")
 
+
+def username_key(tenant_id: str, username: str) -> str:
+    """The PrepareKey key of ``username`` in ``tenant_id``: a username is unique within its tenant only, so a
+    user of one tenant never learns which names another tenant's customers have. A username holds no ':',
+    so the key names one (tenant, username) pair even when the tenant id holds one."""
+    return f"{tenant_id}:{username}"
+
 _USERNAME = re.compile(r"^[a-z][a-z0-9_.-]{2,31}$")
 
 
@@ -219,7 +226,7 @@ class Customer(Aggregate, name="customer", state=CustomerState):
     @creates(RegisterCustomer)
     def register(self, command: RegisterCustomer, ctx: CommandContext) -> CustomerRegistered:
         # Reserved for this customer; released again if the append fails.
-        if not ctx.prepare(USERNAMES, command.username, self.id):
+        if not ctx.prepare(USERNAMES, username_key(self.tenant_id, command.username), self.id):
             raise DomainError("USERNAME_TAKEN", f"The username {command.username!r} is taken.")
         return CustomerRegistered(username=command.username, display_name=command.display_name)
 

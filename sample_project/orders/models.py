@@ -11,7 +11,10 @@ inserts nothing the second time (see :mod:`sample_project.orders.integration`).
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from wow_django.application.gateway import ID_RULE, is_valid_id
 
 
 class PointsEntry(models.Model):
@@ -80,3 +83,23 @@ class OrderSummary(models.Model):
 
     def __str__(self) -> str:
         return f"{self.order_id}: {self.status}"
+
+
+def validate_tenant_id(value: str) -> None:
+    if not is_valid_id(value):
+        raise ValidationError(f"A tenant id is {ID_RULE}.")
+
+
+class TenantMembership(models.Model):
+    """Which tenant a user acts for through the API when the sample is deployed (``DEBUG`` off): read by
+    :class:`sample_project.orders.tenancy.MembershipTenantResolver`. A user without one is refused (403).
+    Kept in the admin (Orders → Tenant memberships) or a shell."""
+
+    user = models.OneToOneField("auth.User", on_delete=models.CASCADE, related_name="tenant_membership")
+    tenant_id = models.CharField(
+        max_length=128, db_index=True,
+        validators=[validate_tenant_id],
+        help_text="the tenant this user's requests act for (a wow_django id)")
+
+    def __str__(self) -> str:
+        return f"{self.user} → {self.tenant_id}"

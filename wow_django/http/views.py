@@ -168,6 +168,17 @@ class CommandSenderView(WowAPIView):
         """Extra entries for the event stream's ``header`` (empty by default)."""
         return {}
 
+    def get_aggregate_owner(self, aggregate_id: str) -> str | None:
+        """The owner of this tenant's aggregate ``aggregate_id`` ("" for none), or None when the tenant has no
+        such aggregate (for :class:`~wow_django.http.permissions.IsOwnerOrPermitted`; one read of its last
+        event stream: the owner is set when the aggregate is created and never changes)."""
+        key = AggregateId(self.aggregate.aggregate_name, aggregate_id, wow_settings.CONTEXT_NAME,
+                          self.get_tenant_id())
+        last = get_runtime().event_store.last(key)
+        if last is None or last.aggregate_id.tenant_id != key.tenant_id:
+            return None
+        return last.owner_id
+
     def send_command(self, *, aggregate_id: str | None, body) -> Response:
         if aggregate_id is not None:
             check_aggregate_id(aggregate_id)

@@ -214,6 +214,9 @@ class EventStreamRow(models.Model):
             models.UniqueConstraint(fields=["stream_id"], name="wow_stream_id_uniq"),
         ]
         indexes = [models.Index(fields=["context_name", "position"], name="wow_stream_ctx_position")]
+        # Checked by wow_django.http.permissions.IsOwnerOrPermitted (any backend: the permission lives here
+        # because Django's permissions belong to a model).
+        permissions = [("act_for_any_owner", "Can send commands to aggregates another user owns")]
 
     def __str__(self) -> str:
         return f"{self.aggregate_name} {self.aggregate_id} v{self.version}"
