@@ -99,6 +99,16 @@ def test_every_command_body_is_its_pydantic_schema(openapi):
     assert state == {"$ref": "#/components/schemas/OrderState"}
 
 
+def test_the_condition_states_the_rules_its_schema_cannot(openapi):
+    # Rules over a whole query (issue 26, item 7): said in words where JSON Schema cannot count them.
+    described = openapi["components"]["schemas"]["WowCondition"]["description"]
+    assert "16,384 characters" in described and "size budget" in described and "nest at most" in described
+    projection = openapi["components"]["schemas"]["WowProjection"]["properties"]
+    assert all("none of them another's parent" in projection[part]["description"] for part in ("include", "exclude"))
+    sort = openapi["components"]["schemas"]["WowListQuery"]["properties"]["sort"]
+    assert sort["description"] == "At most one entry per field."
+
+
 def test_query_bodies_results_and_errors(openapi):
     ops = operations(openapi)
     components = openapi["components"]["schemas"]

@@ -52,6 +52,7 @@ from wow_django.query.condition import (
     MAX_FIELD_SEGMENTS,
     MAX_LIST_SIZE,
     MAX_OPTION_LENGTH,
+    MAX_QUERY_TEXT,
     MAX_SKIP,
     MAX_SORT_FIELDS,
     MAX_TEXT_LENGTH,
@@ -322,7 +323,11 @@ def condition_components(allow_raw: bool) -> dict[str, dict]:
         "zoneId and datePattern for the date operators). MATCH (full text, once per query) stands at the top "
         "or below top-level ANDs only, not below OR or NOR; inside ELEM_MATCH the operators about the whole document (ids, tenant, owner, "
         "DELETED, MATCH, RAW) are not allowed. Conditions nest at most "
-        f"{wow_settings.QUERY_MAX_DEPTH} levels (QUERY_MAX_DEPTH)."
+        f"{wow_settings.QUERY_MAX_DEPTH} levels (QUERY_MAX_DEPTH). The texts of all the text conditions "
+        f"together (CONTAINS, STARTS_WITH, ENDS_WITH, MATCH, EQ and NE on text) hold at most {MAX_QUERY_TEXT:,} "
+        "characters. On an SQL database (the django storage) a query also has a size budget that the whole of "
+        "its condition, sort and projection counts against (each condition and value 1, each step of a field "
+        "path through JSON more): a query over it is refused with a 400 naming the part that passed it."
         + ("" if allow_raw else " RAW is disabled on this server (QUERY_ALLOW_RAW).")
     )
     return {
