@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +19,7 @@ from kombu.exceptions import OperationalError
 from rest_framework import exceptions as drf
 from rest_framework.test import APIClient
 
-from sample_project.orders.aggregates import Customer, Order
+from sample_project.orders.aggregates import Customer, Order, OrderLine, PayOrder, PlaceOrder
 from wow_django.application.gateway import derived_aggregate_id
 from wow_django.application.runtime import get_runtime
 from wow_django.domain import projection
@@ -37,6 +38,7 @@ from wow_django.exceptions import (
     EventVersionConflict,
     KeyAlreadyPrepared,
     KeyNotHeld,
+    NotAggregateOwner,
     RecoverableStoreError,
     RepushRefused,
     TraceNotFound,
@@ -824,6 +826,47 @@ def test_the_owner_policy_refuses_commands_on_another_users_aggregate(every_back
         assert versions(order_id) == [1, 2, 3, 4]
         api.force_authenticate(None)
         assert_error(pay(api, order_id), 403, "NotAuthenticated")
+
+
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+def test_the_owner_policy_holds_when_a_queued_command_runs(every_backend, monkeypatch):
+    # Bob queues (SENT) a payment for the order Alice is about to create: its id derives from her request id,
+    # so the policy's first look finds no aggregate; the gateway refuses it when it runs, after her create.
+    from wow_django.tasks import process_command
+
+    held: list[dict] = []
+    monkeypatch.setattr(process_command, "delay", held.append)
+    alice = User.objects.create_user("alice", "alice@example.com", "pw")
+    bob = User.objects.create_user("bob", "bob@example.com", "pw")
+    api = APIClient()
+    with override_settings(WOW={**every_backend, **OWNER_POLICY}):
+        order_id = derived_aggregate_id("order", "t1", "alice-order-1")
+        api.force_authenticate(bob)
+        response = post(api, f"order/{order_id}/pay_order", {"amount": "7.00", "payment_id": "p-1"}, tenant="t1",
+                        stage="SENT", request_id="bob-pays")
+        assert response.status_code == 202 and response.json()["stage"] == "SENT"
+        api.force_authenticate(alice)
+        assert place(api, request_id="alice-order-1") == order_id
+        [message] = held
+        assert message["owner_only"] is True and message["owner_id"] == str(bob.pk)
+        process_command.run(message)
+        assert versions(order_id) == [1]
+        status = get(api, f"order/request/bob-pays/status?aggregateId={order_id}", tenant="t1").json()
+        assert status["errorCode"] == "PermissionDenied" and "belongs to another user" in status["errorMsg"]
+
+
+def test_the_gateway_applies_the_owner_rule_only_when_asked(wow):
+    gateway = get_runtime().gateway
+    placed = gateway.send(PlaceOrder(customer_id="c-1", items=[OrderLine(sku="A-1", quantity=1,
+                                                                            unit_price=Decimal("7.00"))]),
+                          owner_id="u-1")
+    with pytest.raises(NotAggregateOwner):
+        gateway.send(PayOrder(amount=Decimal("7.00"), payment_id="p"), aggregate_id=placed.aggregate_id,
+                     owner_id="u-2", owner_only=True)
+    assert versions(placed.aggregate_id) == [1]
+    gateway.send(PayOrder(amount=Decimal("7.00"), payment_id="p"), aggregate_id=placed.aggregate_id,
+                 owner_id="u-2")  # trusted code, not asked: passes
+    assert versions(placed.aggregate_id) == [1, 2]
 
 
 def test_an_aggregate_without_an_owner_takes_commands_from_anyone(api):

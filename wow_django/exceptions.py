@@ -284,6 +284,13 @@ class CommandExpectVersionConflict(CommandError):
         )
 
 
+class NotAggregateOwner(CommandError):
+    """A command sent under the owner policy (``owner_only``) reached an aggregate that another user owns:
+    refused, nothing appended (HTTP 403)."""
+
+    error_code = "PermissionDenied"
+
+
 class RequestIdReused(CommandError):
     """A request id (idempotency key) already answered another command or another body: refused, nothing
     appended. The same key with the same command and body gets the first command's result instead."""

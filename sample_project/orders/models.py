@@ -11,6 +11,7 @@ inserts nothing the second time (see :mod:`sample_project.orders.integration`).
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
@@ -95,7 +96,7 @@ class TenantMembership(models.Model):
     :class:`sample_project.orders.tenancy.MembershipTenantResolver`. A user without one is refused (403).
     Kept in the admin (Orders → Tenant memberships) or a shell."""
 
-    user = models.OneToOneField("auth.User", on_delete=models.CASCADE, related_name="tenant_membership")
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_membership")
     tenant_id = models.CharField(
         max_length=128, db_index=True,
         validators=[validate_tenant_id],

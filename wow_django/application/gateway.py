@@ -63,6 +63,7 @@ from wow_django.exceptions import (
     DuplicateAggregateId,
     DuplicateRequestId,
     EventVersionConflict,
+    NotAggregateOwner,
     RecoverableStoreError,
     RequestIdReused,
     StoreUnreachable,
@@ -200,6 +201,8 @@ class CommandMessage:
     header: dict = field(default_factory=dict)
     #: The version the aggregate must be at (0: not created yet), or None for any.
     expected_version: int | None = None
+    #: Refuse the command (NotAggregateOwner) when the aggregate has an owner other than ``owner_id``.
+    owner_only: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -330,14 +333,17 @@ class CommandGateway:
         wait: WaitStage | str = WaitStage.PROCESSED,
         timeout: float | None = None,
         expected_version: int | None = None,
+        owner_only: bool = False,
     ) -> CommandResult:
         """Send ``command``; ``expected_version=N`` refuses it (``CommandExpectVersionConflict``, nothing
-        appended) unless the aggregate is at version N, 0 meaning not created yet."""
+        appended) unless the aggregate is at version N, 0 meaning not created yet; ``owner_only`` refuses it
+        (``NotAggregateOwner``, nothing appended) when the aggregate has an owner other than ``owner_id``,
+        checked under the aggregate's lock when the command runs (queued ones too)."""
         if not isinstance(command, Command):
             raise TypeError(f"send() takes a Command instance, got {type(command).__name__}")
         cls = self._aggregate_for(command.command_name, aggregate)
         message = self._message(cls, command.command_name, command.model_dump(mode="json"), aggregate_id,
-                                request_id, tenant_id, owner_id, operator, header, expected_version)
+                                request_id, tenant_id, owner_id, operator, header, expected_version, owner_only)
         return self._send(cls, command, message, WaitStage.parse(wait), timeout)
 
     def send_json(
@@ -355,13 +361,14 @@ class CommandGateway:
         wait: WaitStage | str = WaitStage.PROCESSED,
         timeout: float | None = None,
         expected_version: int | None = None,
+        owner_only: bool = False,
     ) -> CommandResult:
         """Like :meth:`send` for a command given by name with a JSON body (validated here)."""
         cls = self._aggregate_for(command_name, aggregate_name)
         command_cls = command_type(command_name)
         command = command_cls.from_json(body if body is not None else {})
         message = self._message(cls, command_name, command.model_dump(mode="json"), aggregate_id, request_id,
-                                tenant_id, owner_id, operator, header, expected_version)
+                                tenant_id, owner_id, operator, header, expected_version, owner_only)
         return self._send(cls, command, message, WaitStage.parse(wait), timeout)
 
     def process_message(self, message: CommandMessage, wait: WaitStage = WaitStage.PROJECTED,
@@ -463,7 +470,7 @@ class CommandGateway:
         return cls
 
     def _message(self, cls, command_name, body, aggregate_id, request_id, tenant_id, owner_id, operator,
-                 header, expected_version=None) -> CommandMessage:
+                 header, expected_version=None, owner_only=False) -> CommandMessage:
         expected_version = check_expected_version(expected_version)
         _refuse_nul(body, operator, owner_id, header)
         command_id = generate_id()
@@ -485,7 +492,7 @@ class CommandGateway:
             aggregate_name=cls.aggregate_name, command_name=command_name, body=body, aggregate_id=aggregate_id,
             request_id=request_id, command_id=command_id, request_id_given=request_id_given,
             tenant_id=tenant_id, owner_id=owner_id or "", operator=operator or "", header=dict(header or {}),
-            expected_version=expected_version,
+            expected_version=expected_version, owner_only=bool(owner_only),
         )
 
     def _send(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
@@ -701,6 +708,9 @@ class CommandGateway:
             aggregate = cls(message.aggregate_id, message.tenant_id, message.owner_id)
         elif aggregate is None or aggregate.tenant_id != message.tenant_id:
             raise AggregateNotFound(f"{cls.aggregate_name} {message.aggregate_id!r} does not exist.")
+        elif message.owner_only and aggregate.owner_id and aggregate.owner_id != message.owner_id:
+            raise NotAggregateOwner(f"{cls.aggregate_name} {message.aggregate_id!r} belongs to another user: "
+                                    "only its owner sends it commands.")
         if isinstance(command, DeleteAggregate):
             if aggregate.deleted:
                 raise AggregateIsDeleted(f"{cls.aggregate_name} {message.aggregate_id!r} is already deleted.")

@@ -129,6 +129,9 @@ class CommandSenderView(WowAPIView):
 
     action = "command"
     command: type[Command] | None = None
+    #: Whether the gateway refuses the command on an aggregate another user owns (set by the owner policy,
+    #: :class:`~wow_django.http.permissions.IsOwnerOrPermitted`).
+    owner_only = False
     # Decimals as sent: the command's model judges them (decimal_places, max_digits), not a float.
     parser_classes = [CommandJSONParser]
 
@@ -196,6 +199,7 @@ class CommandSenderView(WowAPIView):
             wait=self.get_wait_stage(),
             timeout=self.get_wait_timeout(),
             expected_version=self.get_expected_version(),
+            owner_only=self.owner_only,
         )
         return Response(result.to_json(), status=self.result_status(result))
 

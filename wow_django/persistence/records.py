@@ -115,8 +115,8 @@ _set_stream = tuple(EventStream.__dict__[name].__set__ for name in (
 def stored_events(documents: list[dict]) -> tuple[DomainEventRecord, ...]:
     """The events of a stored stream from their documents (``id``, ``name``, ``revision``, ``bodyType``, ``body``).
 
-    Raises ``KeyError``/``TypeError`` on a document without an id or a name, as the usual constructor would
-    refuse it; an absent revision, body type or body reads as empty.
+    Raises ``KeyError`` on a document without an id or a name key (a stored value is taken as it is, not
+    checked again); an absent revision, body type or body reads as empty.
     """
     set_id, set_name, set_revision, set_body_type, set_body = _set_event
     events = []
