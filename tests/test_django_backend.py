@@ -104,6 +104,30 @@ class DjangoBackendBehaviour:
     def store(self, **kwargs) -> DjangoEventStore:
         return DjangoEventStore(using=self.alias, **kwargs)
 
+    # --- the snapshot and its tail in one statement ------------------------------------------------
+
+    def test_the_snapshot_and_the_streams_after_it_are_read_together(self):
+        events, snapshots = self.store(), DjangoSnapshotStore(using=self.alias)
+        without, behind, current = agg(), agg(), agg()
+        for key in (without, behind, current):
+            for version in range(1, 5):
+                events.append(make_stream(key, version))
+        snapshots.save(make_snapshot(behind, 2))
+        snapshots.save(make_snapshot(current, 4))
+        for key in (without, behind, current):
+            snapshot = snapshots.load(key)
+            expected = (snapshot, events.load(key, snapshot.version + 1 if snapshot else 1))
+            self.assertEqual(snapshots.load_with_tail(key, events), expected)
+        self.assertEqual([s.version for s in snapshots.load_with_tail(behind, events)[1]], [3, 4])
+        self.assertEqual(snapshots.load_with_tail(current, events)[1], [])
+        # Another tenant's aggregate: nothing at all; an aggregate with no events and no snapshot: nothing.
+        intruder = AggregateId(behind.aggregate_name, behind.id, behind.context_name, "tenant-b")
+        self.assertEqual(snapshots.load_with_tail(intruder, events), (None, []))
+        self.assertEqual(snapshots.load_with_tail(agg(), events), (None, []))
+        # An event store of another database (or kind) is read separately.
+        self.assertIsNone(snapshots.load_with_tail(behind, DjangoEventStore(using="default")))
+        self.assertIsNone(snapshots.load_with_tail(behind, object()))
+
     # --- error mapping ---------------------------------------------------------------------------
 
     def hung_writer_process(self, context: str) -> subprocess.Popen:

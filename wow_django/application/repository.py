@@ -157,18 +157,23 @@ class AggregateRepository:
         """
         key = AggregateId(cls.aggregate_name, aggregate_id, self.context_name, tenant_id)
         aggregate = None
+        streams = None
         if use_snapshot and self.snapshot_store is not None and tail_version is None:
-            snapshot = self.snapshot_store.load(key)
+            together = self.snapshot_store.load_with_tail(key, self.event_store)  # one round trip where it can
+            snapshot, streams = together if together is not None else (self.snapshot_store.load(key), None)
             if snapshot is not None:
                 aggregate = self._from_snapshot(cls, snapshot)
+                if aggregate is None:  # a snapshot that no longer fits: every event, from the first
+                    streams = None
         if aggregate is None:
             aggregate = cls(aggregate_id, key.tenant_id)
-        if tail_version is None:
-            streams = self.event_store.load(key, aggregate.version + 1)
-        elif tail_version < 1:
-            return None
-        else:
-            streams = self.event_store.load(key, 1, tail_version)
+        if streams is None:  # not read with the snapshot
+            if tail_version is None:
+                streams = self.event_store.load(key, aggregate.version + 1)
+            elif tail_version < 1:
+                return None
+            else:
+                streams = self.event_store.load(key, 1, tail_version)
         for stream in streams:
             apply_stream(aggregate, stream)
         return aggregate if aggregate.version > 0 else None

@@ -188,19 +188,37 @@ class SnapshotWriter:
             if repository is None or repository.snapshot_store is None:
                 self._dirty.clear()
                 return
-            for key, aggregate in list(self._dirty.items()):
-                snapshot = snapshot_of(aggregate, repository.context_name)
-                try:
-                    repository.snapshot_store.save(snapshot)
-                except Exception as exc:
-                    if self._transient(exc):
-                        raise
-                    logger.exception("snapshot of %s %r v%s failed; dropped", key[0], key[1], aggregate.version)
-                else:
-                    self.saved += 1
-                    aggregate.snapshot_version = aggregate.version
-                    aggregate.snapshot_time = snapshot.snapshot_time
+            due = [(key, aggregate, snapshot_of(aggregate, repository.context_name))
+                   for key, aggregate in self._dirty.items()]
+            if not due:
+                return
+            try:  # all of them together (one statement on the django backend)...
+                repository.snapshot_store.save_many([snapshot for _, _, snapshot in due])
+            except Exception as exc:
+                if self._transient(exc):
+                    raise
+                # ...or, when one cannot be stored, one by one: the others are saved, that one is dropped.
+                logger.warning("saving %d snapshots together failed (%s: %s); saving them one by one", len(due),
+                               type(exc).__name__, exc)
+                for key, aggregate, snapshot in due:
+                    try:
+                        repository.snapshot_store.save(snapshot)
+                    except Exception as exc:
+                        if self._transient(exc):
+                            raise
+                        logger.exception("snapshot of %s %r v%s failed; dropped", key[0], key[1], aggregate.version)
+                    else:
+                        self._saved(aggregate, snapshot)
+                    del self._dirty[key]
+                return
+            for key, aggregate, snapshot in due:
+                self._saved(aggregate, snapshot)
                 del self._dirty[key]
+
+    def _saved(self, aggregate: Aggregate, snapshot) -> None:
+        self.saved += 1
+        aggregate.snapshot_version = aggregate.version
+        aggregate.snapshot_time = snapshot.snapshot_time
 
 
 _repository_provider: Callable[[], AggregateRepository | None] | None = None

@@ -163,6 +163,20 @@ class SnapshotStore(ABC):
         integer is replaced. Concurrent saves leave the highest version.
         """
 
+    def load_with_tail(self, aggregate_id: AggregateId, event_store: EventStore
+                       ) -> tuple[Snapshot | None, list[EventStream]] | None:
+        """The snapshot (as :meth:`load`) and the streams after it (as ``event_store.load(aggregate_id,
+        version + 1)``, from version 1 without a snapshot) read together, in one round trip where the
+        store can; ``None`` when it cannot for this ``event_store`` (the default): the caller reads both."""
+        return None
+
+    def save_many(self, snapshots: Sequence[Snapshot]) -> None:
+        """:meth:`save` of each of ``snapshots`` (a store may do it in fewer round trips). Raises the first
+        error; the snapshots of a call that raised may be stored in part (each save stays guarded, so
+        saving them again is safe)."""
+        for snapshot in snapshots:
+            self.save(snapshot)
+
     def close(self) -> None:
         """Release resources."""
 

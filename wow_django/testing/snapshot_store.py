@@ -104,6 +104,29 @@ class SnapshotStoreContract:
         self.store.save(newer)
         self.assertEqual(self.store.load(agg), newer)
 
+    def test_save_many_saves_each_with_its_guard(self):
+        stale, fresh, twice, new = self.agg(), self.agg(), self.agg(), self.agg()
+        kept = make_snapshot(stale, 5, status="kept")
+        self.store.save(kept)
+        self.store.save(make_snapshot(fresh, 1))
+        self.store.save_many([
+            make_snapshot(stale, 4, status="older: ignored"),
+            make_snapshot(fresh, 3, status="newer"),
+            make_snapshot(twice, 2, status="the higher of two"),
+            make_snapshot(twice, 1, status="the lower of two"),
+            make_snapshot(new, 1, status="first"),
+        ])
+        self.assertEqual(self.store.load(stale), kept)
+        self.assertEqual(self.store.load(fresh).state["status"], "newer")
+        self.assertEqual(self.store.load(twice).state["status"], "the higher of two")
+        self.assertEqual(self.store.load(new).state["status"], "first")
+        self.store.save_many([])  # nothing to do
+
+    def test_save_many_of_more_than_a_statement_holds(self):
+        aggregates = [self.agg() for _ in range(1200)]  # more than one chunk of the SQL store's statement
+        self.store.save_many([make_snapshot(agg, 1, n=n) for n, agg in enumerate(aggregates)])
+        self.assertEqual([self.store.load(agg).state["n"] for agg in aggregates[::199]], list(range(0, 1200, 199)))
+
     def test_state_keys_that_look_like_operators_are_kept_verbatim(self):
         agg = self.agg()
         snapshot = make_snapshot(agg, 1, note="$version", odd={"$literal": 1, "a$b": 2})

@@ -44,7 +44,7 @@ CONSTRAINT_KINDS = {
 }
 
 # What a read selects: not the aggregate's name and id, which the query fixes (``=`` on code-point text).
-_COLUMNS = ("stream_id", "context_name", "tenant_id", "owner_id", "request_id", "command_id", "version", "header",
+STREAM_COLUMNS = _COLUMNS = ("stream_id", "context_name", "tenant_id", "owner_id", "request_id", "command_id", "version", "header",
             "body", "create_time")
 
 
@@ -90,8 +90,8 @@ def decode_json_columns(found: list[tuple]) -> list:
     return [_json(text) for text in texts]
 
 
-def _streams_of(aggregate_id: AggregateId, found: list[tuple]) -> list[EventStream]:
-    """The streams of the rows of ``aggregate_id`` (in :data:`_COLUMNS` order) that a read found."""
+def streams_of(aggregate_id: AggregateId, found: list[tuple]) -> list[EventStream]:
+    """The streams of the rows of ``aggregate_id`` (in :data:`STREAM_COLUMNS` order) that a read found."""
     decoded = decode_json_columns(found)
     ids = {(aggregate_id.context_name, aggregate_id.tenant_id): aggregate_id}
     streams = []
@@ -500,7 +500,7 @@ class DjangoEventStore(EventStore):
             with connection.cursor() as cursor:
                 cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id, *params))
                 found = cursor.fetchall()
-        return _streams_of(aggregate_id, found)
+        return streams_of(aggregate_id, found)
 
     def load(
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
-from wow_django.backends.django.models import SnapshotRow
+from wow_django.backends.django.event_store import STREAM_COLUMNS, DjangoEventStore, streams_of
+from wow_django.backends.django.models import EventStreamRow, SnapshotRow
 from wow_django.domain.values import loads
 from wow_django.persistence.contracts import SnapshotStore
 from wow_django.persistence.records import AggregateId, Snapshot
@@ -43,15 +44,22 @@ def _snapshot(values: tuple) -> Snapshot:
     )
 
 
-def upsert_sql(quote) -> str:
-    """The one-statement version-guarded save (``%s`` placeholders in :data:`_COLUMNS` order)."""
+#: Snapshots per statement of :meth:`DjangoSnapshotStore.save_many` (well inside SQLite's and PostgreSQL's
+#: limits on a statement's parameters).
+SAVE_MANY_CHUNK = 500
+
+
+def upsert_sql(quote, rows: int = 1) -> str:
+    """The one-statement version-guarded save of ``rows`` snapshots (``%s`` placeholders in :data:`_COLUMNS`
+    order, row after row; no two rows of one aggregate: a statement cannot update a row twice)."""
     table = quote(SnapshotRow._meta.db_table)
     columns = [quote(SnapshotRow._meta.get_field(name).column) for name in _COLUMNS]
     key = [quote(SnapshotRow._meta.get_field(name).column) for name in _KEY]
     updates = ", ".join(f"{column} = excluded.{column}" for column in columns if column not in key)
     version = quote(SnapshotRow._meta.get_field("version").column)
+    row = f"({', '.join(['%s'] * len(columns))})"
     return (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))}) "
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row] * rows)} "
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
         f"WHERE {table}.{version} <= excluded.{version}"
     )
@@ -73,6 +81,21 @@ class DjangoSnapshotStore(SnapshotStore):
                           # another tenant's aggregate id finds nothing (defence in depth behind the callers)
                           f"AND {column['tenant_id']} = %s")
         self._fields = [SnapshotRow._meta.get_field(name) for name in _COLUMNS]
+        # The snapshot and the event streams after it in one statement (load_with_tail): a row per stream of
+        # the tail, each with the snapshot's columns (NULL without one); one row of NULL streams without a tail.
+        stream_columns = ", ".join(f"wow_e.{quote(EventStreamRow._meta.get_field(name).column)}"
+                                   for name in STREAM_COLUMNS)
+        snapshot_columns = ", ".join(f"wow_s.{column[name]}" for name in _COLUMNS)
+        key = ("{alias}." + column["aggregate_name"] + " = %s AND {alias}." + column["aggregate_id"] + " = %s AND {alias}."
+               + column["tenant_id"] + " = %s")
+        event_version = quote(EventStreamRow._meta.get_field("version").column)
+        self._with_tail_sql = (
+            f"SELECT {snapshot_columns}, {stream_columns} FROM (SELECT 1 AS one) AS wow_one "
+            f"LEFT JOIN {quote(SnapshotRow._meta.db_table)} AS wow_s ON {key.format(alias='wow_s')} "
+            f"LEFT JOIN {quote(EventStreamRow._meta.db_table)} AS wow_e ON {key.format(alias='wow_e')} "
+            f"AND wow_e.{event_version} > COALESCE(wow_s.{column['version']}, 0) "
+            f"ORDER BY wow_e.{event_version}"
+        )
 
     def queryset(self, aggregate_name: str):
         """The snapshot rows of one aggregate type (what the query services compile against)."""
@@ -87,13 +110,51 @@ class DjangoSnapshotStore(SnapshotStore):
                 found = cursor.fetchone()
         return _snapshot(found) if found is not None else None
 
-    def save(self, snapshot: Snapshot) -> None:
+    def load_with_tail(self, aggregate_id: AggregateId, event_store) -> tuple[Snapshot | None, list] | None:
+        """One statement when ``event_store`` is the django event store of the same database; else None."""
+        if not isinstance(event_store, DjangoEventStore) or event_store.using != self.using:
+            return None
+        connection = database(self.using)
+        key = (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id)
+        with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r} (snapshot and "
+                                      "later events)"):
+            with connection.cursor() as cursor:
+                cursor.execute(self._with_tail_sql, key * 2)
+                found = cursor.fetchall()
+        width = len(_COLUMNS)
+        snapshot = _snapshot(found[0][:width]) if found and found[0][0] is not None else None
+        rows = [row[width:] for row in found if row[width] is not None]
+        return snapshot, streams_of(aggregate_id, rows)
+
+    def _params(self, snapshot: Snapshot, connection) -> list:
         agg = snapshot.aggregate_id
         values = (agg.aggregate_name, agg.id, agg.context_name, agg.tenant_id, snapshot.owner_id, snapshot.version,
                   snapshot.event_id, snapshot.first_operator, snapshot.operator, snapshot.first_event_time,
                   snapshot.event_time, snapshot.snapshot_time, snapshot.deleted, snapshot.state)
+        return [field.get_db_prep_save(value, connection) for field, value in zip(self._fields, values, strict=True)]
+
+    def save(self, snapshot: Snapshot) -> None:
+        agg = snapshot.aggregate_id
         connection = database(self.using)
-        params = [field.get_db_prep_save(value, connection) for field, value in zip(self._fields, values, strict=True)]
+        params = self._params(snapshot, connection)
         with store_errors(connection, f"saving the snapshot of {agg.aggregate_name} {agg.id!r}"):
             with sqlite_writer(connection), connection.cursor() as cursor:
                 cursor.execute(self._sql, params)
+
+    def save_many(self, snapshots) -> None:
+        """One guarded upsert statement per :data:`SAVE_MANY_CHUNK` snapshots (each committed on its own
+        outside a transaction). Of two snapshots of one aggregate only the higher version is sent."""
+        latest: dict[tuple[str, str], Snapshot] = {}
+        for snapshot in snapshots:
+            key = (snapshot.aggregate_id.aggregate_name, snapshot.aggregate_id.id)
+            if key not in latest or latest[key].version <= snapshot.version:
+                latest[key] = snapshot
+        chosen = list(latest.values())
+        connection = database(self.using)
+        quote = connection.ops.quote_name
+        for start in range(0, len(chosen), SAVE_MANY_CHUNK):
+            chunk = chosen[start:start + SAVE_MANY_CHUNK]
+            params = [value for snapshot in chunk for value in self._params(snapshot, connection)]
+            with store_errors(connection, f"saving {len(chunk)} snapshots"):
+                with sqlite_writer(connection), connection.cursor() as cursor:
+                    cursor.execute(upsert_sql(quote, len(chunk)), params)
