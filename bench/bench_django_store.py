@@ -14,6 +14,11 @@ figure over its engine's baseline. For comparison only, pyeventsourcing's
 commit order (PostgreSQL: ``LOCK TABLE … IN EXCLUSIVE MODE`` per insert), the
 guarantee our positions have (one lock per context until commit).
 
+Floor rows: the event store's own insert and select sent straight through the driver (sqlite3, psycopg)
+from the same threads, with no Python layer of ours and no Django: what the schema allows at best. On
+PostgreSQL once with the context's lock (the append's statement as it is) and once without it (positions
+then commit in any order): the lock's price.
+
 Round trips: after the timed runs, each row appends and loads a few more
 aggregates in one thread while this process counts what it sends to the
 database: every statement psycopg sends (each cursor execute, and the BEGIN,
@@ -192,6 +197,72 @@ def django_store(alias: str, batching: str):
     return store
 
 
+def bench_floor(alias: str, aggregates: int, versions: int, threads: int, *, locked: bool = True) -> tuple[float, float]:
+    """Our own statements sent straight through the driver (no Python layer of ours, no Django): appends/s of
+    the event store's insert and loads/s of its select, on the migrated tables of ``alias``; what the
+    django backend could reach at best with its schema. ``locked=False`` (PostgreSQL) leaves out the
+    context's lock that makes positions commit in order."""
+    import psycopg
+    from bench_store import run_threads, split
+    from django.core.management import call_command
+    from django.db import connections
+
+    from wow_django.backends.django.event_store import DjangoEventStore
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing.event_store import make_stream
+
+    call_command("migrate", "wow_django", database=alias, verbosity=0)
+    store = DjangoEventStore(using=alias)
+    ids = [AggregateId("order", uuid.uuid4().hex) for _ in range(aggregates)]
+    work = [[store._values(make_stream(agg, v)) for v in range(1, versions + 1)] for agg in ids]
+    settings = connections[alias].settings_dict
+    read = store._select_sql.format_map(store._names) + " ORDER BY " + store._names["version"]
+    if connections[alias].vendor == "sqlite":
+        insert, read = (store._insert_sql + store._row_sql).replace("%s", "?"), read.replace("%s", "?")
+
+        def connect():
+            raw = sqlite3.connect(settings["NAME"], isolation_level=None, check_same_thread=False, timeout=10)
+            raw.execute("PRAGMA journal_mode = WAL")
+            return raw
+    else:
+        def connect():
+            return psycopg.connect(host=PG["HOST"], port=PG["PORT"], user=PG["USER"], password=PG["PASSWORD"] or None,
+                                   dbname=settings["NAME"], autocommit=True)
+
+    def append(chunk):
+        raw = connect()
+        for rows in chunk:
+            for values in rows:
+                if connections[alias].vendor == "sqlite":
+                    raw.execute(insert, values)
+                elif locked:
+                    raw.execute(*store._locked([_Stub], values))
+                else:
+                    raw.execute(store._insert_sql + store._typed_row_sql, values)
+        raw.close()
+
+    append_s = run_threads(append, split(work, threads))
+
+    def load(chunk):
+        raw = connect()
+        for _ in range(5):
+            for agg in chunk:
+                found = raw.execute(read, (agg.aggregate_name, agg.id, agg.tenant_id)).fetchall()
+                if len(found) != versions:
+                    raise MalformedRun(f"a floor load found {len(found)} rows, not {versions}")
+        raw.close()
+
+    load_s = run_threads(load, split(ids, threads))
+    return aggregates * versions / append_s, aggregates * 5 / load_s
+
+
+class _Stub:
+    """What ``DjangoEventStore._locked`` reads of a stream: its context."""
+
+    class aggregate_id:
+        context_name = "default"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--aggregates", type=int, default=300)
@@ -212,7 +283,7 @@ def report(args) -> None:
 
     # Fresh databases per row: SQLite files in a temporary directory, PostgreSQL databases dropped at the end.
     directory = tempfile.mkdtemp(prefix="wow-bench-")
-    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 3)]
+    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 5)]
     with admin_connection() as admin:
         for name in pg_names:
             admin.execute(f'CREATE DATABASE "{name}"')
@@ -224,6 +295,9 @@ def report(args) -> None:
                                        "NAME": pg_names[BATCHING.index(batching)], **PG}
     databases["pg prepared"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-3], **PG,
                                 "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5}}
+    databases["sqlite floor"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(directory, "floor.sqlite3")}
+    databases["pg floor"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-4], **PG}
+    databases["pg floor unlocked"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-5], **PG}
 
     import django
     from django.conf import settings
@@ -246,6 +320,8 @@ def report(args) -> None:
         ordered.create_table()
         plan.append(("SQLite", "pyeventsourcing SQLite application recorder", "-",
                      lambda: bench_baseline(a, v, t, ordered), lambda: trips_baseline(ordered, v)))
+        plan.append(("SQLite", "floor: our statements straight to sqlite3", "-",
+                     lambda: bench_floor("sqlite floor", a, v, t), lambda: (1.0, 1.0)))
         for batching in BATCHING:
             plan.append(("SQLite", "wow_django django backend, SQLite", batching,
                          lambda b=batching: bench_ours(django_store(f"sqlite {b}", b), a, v, t),
@@ -269,6 +345,10 @@ def report(args) -> None:
             plan.append(("PostgreSQL", "wow_django django backend, PostgreSQL", batching,
                          lambda b=batching: bench_ours(django_store(f"pg {b}", b), a, v, t),
                          lambda b=batching: trips_ours(django_store(f"pg {b}", b), v)))
+        plan.append(("PostgreSQL", "floor: our statements straight to psycopg", "-",
+                     lambda: bench_floor("pg floor", a, v, t), lambda: (1.0, 1.0)))
+        plan.append(("PostgreSQL", "floor, without the context lock (no order)", "-",
+                     lambda: bench_floor("pg floor unlocked", a, v, t, locked=False), lambda: (1.0, 1.0)))
         plan.append(("PostgreSQL", "wow_django django backend, PostgreSQL, prepared", "off",
                      lambda: bench_ours(django_store("pg prepared", "off"), a, v, t),
                      lambda: trips_ours(django_store("pg prepared", "off"), v)))
