@@ -96,11 +96,20 @@ def pay(api, order_id, tenant="t1", amount="7.00", **kw):
                 stage="SNAPSHOT", **kw)
 
 
+#: The body of a refused command: its result, as Wow answers a failed command.
+RESULT_KEYS = {"id", "waitCommandId", "contextName", "function", "result", "signalTime", "succeeded", "commandId",
+               "requestId", "aggregateName", "aggregateId", "tenantId", "aggregateVersion", "stage", "events",
+               "duplicate", "errorCode", "errorMsg", "bindingErrors"}
+
+
 def assert_error(response, status: int, code: str, names=None) -> dict:
     assert response.status_code == status, response.content
     assert response["Content-Type"] == "application/json"
     body = response.json()
-    assert set(body) == {"errorCode", "errorMsg", "bindingErrors"}
+    assert set(body) in ({"errorCode", "errorMsg", "bindingErrors"}, RESULT_KEYS), set(body)
+    assert response["Wow-Error-Code"] == body["errorCode"]  # as Wow's server repeats it
+    if set(body) == RESULT_KEYS:
+        assert body["succeeded"] is False and body["aggregateVersion"] is None and body["commandId"]
     assert body["errorCode"] == code, body
     assert body["errorMsg"]
     if names is not None:
@@ -247,14 +256,14 @@ def test_wait_stage_header_is_validated(api):
     assert_error(response, 400, "CommandValidation", ["Command-Wait-Stage"])
 
 
-def test_a_request_id_reused_with_another_body_is_a_422(api):
+def test_a_request_id_reused_with_another_body_is_wows_duplicate_request_id(api):
     first = post(api, "order/place_order", ORDER, request_id="idem-http")
     again = post(api, "order/place_order", ORDER, request_id="idem-http")
     assert again.status_code == 200 and again.json()["duplicate"]
     assert again.json()["commandId"] == first.json()["commandId"]
     other = {**ORDER, "items": [{"sku": "A-1", "quantity": 3, "unit_price": "3.50"}]}
-    body = assert_error(post(api, "order/place_order", other, request_id="idem-http"), 422, "RequestIdReused")
-    assert "new request id" in body["errorMsg"]
+    body = assert_error(post(api, "order/place_order", other, request_id="idem-http"), 400, "DuplicateRequestId")
+    assert "new request id" in body["errorMsg"] and body["requestId"] == "idem-http"
     assert versions(first.json()["aggregateId"]) == [1]
 
 
@@ -279,14 +288,22 @@ def test_command_bodies_are_validated(api):
     assert versions(order_id) == [1]
 
 
-def test_domain_rules_answer_409(api):
+def test_domain_rules_answer_400_with_the_commands_result(api):
+    # As Wow's server: a business rule broken is a 400, its body the command's result (ids included).
     order_id = place(api)
-    assert_error(pay(api, order_id, amount="1.00"), 409, "AMOUNT_MISMATCH")
+    response = pay(api, order_id, amount="1.00", request_id="pay-short")
+    body = assert_error(response, 400, "AMOUNT_MISMATCH")
+    assert response["Wow-Error-Code"] == "AMOUNT_MISMATCH"
+    assert (body["aggregateId"], body["requestId"], body["aggregateName"], body["stage"]) == (
+        order_id, "pay-short", "order", "PROCESSED")
+    assert body["function"] == {"functionKind": "COMMAND", "contextName": body["contextName"],
+                                "processorName": "order", "name": "pay_order"}
+    assert body["waitCommandId"] == body["commandId"] and body["id"] and body["signalTime"] > 0
     pay(api, order_id)
-    assert_error(pay(api, order_id), 409, "ORDER_ALREADY_PAID")
+    assert_error(pay(api, order_id), 400, "ORDER_ALREADY_PAID")
     body = {"username": "alice", "display_name": "Alice"}
     assert post(api, "customer/register_customer", body).status_code == 200
-    assert_error(post(api, "customer/register_customer", body), 409, "USERNAME_TAKEN")
+    assert_error(post(api, "customer/register_customer", body), 400, "USERNAME_TAKEN")
 
 
 def test_a_username_is_unique_within_its_tenant_only(api):
@@ -294,13 +311,13 @@ def test_a_username_is_unique_within_its_tenant_only(api):
     body = {"username": "alice", "display_name": "Alice"}
     assert post(api, "customer/register_customer", body, tenant="acme").status_code == 200
     assert post(api, "customer/register_customer", body, tenant="globex").status_code == 200
-    assert_error(post(api, "customer/register_customer", body, tenant="globex"), 409, "USERNAME_TAKEN")
+    assert_error(post(api, "customer/register_customer", body, tenant="globex"), 400, "USERNAME_TAKEN")
 
 
 @pytest.mark.parametrize(("error", "status", "code"), [
     (EventVersionConflict("order", "x", 2), 409, "EventVersionConflict"),
-    (DuplicateAggregateId("order", "x"), 409, "DuplicateAggregateId"),
-    (DuplicateRequestId("order", "x", "r"), 409, "DuplicateRequestId"),
+    (DuplicateAggregateId("order", "x"), 400, "DuplicateAggregateId"),
+    (DuplicateRequestId("order", "x", "r"), 400, "DuplicateRequestId"),
     (RecoverableStoreError("primary stepped down"), 503, "StoreUnavailable"),
 ])
 def test_store_errors_are_mapped(api, monkeypatch, error, status, code):
@@ -328,7 +345,7 @@ def test_delete_and_recover(api):
     recovered = api.put(f"/api/order/{order_id}/recover", **headers(tenant="t1", stage="SNAPSHOT"))
     assert recovered.status_code == 200 and recovered.json()["events"] == ["aggregate_recovered"]
     assert get(api, f"order/{order_id}/state", tenant="t1").json()["status"] == "PLACED"
-    assert_error(api.put(f"/api/order/{order_id}/recover", **headers(tenant="t1")), 409, "AggregateNotDeleted")
+    assert_error(api.put(f"/api/order/{order_id}/recover", **headers(tenant="t1")), 400, "AggregateNotDeleted")
     response = api.put(f"/api/order/{order_id}/recover", {"why": "because"}, format="json", **headers(tenant="t1"))
     assert_error(response, 400, "CommandValidation", ["why"])
 
@@ -465,6 +482,31 @@ def test_snapshot_queries(api, orders):
     assert "count takes a bare condition" in wrapped["bindingErrors"][0]["msg"]
     missing = post(api, "order/snapshot/single", {"condition": {"operator": "ID", "value": orders.t2}}, tenant="t1")
     assert_error(missing, 404, "NotFound")
+
+
+def test_state_queries_answer_the_states_only(api, orders):
+    # Wow's listState, pagedState and singleState (issue 24, item 1): the snapshot queries, states only.
+    by_customer = {"sort": [{"field": "state.customer_id", "direction": "DESC"}]}
+    listed = post(api, "order/snapshot/list/state", {**by_customer, "limit": 2}, tenant="t1")
+    assert listed.status_code == 200, listed.content
+    assert [(s["customer_id"], s["status"]) for s in listed.json()] == [("c-2", "PLACED"), ("c-1", "PAID")]
+    assert "aggregateId" not in listed.json()[0] and set(listed.json()[0]) >= {"customer_id", "items", "total_amount"}
+    projected = post(api, "order/snapshot/list/state", {**by_customer, "projection": {"include": ["state.status"]}},
+                     tenant="t1").json()
+    assert projected == [{"status": "PLACED"}, {"status": "PAID"}, {"status": "PLACED"}]
+    paged = post(api, "order/snapshot/paged/state", {**by_customer, "pagination": {"index": 2, "size": 2}},
+                 tenant="t1").json()
+    assert paged["total"] == 3 and [s["customer_id"] for s in paged["list"]] == ["c-0"]
+    single = post(api, "order/snapshot/single/state", {"condition": {"operator": "ID", "value": orders.t1[1]}},
+                  tenant="t1").json()
+    assert (single["customer_id"], single["status"]) == ("c-1", "PAID")
+    # Another tenant's aggregate is not found; the query rules hold as on the snapshot routes.
+    assert_error(post(api, "order/snapshot/single/state", {"condition": {"operator": "ID", "value": orders.t2}},
+                      tenant="t1"), 404, "NotFound")
+    assert [s["customer_id"] for s in post(api, "order/snapshot/list/state", {}, tenant="t2").json()] == ["c-1"]
+    assert_error(post(api, "order/snapshot/list/state", {"limit": 1001}), 400, "IllegalArgument", ["limit"])
+    assert_error(post(api, "order/snapshot/count/state", {}), 404, "NotFound")
+    assert_error(post(api, "order/event/list/state", {}), 404, "NotFound")
 
 
 def test_event_queries(api, orders):
@@ -806,9 +848,9 @@ def test_the_owner_policy_refuses_commands_on_another_users_aggregate(every_back
         api.force_authenticate(alice)
         order_id = place(api)  # alice owns it
         api.force_authenticate(bob)
-        body = assert_error(pay(api, order_id), 403, "PermissionDenied")
+        body = assert_error(pay(api, order_id), 403, "IllegalAccessOwnerAggregate")
         assert order_id in body["errorMsg"] and "wow_django.act_for_any_owner" in body["errorMsg"]
-        assert_error(api.delete(f"/api/order/{order_id}", HTTP_COMMAND_TENANT_ID="t1"), 403, "PermissionDenied")
+        assert_error(api.delete(f"/api/order/{order_id}", HTTP_COMMAND_TENANT_ID="t1"), 403, "IllegalAccessOwnerAggregate")
         assert versions(order_id) == [1]  # nothing stored
         # Creating is anyone's; an id this tenant does not have answers 404, not 403 (nothing shows through).
         assert place(api)
@@ -852,7 +894,7 @@ def test_the_owner_policy_holds_when_a_queued_command_runs(every_backend, monkey
         process_command.run(message)
         assert versions(order_id) == [1]
         status = get(api, f"order/request/bob-pays/status?aggregateId={order_id}", tenant="t1").json()
-        assert status["errorCode"] == "PermissionDenied" and "belongs to another user" in status["errorMsg"]
+        assert status["errorCode"] == "IllegalAccessOwnerAggregate" and "belongs to another user" in status["errorMsg"]
 
 
 def test_the_gateway_applies_the_owner_rule_only_when_asked(wow):
@@ -867,6 +909,54 @@ def test_the_gateway_applies_the_owner_rule_only_when_asked(wow):
     gateway.send(PayOrder(amount=Decimal("7.00"), payment_id="p"), aggregate_id=placed.aggregate_id,
                  owner_id="u-2")  # trusted code, not asked: passes
     assert versions(placed.aggregate_id) == [1, 2]
+
+
+def test_a_create_takes_the_clients_aggregate_id_from_its_header(api):
+    response = api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_TENANT_ID="t1",
+                        HTTP_COMMAND_AGGREGATE_ID="order-chosen-1")
+    assert response.status_code == 200 and response.json()["aggregateId"] == "order-chosen-1"
+    assert versions("order-chosen-1") == [1]
+    again = api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_TENANT_ID="t1",
+                     HTTP_COMMAND_AGGREGATE_ID="order-chosen-1")
+    body = assert_error(again, 400, "DuplicateAggregateId")
+    assert body["aggregateId"] == "order-chosen-1" and versions("order-chosen-1") == [1]
+    assert_error(api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_AGGREGATE_ID="tab\there"),
+                 400, "CommandValidation", ["Command-Aggregate-Id"])
+    # On a command to an existing aggregate the path names it; a header naming another one is refused.
+    paid = api.post("/api/order/order-chosen-1/pay_order", {"amount": "7.00", "payment_id": "p"}, format="json",
+                    HTTP_COMMAND_TENANT_ID="t1", HTTP_COMMAND_AGGREGATE_ID="order-other")
+    assert_error(paid, 400, "CommandValidation", ["Command-Aggregate-Id"])
+    paid = api.post("/api/order/order-chosen-1/pay_order", {"amount": "7.00", "payment_id": "p"}, format="json",
+                    HTTP_COMMAND_TENANT_ID="t1", HTTP_COMMAND_AGGREGATE_ID="order-chosen-1")
+    assert paid.status_code == 200 and versions("order-chosen-1") == [1, 2]
+
+
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+def test_the_owner_header_is_honoured_only_with_the_permission(every_backend):
+    from django.contrib.auth.models import Permission
+
+    alice = User.objects.create_user("alice", "alice@example.com", "pw")
+    staff = User.objects.create_user("staff", "staff@example.com", "pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(content_type__app_label="wow_django",
+                                                      codename="act_for_any_owner"))
+    api = APIClient()
+    with override_settings(WOW=every_backend):
+        api.force_authenticate(alice)
+        refused = api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_TENANT_ID="t1",
+                           HTTP_COMMAND_OWNER_ID="someone-else")
+        assert_error(refused, 403, "PermissionDenied")
+        assert "act_for_any_owner" in refused.json()["errorMsg"]
+        assert post(api, "order/snapshot/count", {}, tenant="t1").json() == 0  # nothing stored
+        own = api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_TENANT_ID="t1",
+                       HTTP_COMMAND_WAIT_STAGE="SNAPSHOT", HTTP_COMMAND_OWNER_ID=str(alice.pk))
+        assert own.status_code == 200
+        assert get(api, f"order/{own.json()['aggregateId']}/snapshot", tenant="t1").json()["ownerId"] == str(alice.pk)
+        api.force_authenticate(User.objects.get(pk=staff.pk))
+        for_alice = api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_TENANT_ID="t1",
+                             HTTP_COMMAND_WAIT_STAGE="SNAPSHOT", HTTP_COMMAND_OWNER_ID=str(alice.pk))
+        assert for_alice.status_code == 200
+        snapshot = get(api, f"order/{for_alice.json()['aggregateId']}/snapshot", tenant="t1").json()
+        assert (snapshot["ownerId"], snapshot["operator"]) == (str(alice.pk), str(staff.pk))
 
 
 def test_an_aggregate_without_an_owner_takes_commands_from_anyone(api):
@@ -948,14 +1038,14 @@ def test_aggregates_without_delete_have_no_delete_routes(monkeypatch):
     (UnknownCommand("no"), 404, "NotFound"),
     (AggregateNotFound("no"), 404, "NotFound"),
     (ResourceNotFound("no"), 404, "NotFound"),
-    (DomainError("ORDER_CANCELLED", "no"), 409, "ORDER_CANCELLED"),
+    (DomainError("ORDER_CANCELLED", "no"), 400, "ORDER_CANCELLED"),
     (AggregateIsDeleted("no"), 410, "IllegalAccessDeletedAggregate"),
-    (DuplicateAggregateId("order", "x"), 409, "DuplicateAggregateId"),
+    (DuplicateAggregateId("order", "x"), 400, "DuplicateAggregateId"),
     (EventVersionConflict("order", "x", 3), 409, "EventVersionConflict"),
-    (DuplicateRequestId("order", "x", "r"), 409, "DuplicateRequestId"),
-    (KeyAlreadyPrepared("username", "alice"), 409, "KeyAlreadyPrepared"),
-    # change_key from a key not held with the old value: a conflict with the key's current state, as a taken one
-    (KeyNotHeld("username", "alice", "alicia"), 409, "KeyNotHeld"),
+    (DuplicateRequestId("order", "x", "r"), 400, "DuplicateRequestId"),
+    (KeyAlreadyPrepared("username", "alice"), 400, "KeyAlreadyPrepared"),
+    # change_key from a key not held with the old value: refused as a taken key is (Wow: 400)
+    (KeyNotHeld("username", "alice", "alicia"), 400, "KeyNotHeld"),
     (RecoverableStoreError("down"), 503, "StoreUnavailable"),
     (OperationalError("broker down"), 503, "BrokerUnavailable"),
     (Http404("gone"), 404, "NotFound"),

@@ -188,6 +188,8 @@ def test_a_database_refusal_on_a_read_is_a_400_without_the_sql(api, monkeypatch)
         raise DataError('invalid input syntax: SELECT "wow_event_stream"."body" FROM "wow_event_stream" WHERE …')
 
     monkeypatch.setattr(store, "load", refusing)
+    # The repository reads the snapshot and the streams after it together on the django backend.
+    monkeypatch.setattr(get_runtime().snapshot_store, "load_with_tail", refusing)
     response = api.get(f"/api/order/{order_id}/state", HTTP_COMMAND_TENANT_ID="t1")
     body = refused(response, 400)
     assert body["errorCode"] == "IllegalArgument"

@@ -25,13 +25,13 @@ class ErrorCodes:
     DUPLICATE_AGGREGATE_ID = "DuplicateAggregateId"
     COMMAND_EXPECT_VERSION_CONFLICT = "CommandExpectVersionConflict"
     ILLEGAL_ACCESS_DELETED_AGGREGATE = "IllegalAccessDeletedAggregate"
+    ILLEGAL_ACCESS_OWNER_AGGREGATE = "IllegalAccessOwnerAggregate"
     # Wow answers these for the HTTP statuses they name.
     METHOD_NOT_ALLOWED = "MethodNotAllowed"
     NOT_ACCEPTABLE = "NotAcceptable"
     PAYLOAD_TOO_LARGE = "PayloadTooLarge"
     UNSUPPORTED_MEDIA_TYPE = "UnsupportedMediaType"
     # wow_django's own, for what Wow has no code for.
-    REQUEST_ID_REUSED = "RequestIdReused"
     QUERY_TOO_EXPENSIVE = "QueryTooExpensive"
     AGGREGATE_NOT_DELETED = "AggregateNotDeleted"
     DISPATCH_FAILED = "DispatchFailed"
@@ -286,16 +286,17 @@ class CommandExpectVersionConflict(CommandError):
 
 class NotAggregateOwner(CommandError):
     """A command sent under the owner policy (``owner_only``) reached an aggregate that another user owns:
-    refused, nothing appended (HTTP 403)."""
+    refused, nothing appended (Wow's ``IllegalAccessOwnerAggregate``, HTTP 403)."""
 
-    error_code = "PermissionDenied"
+    error_code = ErrorCodes.ILLEGAL_ACCESS_OWNER_AGGREGATE
 
 
 class RequestIdReused(CommandError):
     """A request id (idempotency key) already answered another command or another body: refused, nothing
-    appended. The same key with the same command and body gets the first command's result instead."""
+    appended. The same key with the same command and body gets the first command's result instead.
+    Wow's ``DuplicateRequestId`` (HTTP 400)."""
 
-    error_code = "RequestIdReused"
+    error_code = ErrorCodes.DUPLICATE_REQUEST_ID
 
 
 class DomainError(CommandError):

@@ -62,6 +62,7 @@ from wow_django.exceptions import (
     DomainError,
     DuplicateAggregateId,
     DuplicateRequestId,
+    EventStoreError,
     EventVersionConflict,
     NotAggregateOwner,
     RecoverableStoreError,
@@ -151,10 +152,22 @@ class CommandResult:
     error_code: str = "Ok"
     error_msg: str = ""
     binding_errors: tuple[dict, ...] = ()
+    #: Wow's fields: the bounded context, the command (its handler is the ``function``), when the result was
+    #: signalled (epoch ms) and the signal's own id.
+    context_name: str = ""
+    command_name: str = ""
+    signal_time: int = 0
+    signal_id: str = ""
 
     @property
     def succeeded(self) -> bool:
         return self.error_code == "Ok"
+
+    @property
+    def function(self) -> dict:
+        """Wow's ``FunctionInfo`` of what produced this result: the aggregate's handler of the command."""
+        return {"functionKind": "COMMAND", "contextName": self.context_name, "processorName": self.aggregate_name,
+                "name": self.command_name}
 
     @classmethod
     def from_json(cls, data: dict) -> CommandResult:
@@ -165,10 +178,23 @@ class CommandResult:
             stage=WaitStage(data["stage"]), events=tuple(data.get("events") or ()),
             duplicate=bool(data.get("duplicate")), error_code=data.get("errorCode", "Ok"),
             error_msg=data.get("errorMsg", ""), binding_errors=tuple(data.get("bindingErrors") or ()),
+            context_name=data.get("contextName", ""), command_name=(data.get("function") or {}).get("name", ""),
+            # to_json shows the command id where a result has no signal id of its own: read back as none.
+            signal_time=data.get("signalTime", 0),
+            signal_id="" if data.get("id") == data["commandId"] else data.get("id", ""),
         )
 
     def to_json(self) -> dict:
+        """As Wow's ``CommandResult`` (``id``, ``waitCommandId``, ``contextName``, ``function``, ``result``,
+        ``signalTime``, ``succeeded`` too) with wow_django's ``events`` and ``duplicate``."""
         return {
+            "id": self.signal_id or self.command_id,
+            "waitCommandId": self.command_id,
+            "contextName": self.context_name,
+            "function": self.function,
+            "result": {},
+            "signalTime": self.signal_time,
+            "succeeded": self.succeeded,
             "commandId": self.command_id,
             "requestId": self.request_id,
             "aggregateName": self.aggregate_name,
@@ -434,7 +460,9 @@ class CommandGateway:
                 return CommandResult(
                     command_id=stream.command_id, request_id=request_id, aggregate_name=cls.aggregate_name,
                     aggregate_id=candidate, tenant_id=tenant_id, aggregate_version=stream.version,
-                    stage=WaitStage.PROCESSED, events=tuple(event.name for event in stream.body))
+                    stage=WaitStage.PROCESSED, events=tuple(event.name for event in stream.body),
+                    context_name=self.context_name, command_name=str(stream.header.get("command", "")),
+                    signal_time=stream.create_time, signal_id=stream.id)
         return None
 
     def _status_book(self) -> CommandStatusBook | None:
@@ -496,6 +524,18 @@ class CommandGateway:
         )
 
     def _send(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
+        try:
+            return self._send_or_process(cls, command, message, wait, timeout)
+        except (CommandError, EventStoreError) as exc:
+            # The command's result comes with its refusal (its ids, as Wow's failed CommandResult has them).
+            if getattr(exc, "command_result", None) is None:
+                exc.command_result = self._result(
+                    message, None, WaitStage.SENT if wait is WaitStage.SENT else WaitStage.PROCESSED,
+                    error_code=exc.error_code, error_msg=str(exc),
+                    binding_errors=tuple(getattr(exc, "binding_errors", ())))
+            raise
+
+    def _send_or_process(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
         if wait is WaitStage.SENT:
             self.tasks.process_command(message.to_dict())
             sent = self._result(message, None, WaitStage.SENT)
@@ -526,7 +566,8 @@ class CommandGateway:
         return CommandResult(
             command_id=message.command_id, request_id=message.request_id, aggregate_name=message.aggregate_name,
             aggregate_id=message.aggregate_id, tenant_id=message.tenant_id, aggregate_version=version,
-            stage=stage, events=tuple(events), duplicate=duplicate, **error,
+            stage=stage, events=tuple(events), duplicate=duplicate, context_name=self.context_name,
+            command_name=message.command_name, signal_time=now_ms(), signal_id=generate_id(), **error,
         )
 
     def _lock(self, key: tuple[str, str]) -> threading.RLock:

@@ -575,7 +575,20 @@ def _wow_components(limits: tuple) -> dict[str, dict]:
             **query_parts, "pagination": {"anyOf": [ref("WowPagination"), {"type": "null"}]}}},
         "WowCommandResult": {
             "type": "object",
+            "description": "Wow's CommandResult (with wow_django's events and duplicate).",
             "properties": {
+                "id": {**string, "description": "This result's own id (Wow's signal id)."},
+                "waitCommandId": {**string, "description": "The command waited for: commandId."},
+                "contextName": string,
+                "function": {
+                    "type": "object", "description": "What produced this result: the aggregate's command handler.",
+                    "properties": {"functionKind": string, "contextName": string, "processorName": string,
+                                   "name": string},
+                    "required": ["functionKind", "contextName", "processorName", "name"],
+                },
+                "result": {"type": "object", "description": "The command's result data (none: {})."},
+                "signalTime": {"type": "integer", "description": "When this result was signalled (epoch ms)."},
+                "succeeded": {"type": "boolean", "description": "errorCode is Ok."},
                 "commandId": string,
                 "requestId": string,
                 "aggregateName": string,
@@ -590,7 +603,8 @@ def _wow_components(limits: tuple) -> dict[str, dict]:
                 "errorMsg": string,
                 "bindingErrors": {"type": "array", "items": ref("WowBindingError")},
             },
-            "required": ["commandId", "requestId", "aggregateName", "aggregateId", "tenantId", "aggregateVersion",
+            "required": ["id", "waitCommandId", "contextName", "function", "result", "signalTime", "succeeded",
+                         "commandId", "requestId", "aggregateName", "aggregateId", "tenantId", "aggregateVersion",
                          "stage", "events", "duplicate", "errorCode", "errorMsg", "bindingErrors"],
         },
         "WowSnapshot": {

@@ -19,9 +19,15 @@ status  when                                                errorCode
 400     a request Django refused before any view            BadRequest
         (``handlers.bad_request``)
 400     an invalid bus envelope, feedback or event query    BusValidation
+400     DomainError (as Wow's server: its codes default     the handler's code (ORDER_CANCELLED...)
+        to 400), DuplicateAggregateId, DuplicateRequestId   DuplicateAggregateId, DuplicateRequestId,
+        (a request id reused with another command or        KeyAlreadyPrepared, KeyNotHeld,
+        body), KeyAlreadyPrepared, KeyNotHeld,              AggregateNotDeleted
+        recover_aggregate on a live aggregate
 401     no or bad credentials (403 when the first           NotAuthenticated, AuthenticationFailed
         authentication class has no challenge)
 403     a permission class or the tenant resolver refuses   PermissionDenied
+403     the owner policy: another user's aggregate          IllegalAccessOwnerAggregate
 403     a consumer reports on an event it was not sent      ConsumerNotExpected
 404     unknown aggregate, command or route; nothing        NotFound
         stored under the id for this tenant; no bus
@@ -29,13 +35,7 @@ status  when                                                errorCode
 405     wrong method                                        MethodNotAllowed
 406     Accept excludes application/json                    NotAcceptable
 409     the aggregate is not at Command-Aggregate-Version   CommandExpectVersionConflict
-409     EventVersionConflict (retries exhausted),           EventVersionConflict, DuplicateAggregateId,
-        DuplicateAggregateId, DuplicateRequestId,           DuplicateRequestId, KeyAlreadyPrepared
-        KeyAlreadyPrepared
-409     PrepareKey.change_key from a key not held with      KeyNotHeld
-        the old value (the new key was released again)
-409     DomainError                                         the handler's code (ORDER_CANCELLED...)
-409     recover_aggregate on a live aggregate               AggregateNotDeleted
+409     EventVersionConflict (retries exhausted)            EventVersionConflict
 409     a refused re-push                                   RepushNotAllowed, RepushTooEarly,
                                                             RepushLimitReached, RepushConflict,
                                                             AlreadyConsumed, EventExpired,
@@ -45,7 +45,6 @@ status  when                                                errorCode
 413     body over DATA_UPLOAD_MAX_MEMORY_SIZE               PayloadTooLarge
 415     an unsafe request without Content-Type:            UnsupportedMediaType
         application/json, whatever the body
-422     a request id reused with another command or body    RequestIdReused
 429     throttled (Retry-After)                             TooManyRequests
 503     RecoverableStoreError, broker unreachable,          StoreUnavailable, BrokerUnavailable,
         bus transport down, a rollup that did not settle    BusTransportUnavailable, BusError
@@ -54,7 +53,9 @@ status  when                                                errorCode
 
 A command result (200/202) carries ``errorCode`` too: ``Ok``, or
 ``RequestTimeout`` / ``DispatchFailed`` when the events were stored but the
-asked stage was not confirmed.
+asked stage was not confirmed. A command refused once its request was read
+answers its result with the error (``command_result`` on the exception), as
+Wow's server does; every error answer repeats its code in ``Wow-Error-Code``.
 
 Anything else is a bug and is left to Django (a 500 with the traceback logged).
 
@@ -85,6 +86,8 @@ from wow_django.exceptions import (
     CommandExpectVersionConflict,
     CommandValidationError,
     ConsumerNotExpected,
+    DuplicateAggregateId,
+    DuplicateRequestId,
     EnvelopeValidationError,
     ErrorCodes,
     EventNotFound,
@@ -107,6 +110,8 @@ from wow_django.exceptions import (
 from wow_django.query.errors import QueryValidationError
 
 RETRY_AFTER_S = "1"
+#: The response header that repeats an error's code, as Wow's server sets it.
+WOW_ERROR_CODE_HEADER = "Wow-Error-Code"
 
 logger = logging.getLogger("wow_django.http")
 
@@ -160,12 +165,14 @@ _WOW_STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (ResourceNotFound, status.HTTP_404_NOT_FOUND),
     (AggregateIsDeleted, status.HTTP_410_GONE),
     (NotAggregateOwner, status.HTTP_403_FORBIDDEN),
-    (RequestIdReused, status.HTTP_422_UNPROCESSABLE_ENTITY),
+    # As Wow's server answers them (ErrorHttpStatusMapping): a request id reused with another body, an id
+    # already taken, a key already prepared, a business rule: 400; version conflicts: 409.
+    (RequestIdReused, status.HTTP_400_BAD_REQUEST),
     (CommandExpectVersionConflict, status.HTTP_409_CONFLICT),
     (RecoverableStoreError, status.HTTP_503_SERVICE_UNAVAILABLE),
-    (KeyAlreadyPrepared, status.HTTP_409_CONFLICT),
-    # The reservation to move is missing, expired or another's: a conflict with the key's state, like a taken key.
-    (KeyNotHeld, status.HTTP_409_CONFLICT),
+    (KeyAlreadyPrepared, status.HTTP_400_BAD_REQUEST),
+    # The reservation to move is missing, expired or another's: refused as a taken key is.
+    (KeyNotHeld, status.HTTP_400_BAD_REQUEST),
     (EnvelopeValidationError, status.HTTP_400_BAD_REQUEST),
     (EventNotFound, status.HTTP_404_NOT_FOUND),
     (TraceNotFound, status.HTTP_404_NOT_FOUND),
@@ -174,9 +181,11 @@ _WOW_STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (TransportUnavailable, status.HTTP_503_SERVICE_UNAVAILABLE),
     # A rollup that did not settle under concurrent changes: retrying helps.
     (BusError, status.HTTP_503_SERVICE_UNAVAILABLE),
-    # DomainError, AggregateIsDeleted and the rest: the command was refused in this state.
-    (CommandError, status.HTTP_409_CONFLICT),
-    # EventVersionConflict, DuplicateAggregateId, DuplicateRequestId, DuplicateEventStreamId.
+    # DomainError (a business rule, with its handler's code) and the rest: Wow's default, 400.
+    (CommandError, status.HTTP_400_BAD_REQUEST),
+    (DuplicateAggregateId, status.HTTP_400_BAD_REQUEST),
+    (DuplicateRequestId, status.HTTP_400_BAD_REQUEST),
+    # EventVersionConflict (retries exhausted), DuplicateEventStreamId, a stream the store refused.
     (EventStoreError, status.HTTP_409_CONFLICT),
 )
 
@@ -219,7 +228,15 @@ def drf_error_code(exc: drf.APIException) -> str:
 
 
 def error_response(exc: BaseException) -> Response | None:
-    """The JSON error response for ``exc``, or ``None`` when it is not a client's error."""
+    """The JSON error response for ``exc`` (its code repeated in ``Wow-Error-Code``), or ``None`` when it is
+    not a client's error."""
+    response = _error_response(exc)
+    if response is not None and isinstance(response.data, dict) and response.data.get("errorCode"):
+        response[WOW_ERROR_CODE_HEADER] = response.data["errorCode"]
+    return response
+
+
+def _error_response(exc: BaseException) -> Response | None:
     if isinstance(exc, WowError):
         for cls, code in _WOW_STATUS:
             if isinstance(exc, cls):
@@ -232,6 +249,9 @@ def error_response(exc: BaseException) -> Response | None:
                     logger.warning("answering %s for a store error: %s", code, message)
                     message = "The command's events could not be stored; nothing was appended."
                 body = error_body(exc.error_code, message, getattr(exc, "binding_errors", ()))
+                result = getattr(exc, "command_result", None)
+                if result is not None:  # a refused command: its result, as Wow answers one (aggregateId, commandId…)
+                    body = {**result.to_json(), **body}
                 headers = {"Retry-After": RETRY_AFTER_S} if code == status.HTTP_503_SERVICE_UNAVAILABLE else None
                 return Response(body, status=code, headers=headers)
         return None

@@ -8,7 +8,7 @@ from django.views import defaults
 
 from wow_django.exceptions import ErrorCodes
 from wow_django.http.base import WowView
-from wow_django.http.errors import error_body
+from wow_django.http.errors import WOW_ERROR_CODE_HEADER, error_body
 
 
 def bad_request(request, exception=None):
@@ -26,5 +26,5 @@ def bad_request(request, exception=None):
         reason = type(exception).__name__ if exception is not None else "the request"
         return JsonResponse(error_body(ErrorCodes.BAD_REQUEST, f"The request was refused before it reached the API "
                                                       f"({reason}): check its Host header, cookies and body."),
-                            status=400)
+                            status=400, headers={WOW_ERROR_CODE_HEADER: ErrorCodes.BAD_REQUEST})
     return defaults.bad_request(request, exception)

@@ -7,4 +7,6 @@ WAIT_STAGE_HEADER = "Command-Wait-Stage"  # SENT | PROCESSED (default) | SNAPSHO
 WAIT_TIMEOUT_HEADER = "Command-Wait-Timeout"  # whole milliseconds; at most WOW["COMMAND_WAIT_TIMEOUT_S"]
 REQUEST_ID_HEADER = "Command-Request-Id"  # idempotency key of a command; a create command's id derives from it
 AGGREGATE_VERSION_HEADER = "Command-Aggregate-Version"  # the version the command expects the aggregate at
+AGGREGATE_ID_HEADER = "Command-Aggregate-Id"  # a create command's aggregate id, chosen by the client
+OWNER_ID_HEADER = "Command-Owner-Id"  # the owner of what the command creates (a permission lets one name another)
 MAX_WAIT_TIMEOUT_MS = 2**31 - 1  # the largest Command-Wait-Timeout read (then capped by COMMAND_WAIT_TIMEOUT_S)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from rest_framework.permissions import BasePermission
 
 from wow_django.application.gateway import is_valid_id
+from wow_django.exceptions import NotAggregateOwner
 
 COMMAND_ACTIONS = frozenset({"command", "delete", "recover"})
 
@@ -41,7 +42,7 @@ class IsOwnerOrPermitted(BasePermission):
 
     The owner of an aggregate is set by the command that created it (``view.get_owner_id()``: the user's
     primary key by default) and never changes. A command on an aggregate owned by someone else is refused
-    (403 ``PermissionDenied``, nothing appended) unless the user has ``permission``
+    (403 ``IllegalAccessOwnerAggregate``, Wow's code; nothing appended) unless the user has ``permission``
     (:data:`ACT_FOR_ANY_OWNER` by default; superusers have every permission): staff who act for customers,
     for instance. Creates pass (the new aggregate is its sender's), so do aggregates created without an
     owner (anonymously or from the Python API), and ids this tenant does not have (the command answers
@@ -77,9 +78,9 @@ class IsOwnerOrPermitted(BasePermission):
         if owner is None:  # not in this tenant (yet): the gateway applies the rule when the command runs
             view.owner_only = True
             return True
-        self.message = (f"{view.aggregate.aggregate_name} {aggregate_id!r} belongs to another user: only its "
-                        f"owner sends it commands, or a user with the {self.permission!r} permission.")
-        return False
+        # Wow's IllegalAccessOwnerAggregate (403), as the gateway answers when the command runs.
+        raise NotAggregateOwner(f"{view.aggregate.aggregate_name} {aggregate_id!r} belongs to another user: only "
+                                f"its owner sends it commands, or a user with the {self.permission!r} permission.")
 
     def may_act_for_any_owner(self, request) -> bool:
         """Whether the request's user may send commands to other users' aggregates (``permission``)."""

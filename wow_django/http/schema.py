@@ -31,8 +31,10 @@ from wow_django.domain.aggregate import aggregates
 from wow_django.domain.messages import RecoverAggregate
 from wow_django.http import contract
 from wow_django.http.headers import (
+    AGGREGATE_ID_HEADER,
     AGGREGATE_VERSION_HEADER,
     MAX_WAIT_TIMEOUT_MS,
+    OWNER_ID_HEADER,
     REQUEST_ID_HEADER,
     WAIT_STAGE_HEADER,
     WAIT_TIMEOUT_HEADER,
@@ -44,9 +46,12 @@ from wow_django.persistence.records import MAX_VERSION
 ERROR_STATUSES = {
     "400": "Invalid body, condition, path parameter or header (bindingErrors name each): CommandValidation "
            "(a command's body or headers), IllegalArgument (a query, path parameter, tenant or malformed JSON), "
-           "QueryTooExpensive (a query stopped at the database's time limit).",
+           "QueryTooExpensive (a query stopped at the database's time limit); and, as Wow's server answers them, "
+           "a command refused in the aggregate's state: a business rule (its own code), DuplicateAggregateId, "
+           "DuplicateRequestId (a request id used before for another command or body), KeyAlreadyPrepared, "
+           "KeyNotHeld, AggregateNotDeleted.",
     "401": "Not authenticated (NotAuthenticated, AuthenticationFailed).",
-    "403": "Not allowed (PermissionDenied).",
+    "403": "Not allowed (PermissionDenied; IllegalAccessOwnerAggregate: another user's aggregate).",
     "404": "Unknown aggregate, command or id, or another tenant's (NotFound).",
     "406": "The Accept header excludes application/json (NotAcceptable).",
     "413": "The body is too large (PayloadTooLarge).",
@@ -163,7 +168,8 @@ class WowAutoSchema(_Components, AutoSchema):
         if action == "command":
             return view.command.command_name
         if action in ("snapshot_query", "event_query"):
-            return f"{'snapshot' if view.kind == SNAPSHOT else 'event'}_{view.operation}"
+            states = "_state" if getattr(view, "states", False) else ""
+            return f"{'snapshot' if view.kind == SNAPSHOT else 'event'}_{view.operation}{states}"
         return {"snapshot": "snapshot_by_id", "event_range": "event_range"}.get(action, action)
 
     def get_operation_id(self) -> str:
@@ -188,7 +194,8 @@ class WowAutoSchema(_Components, AutoSchema):
             "state": f"Current state of one {name}",
             "snapshot": f"Stored snapshot of one {name}, deleted or not",
             "event_range": f"Event streams of one {name}, versions head to tail",
-            "snapshot_query": f"Query {name} snapshots: {getattr(view, 'operation', '')}",
+            "snapshot_query": (f"Query {name} states: {getattr(view, 'operation', '')}" if getattr(view, "states", False)
+                               else f"Query {name} snapshots: {getattr(view, 'operation', '')}"),
             "event_query": f"Query {name} event streams: {getattr(view, 'operation', '')}",
             "status": f"What became of a command to {name}, by its request id",
         }[action]
@@ -254,6 +261,17 @@ class WowAutoSchema(_Components, AutoSchema):
                 description="Idempotency key: a retry with the same id is recognised and appends nothing. A create "
                 "command's aggregate id is derived from it.",
             ))
+            if "{id}" not in self.path:  # a create: on a route with the id in its path the header may only repeat it
+                parameters.append(OpenApiParameter(
+                    AGGREGATE_ID_HEADER, any_id, OpenApiParameter.HEADER,
+                    description="The new aggregate's id, chosen by the client (an id already taken: 400 "
+                    "DuplicateAggregateId); without it the id derives from Command-Request-Id, or is drawn.",
+                ))
+            parameters.append(OpenApiParameter(
+                OWNER_ID_HEADER, any_id, OpenApiParameter.HEADER,
+                description="The owner the command acts as (of what it creates): your own id, or another's with "
+                "the wow_django.act_for_any_owner permission (403 PermissionDenied without it).",
+            ))
             parameters.append(OpenApiParameter(
                 AGGREGATE_VERSION_HEADER, _integer(0, MAX_VERSION), OpenApiParameter.HEADER,
                 description="The version the aggregate must be at (0: not created yet), as read by the client: "
@@ -299,6 +317,17 @@ class WowAutoSchema(_Components, AutoSchema):
             return {"200": self._wow("WowCommandResult")}
         if action == "event_range":
             return {"200": {"type": "array", "items": self._wow("WowEventStream")}}
+        if getattr(view, "states", False):
+            # The states only: what a projection leaves of them (the schema's fields, none required).
+            state = {"type": "object", "description": f"A {self._aggregate_name} state (its fields as a projection "
+                                                      "left them)."}
+            return {"200": {
+                "single": state,
+                "list": {"type": "array", "items": state},
+                "paged": {"type": "object", "required": ["total", "list"], "additionalProperties": False,
+                          "properties": {"total": {"type": "integer", "minimum": 0},
+                                         "list": {"type": "array", "items": state}}},
+            }[view.operation]}
         item = self._wow("WowSnapshot" if view.kind == SNAPSHOT else "WowEventStream")
         paged = "WowPagedSnapshotList" if view.kind == SNAPSHOT else "WowPagedEventStreamList"
         return {"200": {
@@ -311,11 +340,15 @@ class WowAutoSchema(_Components, AutoSchema):
     def get_response_serializers(self):
         responses = self._success()
         error = self._wow("WowError")
+        commands = self.view.action in ("command", "delete", "recover")
+        if commands:
+            # A command refused once its request was read answers its result (as Wow's server does), with the
+            # error's code and message; one refused before (its body, a header) answers the error alone.
+            error = {"anyOf": [self._wow("WowCommandResult"), error]}
         for code in ERROR_STATUSES:
             responses[code] = error
-        if self.view.action in ("command", "delete", "recover"):
+        if commands:
             responses["409"] = error
-            responses["422"] = error  # a request id reused with another command or body
         if self.view.action in ("command", "delete", "state"):
             responses["410"] = error
         return responses
@@ -325,15 +358,10 @@ class WowAutoSchema(_Components, AutoSchema):
         if status_code in ERROR_STATUSES:
             response["description"] = ERROR_STATUSES[status_code]
         elif status_code == "409":
-            response["description"] = ("Refused in the aggregate's current state: a business rule (its own code), "
-                                       "CommandExpectVersionConflict (not at Command-Aggregate-Version), "
-                                       "DuplicateAggregateId, EventVersionConflict, KeyAlreadyPrepared, KeyNotHeld or "
-                                       "AggregateNotDeleted.")
+            response["description"] = ("A version conflict: CommandExpectVersionConflict (not at "
+                                       "Command-Aggregate-Version) or EventVersionConflict (concurrent writers).")
         elif status_code == "410":
             response["description"] = "The aggregate is deleted (IllegalAccessDeletedAggregate); recover it first."
-        elif status_code == "422":
-            response["description"] = ("The request id was already used for another command or body "
-                                       "(RequestIdReused); send this command with a new one.")
         elif status_code == "202":
             response["description"] = "Queued, or stored without the asked stage confirmed."
         return response

@@ -81,6 +81,9 @@ def aggregate_urlpatterns(cls: type[Aggregate], view_classes: ViewClasses | None
         for operation in view_classes.query.OPERATIONS[kind]:
             view = view_classes.query.as_view(aggregate=cls, kind=kind, operation=operation)
             patterns.append(path(f"{name}/{segment}/{operation}", view, name=f"{name}-{segment}-{operation}"))
+    for operation in view_classes.query.STATE_OPERATIONS:
+        view = view_classes.query.as_view(aggregate=cls, kind=SNAPSHOT, operation=operation, states=True)
+        patterns.append(path(f"{name}/snapshot/{operation}/state", view, name=f"{name}-snapshot-{operation}-state"))
     creates = sorted(c for c, h in cls.handlers.items() if h.create)
     others = sorted(c for c, h in cls.handlers.items() if not h.create)
     for command_name in creates:

@@ -21,6 +21,7 @@ commands, ``view.command``.
 from __future__ import annotations
 
 from rest_framework import status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
@@ -43,13 +44,16 @@ from wow_django.http import contract
 from wow_django.http.base import WowView, default_authentication_classes, import_classes
 from wow_django.http.errors import InvalidRequest, ResourceNotFound
 from wow_django.http.headers import (
+    AGGREGATE_ID_HEADER,
     AGGREGATE_VERSION_HEADER,
     MAX_WAIT_TIMEOUT_MS,
+    OWNER_ID_HEADER,
     REQUEST_ID_HEADER,
     WAIT_STAGE_HEADER,
     WAIT_TIMEOUT_HEADER,
 )
 from wow_django.http.parsers import CommandJSONParser, QueryJSONParser
+from wow_django.http.permissions import ACT_FOR_ANY_OWNER
 from wow_django.http.schema import QUERY_BODIES, WowAutoSchema, pydantic_models
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
@@ -114,8 +118,25 @@ class WowAPIView(WowView):
         return str(key) if key is not None else str(user.get_username())
 
     def get_owner_id(self) -> str:
-        """The owner of aggregates this request creates: the operator."""
-        return self.get_operator()
+        """The owner the request acts as: the operator, or the ``Command-Owner-Id`` header — honoured when it
+        names the operator, or when the user may act for any owner (the permission
+        ``wow_django.act_for_any_owner``, as the owner policy's); refused (403) otherwise."""
+        if not hasattr(self, "_owner_id"):
+            self._owner_id = self._requested_owner()
+        return self._owner_id
+
+    def _requested_owner(self) -> str:
+        operator = self.get_operator()
+        value = self.request.headers.get(OWNER_ID_HEADER)
+        if value is None or value == operator:
+            return operator
+        if not is_valid_id(value):
+            raise InvalidRequest(OWNER_ID_HEADER, f"an owner id is {GATEWAY_ID_RULE}")
+        user = getattr(self.request, "user", None)
+        if user is not None and user.is_authenticated and user.has_perm(ACT_FOR_ANY_OWNER):
+            return value
+        raise PermissionDenied(f"{OWNER_ID_HEADER} names another owner than you: it needs the "
+                               f"{ACT_FOR_ANY_OWNER!r} permission.")
 
     def get_gateway(self) -> CommandGateway:
         return get_runtime().gateway
@@ -182,9 +203,25 @@ class CommandSenderView(WowAPIView):
             return None
         return last.owner_id
 
+    def get_aggregate_id(self, path_id: str | None) -> str | None:
+        """The aggregate the command acts on: the path's id, else ``Command-Aggregate-Id`` (a create command's id
+        chosen by the client), else None (a create derives or draws one). A header naming another aggregate than
+        the path is refused."""
+        value = self.request.headers.get(AGGREGATE_ID_HEADER)
+        if value is not None and not is_valid_id(value):
+            raise CommandValidationError(f"{AGGREGATE_ID_HEADER} must be {GATEWAY_ID_RULE}",
+                                         [{"name": AGGREGATE_ID_HEADER, "msg": f"must be {GATEWAY_ID_RULE}"}])
+        if path_id is not None:
+            check_aggregate_id(path_id)
+            if value is not None and value != path_id:
+                raise CommandValidationError(
+                    f"{AGGREGATE_ID_HEADER} names another aggregate than the path",
+                    [{"name": AGGREGATE_ID_HEADER, "msg": "must be the path's aggregate id (or be left out)"}])
+            return path_id
+        return value
+
     def send_command(self, *, aggregate_id: str | None, body) -> Response:
-        if aggregate_id is not None:
-            check_aggregate_id(aggregate_id)
+        aggregate_id = self.get_aggregate_id(aggregate_id)
         self.check_body(body)
         result = self.get_gateway().send_json(
             self.aggregate.aggregate_name,
@@ -382,10 +419,15 @@ class EventRangeView(WowAPIView):
 
 
 class QueryView(WowAPIView):
-    """``POST {aggregate}/snapshot/{operation}`` and ``POST {aggregate}/event/{operation}``."""
+    """``POST {aggregate}/snapshot/{operation}`` and ``POST {aggregate}/event/{operation}``; with ``states``,
+    ``POST {aggregate}/snapshot/{operation}/state``: the same snapshot query answering the aggregates' states
+    only (Wow's ``listState``, ``pagedState``, ``singleState``)."""
 
     kind = SNAPSHOT
     operation = "list"
+    states = False
+    #: The snapshot operations that have a ``…/state`` route.
+    STATE_OPERATIONS = ("single", "list", "paged")
     parser_classes = [QueryJSONParser]  # 5.0 is the whole number 5, as the schema's integers count it
     OPERATIONS = {
         SNAPSHOT: ("single", "list", "paged", "count"),
@@ -438,12 +480,22 @@ class QueryView(WowAPIView):
             found = service.single(query, **scope)
             if found is None:
                 raise ResourceNotFound(f"No {self.aggregate.aggregate_name} {self.kind.replace('_', ' ')} matches.")
-            return found
+            return _state(found) if self.states else found
         if self.operation == "list":
-            return service.list(query, **scope)
+            found = service.list(query, **scope)
+            return [_state(document) for document in found] if self.states else found
         if self.operation == "paged":
-            return service.paged(query, **scope).to_json()
+            page = service.paged(query, **scope).to_json()
+            if self.states:
+                page["list"] = [_state(document) for document in page["list"]]
+            return page
         return service.count(query, **scope)
+
+
+def _state(snapshot: dict) -> dict:
+    """The state of a snapshot document as a query answered it (a projection may have left part of it, or none)."""
+    state = snapshot.get("state")
+    return state if isinstance(state, dict) else {}
 
 
 def _misrouted(aggregate: type[Aggregate], command: str, *, with_id: bool) -> str:
