@@ -150,6 +150,19 @@ def test_query_bodies_results_and_errors(openapi):
     assert "409" not in ops["order_snapshot_list"][2]["responses"]
 
 
+def test_the_event_streams_are_documented(openapi):
+    ops = operations(openapi)
+    for operation_id in ("order_pay_order", "order_place_order", "order_snapshot_list", "order_snapshot_list_state",
+                         "order_event_list"):
+        content = ops[operation_id][2]["responses"]["200"]["content"]
+        event = content["text/event-stream"]["schema"]
+        assert event["properties"]["data"]["contentMediaType"] == "application/json", operation_id
+        assert event["properties"]["data"]["contentSchema"] == content["application/json"]["schema"], operation_id
+    for operation_id in ("order_snapshot_paged", "order_snapshot_count", "order_state"):
+        assert "text/event-stream" not in ops[operation_id][2]["responses"]["200"]["content"], operation_id
+    assert not any(p["name"] == "format" for p in ops["order_place_order"][2]["parameters"])
+
+
 def test_headers_are_documented(openapi):
     ops = operations(openapi)
     command = {p["name"]: p for p in ops["order_pay_order"][2]["parameters"]}

@@ -101,3 +101,84 @@ def test_wows_client_drives_commands_and_state_queries(client):
     status, _, state = client.call("POST", "order/snapshot/single/state",
                                    {"condition": {"operator": "AGGREGATE_ID", "value": "order-ts-1"}})
     assert state["status"] == "PAID"
+
+
+def read_events(body: bytes) -> list[dict]:
+    """The events of an event stream: ``{"id", "event", "data"}`` each, data parsed as JSON."""
+    events = []
+    for block in body.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append({"id": fields.get("id"), "event": fields.get("event"), "data": json.loads(fields["data"])})
+    return events
+
+
+def stream(client: WowClient, path: str, body: dict, **headers) -> tuple[int, dict, list[dict]]:
+    sent = {"Content-Type": "application/json", "Accept": "text/event-stream", "Command-Tenant-Id": client.tenant,
+            **{name.replace("_", "-"): str(value) for name, value in headers.items()}}
+    request = urllib.request.Request(client.base + path, data=json.dumps(body).encode(), method="POST", headers=sent)
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - the live server
+        return response.status, dict(response.headers), read_events(response.read())
+
+
+def test_wows_client_streams_a_commands_stages_and_lists(client):
+    # sendAndWaitStream: an event per stage reached, up to the one asked, then the end of the stream.
+    status, headers, events = stream(client, "order/place_order", ORDER, Command_Wait_Stage="SNAPSHOT",
+                                     Command_Request_Id="sse-1")
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert [e["event"] for e in events] == ["PROCESSED", "SNAPSHOT"]
+    assert all(e["data"]["requestId"] == "sse-1" and e["data"]["succeeded"] for e in events)
+    assert events[0]["data"]["aggregateId"] == events[1]["data"]["aggregateId"]
+    assert [e["id"] for e in events] == [e["data"]["id"] for e in events]
+    assert events[0]["data"]["duplicate"] is False and events[1]["data"]["duplicate"] is False
+    order = events[0]["data"]["aggregateId"]
+    _, _, queued = stream(client, f"order/{order}/ship_order", {"tracking_number": "T"}, Command_Wait_Stage="SENT")
+    assert [e["event"] for e in queued] == ["SENT"]
+    # A refusal: one event named after its code, the result with the error; status 200, as Wow streams it.
+    status, _, refused = stream(client, f"order/{order}/pay_order", {"amount": "1.00", "payment_id": "p"},
+                                Command_Wait_Stage="PROJECTED")
+    assert status == 200 and [e["event"] for e in refused] == ["AMOUNT_MISMATCH"]
+    assert refused[0]["data"]["aggregateId"] == order and refused[0]["data"]["errorCode"] == "AMOUNT_MISMATCH"
+    # A refusal before streaming (a bad header) keeps its status, written as one event.
+    try:
+        stream(client, "order/place_order", ORDER, Command_Wait_Stage="SOON")
+    except urllib.error.HTTPError as error:
+        assert error.code == 400 and read_events(error.read())[0]["event"] == "CommandValidation"
+    else:
+        raise AssertionError("a bad wait stage streamed")
+
+    # listStream, listStateStream, event listStream: an event per document.
+    _, _, snapshots = stream(client, "order/snapshot/list", {"condition": {"operator": "ALL"}, "limit": 10})
+    assert [e["data"]["aggregateId"] for e in snapshots] == [order]
+    _, _, states = stream(client, "order/snapshot/list/state", {"condition": {"operator": "ALL"}, "limit": 10})
+    assert [e["data"]["customer_id"] for e in states] == ["c-1"]
+    _, _, streams = stream(client, "order/event/list", {"condition": {"operator": "AGGREGATE_ID", "value": order},
+                                                        "sort": [{"field": "version", "direction": "ASC"}]})
+    assert [e["data"]["version"] for e in streams] == list(range(1, len(streams) + 1)) and len(streams) >= 1
+    # Not a list: no stream.
+    try:
+        stream(client, "order/snapshot/paged", {})
+    except urllib.error.HTTPError as error:
+        assert error.code == 406
+    else:
+        raise AssertionError("paged streamed")
+
+
+def test_the_stream_runs_under_asgi_too(every_backend):
+    """Django's ASGI handler (AsyncClient): the command's stages arrive as an asynchronous stream, each event
+    taken in Django's thread for synchronous code."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    async def run() -> tuple[int, list[bytes], bool]:
+        response = await AsyncClient().post(
+            "/api/order/place_order", ORDER, content_type="application/json",
+            headers={"Accept": "text/event-stream", "Command-Wait-Stage": "SNAPSHOT", "Command-Tenant-Id": "t1"})
+        chunks = [chunk async for chunk in response.streaming_content]
+        return response.status_code, chunks, response.is_async
+
+    status, chunks, is_async = async_to_sync(run)()
+    assert status == 200 and is_async
+    assert len(chunks) == 2  # one chunk per event: sent as they come, not gathered
+    assert [e["event"] for e in read_events(b"".join(chunks))] == ["PROCESSED", "SNAPSHOT"]

@@ -39,6 +39,7 @@ from wow_django.http.headers import (
     WAIT_STAGE_HEADER,
     WAIT_TIMEOUT_HEADER,
 )
+from wow_django.http.sse import EVENT_STREAM
 from wow_django.persistence.bus import EventStatus
 from wow_django.persistence.query import SNAPSHOT
 from wow_django.persistence.records import MAX_VERSION
@@ -355,6 +356,19 @@ class WowAutoSchema(_Components, AutoSchema):
 
     def _get_response_for_code(self, serializer, status_code, media_types=None, direction="response"):
         response = super()._get_response_for_code(serializer, status_code, media_types, direction)
+        stream = response.get("content", {}).get(EVENT_STREAM)
+        if stream is not None:  # Accept: text/event-stream (wow_django.http.sse): events, each with JSON data
+            data = stream.get("schema", {})
+            stream["schema"] = {
+                "type": "object", "required": ["data"],
+                "description": "One server-sent event. A command's: one per stage reached (event: the stage; data: "
+                "the WowCommandResult), or a refusal (event: its errorCode; data: the result or WowError). A "
+                "list's: one per document. An error before streaming: one event named after its errorCode.",
+                "properties": {
+                    "id": {"type": "string"}, "event": {"type": "string"},
+                    "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": data},
+                },
+            }
         if status_code in ERROR_STATUSES:
             response["description"] = ERROR_STATUSES[status_code]
         elif status_code == "409":

@@ -20,8 +20,12 @@ commands, ``view.command``.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 from rest_framework import status
 from rest_framework.exceptions import PermissionDenied
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
@@ -31,6 +35,7 @@ from wow_django.application.gateway import CommandGateway, CommandResult, WaitSt
 from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
+from wow_django.domain.ids import generate_id
 from wow_django.domain.messages import Command, DeleteAggregate, RecoverAggregate
 from wow_django.domain.values import stored
 from wow_django.exceptions import (
@@ -38,11 +43,12 @@ from wow_django.exceptions import (
     CommandValidationError,
     UnknownAggregate,
     UnknownCommand,
+    WowError,
     binding_summary,
 )
-from wow_django.http import contract
+from wow_django.http import contract, sse
 from wow_django.http.base import WowView, default_authentication_classes, import_classes
-from wow_django.http.errors import InvalidRequest, ResourceNotFound
+from wow_django.http.errors import InvalidRequest, ResourceNotFound, error_response
 from wow_django.http.headers import (
     AGGREGATE_ID_HEADER,
     AGGREGATE_VERSION_HEADER,
@@ -55,6 +61,7 @@ from wow_django.http.headers import (
 from wow_django.http.parsers import CommandJSONParser, QueryJSONParser
 from wow_django.http.permissions import ACT_FOR_ANY_OWNER
 from wow_django.http.schema import QUERY_BODIES, WowAutoSchema, pydantic_models
+from wow_django.http.sse import wants_event_stream
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
@@ -150,6 +157,8 @@ class CommandSenderView(WowAPIView):
 
     action = "command"
     command: type[Command] | None = None
+    # Accept: text/event-stream streams the stages (wow_django.http.sse).
+    renderer_classes = [JSONRenderer, sse.EventStreamRenderer, BrowsableAPIRenderer]
     #: Whether the gateway refuses the command on an aggregate another user owns (set by the owner policy,
     #: :class:`~wow_django.http.permissions.IsOwnerOrPermitted`).
     owner_only = False
@@ -223,6 +232,8 @@ class CommandSenderView(WowAPIView):
     def send_command(self, *, aggregate_id: str | None, body) -> Response:
         aggregate_id = self.get_aggregate_id(aggregate_id)
         self.check_body(body)
+        if wants_event_stream(self.request):
+            return self.stream_command(aggregate_id, body)
         result = self.get_gateway().send_json(
             self.aggregate.aggregate_name,
             self.command.command_name,
@@ -239,6 +250,45 @@ class CommandSenderView(WowAPIView):
             owner_only=self.owner_only,
         )
         return Response(result.to_json(), status=self.result_status(result))
+
+    def stream_command(self, aggregate_id: str | None, body):
+        """``Accept: text/event-stream``: one event per stage reached, up to the one asked, within the wait
+        timeout (see :mod:`wow_django.http.sse`). The request's facts are read (and refused) before streaming;
+        the stages after PROCESSED are waited for by sending the same request again, which the gateway answers
+        from what is stored once the stage is reached, appending nothing."""
+        asked = self.get_wait_stage()
+        timeout = self.get_wait_timeout()
+        deadline = time.monotonic() + (timeout if timeout is not None else wow_settings.COMMAND_WAIT_TIMEOUT_S)
+        facts = dict(
+            aggregate_id=aggregate_id, request_id=self.get_request_id() or generate_id(),
+            tenant_id=self.get_tenant_id(), owner_id=self.get_owner_id(), operator=self.get_operator(),
+            header=self.get_command_header(), expected_version=self.get_expected_version(),
+            owner_only=self.owner_only,
+        )
+        gateway, aggregate, command = self.get_gateway(), self.aggregate.aggregate_name, self.command.command_name
+        order = list(WaitStage)
+        stages = [asked] if asked is WaitStage.SENT else order[order.index(WaitStage.PROCESSED):order.index(asked) + 1]
+
+        def events():
+            first = None
+            try:
+                for stage in stages:
+                    remaining = max(0.0, deadline - time.monotonic())
+                    result = gateway.send_json(aggregate, command, body, wait=stage, timeout=remaining,
+                                               **{**facts, "aggregate_id": first.aggregate_id if first else
+                                                  facts["aggregate_id"]})
+                    if first is None:
+                        first = result
+                    else:  # the same command, waited for further: not a repeat of the client's
+                        result = dataclasses.replace(result, duplicate=first.duplicate)
+                    yield sse.event(result.to_json(), name=result.stage.value, event_id=result.to_json()["id"])
+                    if not result.succeeded:  # the stage was not confirmed in time: nothing more will come
+                        return
+            except WowError as exc:
+                answer = error_response(exc)
+                yield sse.event(answer.data if answer is not None else {}, name=exc.error_code)
+
+        return sse.streaming_response(self.request, events())
 
     def check_body(self, body) -> None:
         """The command's own validation first (pydantic's words), then the OpenAPI schema's, which also refuses
@@ -448,10 +498,22 @@ class QueryView(WowAPIView):
     def action(self, value: str | None) -> None:  # DRF's browsable API sets it while it renders its forms
         self.__dict__["_action"] = value
 
+    renderer_classes = [JSONRenderer, sse.EventStreamRenderer, BrowsableAPIRenderer]
+
+    def get_renderers(self):
+        """The list operations also stream (``Accept: text/event-stream``: one event per document)."""
+        renderers = super().get_renderers()
+        if self.operation != "list":
+            renderers = [renderer for renderer in renderers if not isinstance(renderer, sse.EventStreamRenderer)]
+        return renderers
+
     def post(self, request):
         query = self.parse_query(request.data)
         self.check_body(request.data)
-        return Response(self.run_query(self.get_query_service(), query))
+        found = self.run_query(self.get_query_service(), query)
+        if wants_event_stream(request):
+            return sse.streaming_response(request, (sse.event(item) for item in found))
+        return Response(found)
 
     def check_body(self, data) -> None:
         """After the parser (its words first): the OpenAPI schema's, which also refuses what the parser lets by."""
