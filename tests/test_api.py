@@ -484,6 +484,23 @@ def test_snapshot_queries(api, orders):
     assert_error(missing, 404, "NotFound")
 
 
+def test_the_state_at_a_version_and_at_a_time(api):
+    # Wow's loadVersioned and loadTimeBased: GET {id}/state/{version} and {id}/state/time/{createTime}.
+    order_id = place(api, stage="PROCESSED")
+    pay(api, order_id)
+    post(api, f"order/{order_id}/ship_order", {"tracking_number": "T-1"}, tenant="t1")
+    statuses = [get(api, f"order/{order_id}/state/{v}", tenant="t1").json()["status"] for v in (1, 2, 3, 99)]
+    assert statuses == ["PLACED", "PAID", "SHIPPED", "SHIPPED"]
+    times = [s["createTime"] for s in get(api, f"order/{order_id}/event/1/3", tenant="t1").json()]
+    for time_ms in times:  # at each stream's time: the last version created by then (equal times: the later)
+        expected = ["PLACED", "PAID", "SHIPPED"][max(v for v, t in enumerate(times) if t <= time_ms)]
+        assert get(api, f"order/{order_id}/state/time/{time_ms}", tenant="t1").json()["status"] == expected
+    assert_error(get(api, f"order/{order_id}/state/time/{times[0] - 1}", tenant="t1"), 404, "NotFound")
+    assert_error(get(api, f"order/{order_id}/state/0", tenant="t1"), 400, "IllegalArgument", ["version"])
+    assert_error(get(api, f"order/{order_id}/state/1", tenant="t2"), 404, "NotFound")  # another tenant's
+    assert_error(get(api, f"order/{order_id}/state/time/{times[-1]}", tenant="t2"), 404, "NotFound")
+
+
 def test_state_queries_answer_the_states_only(api, orders):
     # Wow's listState, pagedState and singleState (issue 24, item 1): the snapshot queries, states only.
     by_customer = {"sort": [{"field": "state.customer_id", "direction": "DESC"}]}

@@ -19,7 +19,7 @@ SETUP_CFG = Path(__file__).resolve().parent.parent / "setup.cfg"
 PROVIDES = {
     "django": {"django"}, "djangorestframework": {"rest_framework"}, "pymongo": {"pymongo", "bson", "gridfs"},
     "celery": {"celery"}, "kombu": {"kombu"}, "pydantic": {"pydantic"}, "drf-spectacular": {"drf_spectacular"},
-    "mongomock": {"mongomock"}, "redis": {"redis"}, "jsonschema": {"jsonschema"},
+    "mongomock": {"mongomock"}, "redis": {"redis"}, "jsonschema": {"jsonschema"}, "asgiref": {"asgiref"},
 }
 # Imported only where they are in use: mongomock behind mongomock:// URIs (with an error saying what to
 # install); redis only by the coalesced rollup's drain, which runs only with Django's RedisCache as the

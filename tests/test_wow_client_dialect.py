@@ -182,3 +182,108 @@ def test_the_stream_runs_under_asgi_too(every_backend):
     assert status == 200 and is_async
     assert len(chunks) == 2  # one chunk per event: sent as they come, not gathered
     assert [e["event"] for e in read_events(b"".join(chunks))] == ["PROCESSED", "SNAPSHOT"]
+
+
+# --- Wow's attribution prefixes and the context alias (issue 24, item 6) -----------------------------------
+
+
+def test_the_tenant_prefix_names_the_tenant_as_the_header_would(every_backend):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    placed = api.post("/api/tenant/t9/order/place_order", ORDER, format="json", HTTP_COMMAND_WAIT_STAGE="SNAPSHOT")
+    assert placed.status_code == 200 and placed.json()["tenantId"] == "t9"
+    order = placed.json()["aggregateId"]
+    assert api.get(f"/api/tenant/t9/order/{order}/state").status_code == 200
+    assert api.get(f"/api/order/{order}/state", HTTP_COMMAND_TENANT_ID="t9").status_code == 200  # the same tenant
+    assert api.get(f"/api/tenant/t8/order/{order}/state").status_code == 404  # another's
+    assert api.post("/api/tenant/t8/order/snapshot/count", {}, format="json").json() == 0
+    assert api.post("/api/tenant/t9/order/snapshot/list/state", {}, format="json").json()[0]["customer_id"] == "c-1"
+    clash = api.get(f"/api/tenant/t9/order/{order}/state", HTTP_COMMAND_TENANT_ID="t8")
+    assert clash.status_code == 400 and clash.json()["bindingErrors"][0]["name"] == "Command-Tenant-Id"
+    assert api.get(f"/api/tenant/{'x' * 129}/order/{order}/state").status_code == 400
+
+
+def test_the_tenant_prefix_never_reaches_another_tenant_when_the_user_has_one(every_backend):
+    from django.test import override_settings
+    from rest_framework.test import APIClient
+
+    from tests.test_api import TenantUser
+
+    api = APIClient()
+    with override_settings(WOW={**every_backend, "TENANT_RESOLVER": "wow_django.http.tenancy.UserTenantResolver"}):
+        api.force_authenticate(TenantUser(pk=1, username="u", tenant_id="acme"))
+        assert api.post("/api/tenant/acme/order/place_order", ORDER, format="json").status_code == 200
+        refused = api.post("/api/tenant/globex/order/snapshot/count", {}, format="json")
+        assert refused.status_code == 403 and refused.json()["errorCode"] == "PermissionDenied"
+
+
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+def test_the_owner_prefix_shows_and_acts_for_that_owner_only(every_backend):
+    from django.contrib.auth.models import Permission, User
+    from django.test import override_settings
+    from rest_framework.test import APIClient
+
+    alice = User.objects.create_user("alice", "alice@example.com", "pw")
+    bob = User.objects.create_user("bob", "bob@example.com", "pw")
+    staff = User.objects.create_user("staff", "staff@example.com", "pw")
+    staff.user_permissions.add(Permission.objects.get(content_type__app_label="wow_django",
+                                                      codename="act_for_any_owner"))
+    api = APIClient()
+    with override_settings(WOW=every_backend):
+        def place(user, owner):
+            api.force_authenticate(user)
+            answer = api.post(f"/api/owner/{owner.pk}/order/place_order", ORDER, format="json",
+                              HTTP_COMMAND_TENANT_ID="t1", HTTP_COMMAND_WAIT_STAGE="SNAPSHOT")
+            assert answer.status_code == 200, answer.content
+            return answer.json()["aggregateId"]
+
+        mine, theirs = place(alice, alice), place(bob, bob)
+        api.force_authenticate(alice)
+        listed = api.post(f"/api/owner/{alice.pk}/order/snapshot/list", {}, format="json", HTTP_COMMAND_TENANT_ID="t1")
+        assert [s["aggregateId"] for s in listed.json()] == [mine] and listed.json()[0]["ownerId"] == str(alice.pk)
+        assert api.post("/api/order/snapshot/count", {}, format="json", HTTP_COMMAND_TENANT_ID="t1").json() == 2
+        for path in (f"{theirs}/state", f"{theirs}/snapshot", f"{theirs}/event/1/1"):
+            assert api.get(f"/api/owner/{alice.pk}/order/{path}", HTTP_COMMAND_TENANT_ID="t1").status_code == 404
+        assert api.get(f"/api/owner/{alice.pk}/order/{mine}/state", HTTP_COMMAND_TENANT_ID="t1").status_code == 200
+        # Her prefix does not act on his aggregate; his prefix is not hers to use.
+        paid = api.post(f"/api/owner/{alice.pk}/order/{theirs}/pay_order", {"amount": "7.00", "payment_id": "p"},
+                        format="json", HTTP_COMMAND_TENANT_ID="t1")
+        assert paid.status_code == 403 and paid.json()["errorCode"] == "IllegalAccessOwnerAggregate"
+        refused = api.post(f"/api/owner/{bob.pk}/order/snapshot/list", {}, format="json", HTTP_COMMAND_TENANT_ID="t1")
+        assert refused.status_code == 403 and refused.json()["errorCode"] == "PermissionDenied"
+        # A user with the permission uses any owner's prefix: creates for them, sees theirs.
+        for_bob = place(staff, bob)
+        api.force_authenticate(User.objects.get(pk=staff.pk))
+        listed = api.post(f"/api/owner/{bob.pk}/order/snapshot/list", {}, format="json", HTTP_COMMAND_TENANT_ID="t1")
+        assert sorted(s["aggregateId"] for s in listed.json()) == sorted([theirs, for_bob])
+        both = api.get(f"/api/tenant/t1/owner/{bob.pk}/order/{for_bob}/state")
+        assert both.status_code == 200
+
+
+def test_the_context_alias_prefixes_every_route(every_backend):
+    from django.test import override_settings
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    with override_settings(ROOT_URLCONF="tests.alias_urls"):
+        placed = api.post("/api/sample/order/place_order", ORDER, format="json", HTTP_COMMAND_TENANT_ID="t1",
+                          HTTP_COMMAND_WAIT_STAGE="SNAPSHOT")
+        assert placed.status_code == 200
+        order = placed.json()["aggregateId"]
+        assert api.post("/api/sample/tenant/t1/order/snapshot/count", {}, format="json").json() == 1
+        assert api.get(f"/api/sample/order/{order}/state", HTTP_COMMAND_TENANT_ID="t1").status_code == 200
+        assert api.post("/api/order/snapshot/count", {}, format="json", HTTP_COMMAND_TENANT_ID="t1").json() == 1
+        other = api.post("/api/other/order/snapshot/count", {}, format="json")
+        assert other.status_code == 404 and other.json()["errorCode"] == "NotFound"
+
+
+def test_an_alias_must_be_a_path_segment():
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
+
+    from wow_django.conf import wow_settings
+
+    for alias in ("a/b", "tenant", "", 5):
+        with override_settings(WOW={"CONTEXT_ALIAS": alias}), pytest.raises(ImproperlyConfigured, match="CONTEXT_ALIAS"):
+            _ = wow_settings.CONTEXT_ALIAS

@@ -13,6 +13,7 @@ works in tests).
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -32,6 +33,9 @@ DEFAULTS: dict[str, Any] = {
     # The bounded context this project is. A MongoDB database belongs to one
     # context (see wow_database_metadata).
     "CONTEXT_NAME": "default",
+    # The context's alias in the API's paths, as Wow's clients send it ({alias}/{aggregate}/…); None: the
+    # routes have no alias prefix (a client with an empty contextAlias).
+    "CONTEXT_ALIAS": None,
     # --- storage selection ----------------------------------------------
     # Default backend for everything: "mongo", "in_memory" or "django" (the
     # project's database through the ORM, see DATABASE_ALIAS). None (the
@@ -216,6 +220,16 @@ def _str(value: Any) -> str | None:
     return None
 
 
+def _context_alias(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+        return "must be None or a path segment of letters, digits, '_', '.' or '-' (at most 64)"
+    if value in ("tenant", "owner"):
+        return "must not be 'tenant' or 'owner' (the API's attribution prefixes)"
+    return None
+
+
 def _database_alias(value: Any) -> str | None:
     problem = _str(value)
     if problem:
@@ -275,6 +289,7 @@ def _str_dict(value: Any) -> str | None:
 
 VALIDATORS = {
     "CONTEXT_NAME": _str,
+    "CONTEXT_ALIAS": _context_alias,
     "STORAGE": _choice(STORAGE_CHOICES, optional=True),
     "EVENT_STORE": _choice(STORAGE_CHOICES, optional=True),
     "SNAPSHOT_STORE": _choice(STORAGE_CHOICES, optional=True),

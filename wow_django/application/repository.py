@@ -177,3 +177,15 @@ class AggregateRepository:
         for stream in streams:
             apply_stream(aggregate, stream)
         return aggregate if aggregate.version > 0 else None
+
+    def load_at_time(self, cls: type[Aggregate], aggregate_id: str, *, tenant_id: str,
+                     create_time: int) -> Aggregate | None:
+        """The tenant's aggregate as it was at ``create_time`` (epoch ms): every stream created at or before it,
+        replayed from the first; ``None`` when it had none yet."""
+        key = AggregateId(cls.aggregate_name, aggregate_id, self.context_name, tenant_id)
+        aggregate = cls(aggregate_id, key.tenant_id)
+        for stream in self.event_store.load_by_time(key, 0, create_time):
+            if stream.version != aggregate.version + 1:
+                break  # a later version stamped earlier (clocks of two writers): the history stops before it
+            apply_stream(aggregate, stream)
+        return aggregate if aggregate.version > 0 else None

@@ -171,10 +171,27 @@ class WowAutoSchema(_Components, AutoSchema):
         if action in ("snapshot_query", "event_query"):
             states = "_state" if getattr(view, "states", False) else ""
             return f"{'snapshot' if view.kind == SNAPSHOT else 'event'}_{view.operation}{states}"
+        if action == "state" and "{version}" in self.path:
+            return "state_at_version"
+        if action == "state" and "{create_time}" in self.path:
+            return "state_at_time"
         return {"snapshot": "snapshot_by_id", "event_range": "event_range"}.get(action, action)
 
+    def _attribution(self) -> str:
+        """The prefix of an operation below an attribution or alias prefix (``alias_``, ``tenant_``,
+        ``owner_``), so that every route keeps an operationId of its own."""
+        marks = []
+        alias = wow_settings.CONTEXT_ALIAS
+        if alias and f"/{alias}/" in self.path.split(f"/{self._aggregate_name}/")[0] + "/":
+            marks.append("alias")
+        if "{tenant_id}" in self.path:
+            marks.append("tenant")
+        if "{owner_id}" in self.path:
+            marks.append("owner")
+        return "".join(f"{mark}_" for mark in marks)
+
     def get_operation_id(self) -> str:
-        return f"{self._aggregate_name}_{self._key()}"
+        return f"{self._attribution()}{self._aggregate_name}_{self._key()}"
 
     def get_tags(self) -> list[str]:
         return [self._aggregate_name]
@@ -192,7 +209,9 @@ class WowAutoSchema(_Components, AutoSchema):
         return {
             "delete": f"Soft-delete one {name}",
             "recover": f"Recover one deleted {name}",
-            "state": f"Current state of one {name}",
+            "state": (f"State of one {name} after a version (its current state below it)" if "{version}" in self.path
+                      else f"State of one {name} as it was at a time (epoch ms)" if "{create_time}" in self.path
+                      else f"Current state of one {name}"),
             "snapshot": f"Stored snapshot of one {name}, deleted or not",
             "event_range": f"Event streams of one {name}, versions head to tail",
             "snapshot_query": (f"Query {name} states: {getattr(view, 'operation', '')}" if getattr(view, "states", False)
@@ -240,12 +259,18 @@ class WowAutoSchema(_Components, AutoSchema):
                 "aggregateId", any_id, OpenApiParameter.QUERY,
                 description="For a command on an existing aggregate that was not queued: the aggregate it was sent to.",
             ))
-        for name in ("head", "tail"):
+        for name in ("head", "tail", "version"):
             if f"{{{name}}}" in self.path:
                 parameters.append(OpenApiParameter(
                     name, _integer(1, MAX_VERSION), OpenApiParameter.PATH,
-                    description="First version (inclusive)." if name == "head" else "Last version (inclusive).",
+                    description={"head": "First version (inclusive).", "tail": "Last version (inclusive).",
+                                 "version": "The version whose state to answer (past the last: the current state)."}[name],
                 ))
+        if "{create_time}" in self.path:
+            parameters.append(OpenApiParameter(
+                "create_time", _integer(0, 2**63 - 1), OpenApiParameter.PATH,
+                description="A moment (epoch ms): the state of the streams created at or before it.",
+            ))
         if view.action in ("command", "delete", "recover"):
             parameters.append(OpenApiParameter(
                 WAIT_STAGE_HEADER, {"type": "string", "enum": [s.value for s in WaitStage]},

@@ -9,6 +9,9 @@ a request body can widen it.
   header, or the default tenant ``(0)`` without one (an empty header is refused:
   a tenant id is an id, :data:`~wow_django.application.gateway.ID_RULE`). The client chooses, so
   use it behind a gateway that sets the header, or for a single tenant.
+A path may name the tenant too (``tenant/{tenantId}/…``, Wow's attribution prefix): the header resolver
+takes it (a header naming another is a 400), any other resolver must find the same tenant (403 otherwise).
+
 * :class:`UserTenantResolver` takes the tenant from the authenticated user
   (``request.user.tenant_id`` by default; set ``attribute`` to a dotted path
   such as ``"profile.tenant_id"`` in a subclass). Anonymous requests get a
@@ -53,6 +56,15 @@ class TenantResolver(ABC):
         """OpenAPI parameter objects for the inputs this resolver reads (headers)."""
         return []
 
+    def resolve_for_path(self, request, claimed: str) -> str:
+        """The tenant of a request whose path names one (``tenant/{tenantId}/…``, Wow's attribution prefix):
+        the tenant :meth:`resolve` gives, which the path must name (403 otherwise: a prefix never reaches
+        another tenant)."""
+        tenant = self.resolve(request)
+        if claimed != tenant:
+            raise PermissionDenied("The path names a tenant other than your own.")
+        return tenant
+
 
 class HeaderTenantResolver(TenantResolver):
     """The ``Command-Tenant-Id`` header, or ``default`` when it is absent."""
@@ -65,6 +77,13 @@ class HeaderTenantResolver(TenantResolver):
         if value is None:
             return self.default
         return check_tenant_id(value, self.header)
+
+    def resolve_for_path(self, request, claimed: str) -> str:
+        """The path's tenant (the client names it, as with the header); a header naming another is refused."""
+        value = request.headers.get(self.header)
+        if value is not None and value != claimed:
+            raise InvalidRequest(self.header, "names another tenant than the path (tenant/{tenantId}/…)")
+        return claimed
 
     def schema_parameters(self) -> list[dict]:
         return [{

@@ -26,7 +26,14 @@ GET        a/<id>/snapshot                  a-snapshot
 GET        a/<id>/event/<head>/<tail>       a-event-range
 GET        a/request/<requestId>/status     a-request-status
 POST       a/<id>/<command>                 a-<command>
+GET        a/<id>/state/<version>           a-state-version
+GET        a/<id>/state/time/<createTime>   a-state-time
+POST       a/snapshot/{single|list|paged}/state  a-snapshot-<operation>-state
 =========  ===============================  ==========================
+
+Every route also answers below Wow's attribution prefixes ``tenant/<tenantId>/``, ``owner/<ownerId>/`` and
+``tenant/<tenantId>/owner/<ownerId>/`` (namespaces ``wow:tenant``, ``wow:owner``, ``wow:tenant-owner``), and
+with ``WOW["CONTEXT_ALIAS"]`` all of them again below ``<alias>/`` (``wow:alias``, ``wow:alias:tenant``…).
 
 DELETE and recover exist when the aggregate allows deletion. A command may
 not be named ``snapshot``, ``event``, ``state`` or ``recover`` (its route
@@ -39,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 from wow_django.domain.aggregate import Aggregate, aggregates
 from wow_django.http import views
@@ -94,6 +101,10 @@ def aggregate_urlpatterns(cls: type[Aggregate], view_classes: ViewClasses | None
         patterns.append(path(f"{name}/<str:id>/recover", view_classes.recover.as_view(aggregate=cls),
                              name=f"{name}-recover"))
     patterns.append(path(f"{name}/<str:id>/state", view_classes.state.as_view(aggregate=cls), name=f"{name}-state"))
+    patterns.append(path(f"{name}/<str:id>/state/<int:version>", view_classes.state.as_view(aggregate=cls),
+                         name=f"{name}-state-version"))
+    patterns.append(path(f"{name}/<str:id>/state/time/<int:create_time>", view_classes.state.as_view(aggregate=cls),
+                         name=f"{name}-state-time"))
     patterns.append(path(f"{name}/<str:id>/snapshot", view_classes.snapshot.as_view(aggregate=cls),
                          name=f"{name}-snapshot"))
     patterns.append(path(f"{name}/request/<str:request_id>/status", view_classes.status.as_view(aggregate=cls),
@@ -106,12 +117,30 @@ def aggregate_urlpatterns(cls: type[Aggregate], view_classes: ViewClasses | None
     return patterns
 
 
-def build_urlpatterns(view_classes: ViewClasses | None = None) -> list:
-    """Routes for every registered aggregate, then the JSON 404 for any other path."""
+#: Wow's attribution prefixes, each its own namespace below ``wow`` (e.g. ``wow:tenant:order-state``).
+ATTRIBUTION_PREFIXES = (
+    ("tenant/<str:tenant_id>/", "tenant"),
+    ("owner/<str:owner_id>/", "owner"),
+    ("tenant/<str:tenant_id>/owner/<str:owner_id>/", "tenant-owner"),
+)
+
+
+def build_urlpatterns(view_classes: ViewClasses | None = None, *, context_alias: str | None = ...) -> list:
+    """Routes for every registered aggregate — as they are, below Wow's attribution prefixes
+    (``tenant/{tenantId}/``, ``owner/{ownerId}/``, both) and, with a context alias (``WOW["CONTEXT_ALIAS"]``
+    unless given), all of those again below ``{alias}/`` — then the JSON 404 for any other path."""
     view_classes = view_classes or ViewClasses()
-    patterns = []
+    if context_alias is ...:
+        from wow_django.conf import wow_settings
+
+        context_alias = wow_settings.CONTEXT_ALIAS
+    routes = []
     for _, cls in sorted(aggregates().items()):
-        patterns.extend(aggregate_urlpatterns(cls, view_classes))
+        routes.extend(aggregate_urlpatterns(cls, view_classes))
+    attributed = [*routes, *(path(prefix, include((routes, namespace))) for prefix, namespace in ATTRIBUTION_PREFIXES)]
+    patterns = list(attributed)
+    if context_alias:
+        patterns.append(path(f"{context_alias}/", include((attributed, "alias"))))
     # Any character, line breaks included ("." would not match a %0A in an id, and Django's HTML 404 would answer).
     patterns.append(re_path(r"^(?P<path>[\s\S]*)\Z", view_classes.not_found.as_view(), name="not-found"))
     return patterns

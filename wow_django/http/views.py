@@ -62,6 +62,7 @@ from wow_django.http.parsers import CommandJSONParser, QueryJSONParser
 from wow_django.http.permissions import ACT_FOR_ANY_OWNER
 from wow_django.http.schema import QUERY_BODIES, WowAutoSchema, pydantic_models
 from wow_django.http.sse import wants_event_stream
+from wow_django.http.tenancy import check_tenant_id
 from wow_django.persistence.documents import stream_to_document
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
@@ -105,16 +106,54 @@ class WowAPIView(WowView):
 
     # --- request facts ----------------------------------------------------------------------------
 
+    def dispatch(self, request, *args, **kwargs):
+        # Wow's attribution prefixes (tenant/{tenantId}/…, owner/{ownerId}/…): facts of the request, not
+        # arguments of its handler.
+        self.path_tenant = kwargs.pop("tenant_id", None)
+        self.path_owner = kwargs.pop("owner_id", None)
+        return super().dispatch(request, *args, **kwargs)
+
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         if self.resolves_tenant:
             self.get_tenant_id()  # a bad or missing tenant fails every route the same way, before any read
+            self.get_path_owner()
 
     def get_tenant_id(self) -> str:
-        """The tenant this request acts for, from ``WOW["TENANT_RESOLVER"]`` (asked once per request)."""
+        """The tenant this request acts for, from ``WOW["TENANT_RESOLVER"]`` (asked once per request); under a
+        ``tenant/{tenantId}/`` prefix the resolver decides whether the path's tenant is the request's."""
         if not hasattr(self, "_tenant_id"):
-            self._tenant_id = wow_settings.TENANT_RESOLVER().resolve(self.request)
+            resolver = wow_settings.TENANT_RESOLVER()
+            claimed = getattr(self, "path_tenant", None)
+            if claimed is None:
+                self._tenant_id = resolver.resolve(self.request)
+            else:
+                check_tenant_id(claimed, "tenantId")
+                self._tenant_id = resolver.resolve_for_path(self.request, claimed)
         return self._tenant_id
+
+    def get_path_owner(self) -> str | None:
+        """The owner an ``owner/{ownerId}/`` prefix names (None without one): the request's own operator, or any
+        owner for a user with the permission ``wow_django.act_for_any_owner`` (403 otherwise). Queries under it
+        see that owner's aggregates only, reads by id find only theirs, commands act as that owner."""
+        owner = getattr(self, "path_owner", None)
+        if owner is None:
+            return None
+        if not is_valid_id(owner):
+            raise InvalidRequest("ownerId", f"an owner id is {GATEWAY_ID_RULE}")
+        if owner != self.get_operator() and not self.may_act_for_any_owner():
+            raise PermissionDenied(f"The path names an owner other than you: it needs the {ACT_FOR_ANY_OWNER!r} "
+                                   "permission.")
+        return owner
+
+    def may_act_for_any_owner(self) -> bool:
+        user = getattr(self.request, "user", None)
+        return bool(user is not None and user.is_authenticated and user.has_perm(ACT_FOR_ANY_OWNER))
+
+    def owned_by_path_owner(self, owner_id: str) -> bool:
+        """Whether an aggregate owned by ``owner_id`` is visible under this request's owner prefix (if any)."""
+        owner = self.get_path_owner()
+        return owner is None or owner == owner_id
 
     def get_operator(self) -> str:
         """Who acts: the authenticated user's primary key, or "" for anonymous requests."""
@@ -135,12 +174,16 @@ class WowAPIView(WowView):
     def _requested_owner(self) -> str:
         operator = self.get_operator()
         value = self.request.headers.get(OWNER_ID_HEADER)
+        path_owner = self.get_path_owner()
+        if path_owner is not None:
+            if value is not None and value != path_owner:
+                raise InvalidRequest(OWNER_ID_HEADER, "names another owner than the path (owner/{ownerId}/…)")
+            return path_owner
         if value is None or value == operator:
             return operator
         if not is_valid_id(value):
             raise InvalidRequest(OWNER_ID_HEADER, f"an owner id is {GATEWAY_ID_RULE}")
-        user = getattr(self.request, "user", None)
-        if user is not None and user.is_authenticated and user.has_perm(ACT_FOR_ANY_OWNER):
+        if self.may_act_for_any_owner():
             return value
         raise PermissionDenied(f"{OWNER_ID_HEADER} names another owner than you: it needs the "
                                f"{ACT_FOR_ANY_OWNER!r} permission.")
@@ -231,6 +274,8 @@ class CommandSenderView(WowAPIView):
 
     def send_command(self, *, aggregate_id: str | None, body) -> Response:
         aggregate_id = self.get_aggregate_id(aggregate_id)
+        if self.get_path_owner() is not None:
+            self.owner_only = True  # owner/{ownerId}/…: only that owner's aggregates
         self.check_body(body)
         if wants_event_stream(self.request):
             return self.stream_command(aggregate_id, body)
@@ -372,14 +417,31 @@ class StateView(WowAPIView):
 
     action = "state"
 
-    def get(self, request, id: str):
+    def get(self, request, id: str, version: int | None = None, create_time: int | None = None):
         # As stored and as queries answer: Decimals as JSON numbers, times as canonical UTC text.
-        return Response(stored(self.load_aggregate(id).state))
+        return Response(stored(self.load_aggregate(id, version=version, create_time=create_time).state))
 
-    def load_aggregate(self, aggregate_id: str) -> Aggregate:
+    def load_aggregate(self, aggregate_id: str, *, version: int | None = None,
+                       create_time: int | None = None) -> Aggregate:
+        """The tenant's aggregate: current, at ``version`` (``{id}/state/{version}``: its state after that version,
+        or the current one below it), or as it was at ``create_time`` (``{id}/state/time/{createTime}``, epoch
+        ms), as Wow's routes answer."""
         check_aggregate_id(aggregate_id)
-        aggregate = self.get_gateway().repository.load(self.aggregate, aggregate_id, tenant_id=self.get_tenant_id())
-        if aggregate is None or aggregate.tenant_id != self.get_tenant_id():
+        repository = self.get_gateway().repository
+        if version is not None:
+            if not 1 <= version <= MAX_VERSION:
+                raise InvalidRequest("version", f"a version is a whole number from 1 to {MAX_VERSION}")
+            aggregate = repository.load(self.aggregate, aggregate_id, tenant_id=self.get_tenant_id(),
+                                        tail_version=version)
+        elif create_time is not None:
+            if not 0 <= create_time < 2**63:
+                raise InvalidRequest("createTime", "a time is epoch milliseconds, a whole number from 0")
+            aggregate = repository.load_at_time(self.aggregate, aggregate_id, tenant_id=self.get_tenant_id(),
+                                                create_time=create_time)
+        else:
+            aggregate = repository.load(self.aggregate, aggregate_id, tenant_id=self.get_tenant_id())
+        if (aggregate is None or aggregate.tenant_id != self.get_tenant_id()
+                or not self.owned_by_path_owner(aggregate.owner_id)):
             raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} does not exist.")
         if aggregate.deleted:
             raise AggregateIsDeleted(
@@ -405,6 +467,11 @@ class CommandStatusView(WowAPIView):
             check_aggregate_id(aggregate_id, "aggregateId")
         result = self.get_gateway().status(self.aggregate, request_id, tenant_id=self.get_tenant_id(),
                                            aggregate_id=aggregate_id)
+        if result is not None and self.get_path_owner() is not None:  # under owner/{ownerId}/: that owner's only
+            last = get_runtime().event_store.last(AggregateId(
+                self.aggregate.aggregate_name, result.aggregate_id, wow_settings.CONTEXT_NAME, self.get_tenant_id()))
+            if last is None or not self.owned_by_path_owner(last.owner_id):
+                result = None
         if result is None:
             where = " (a command on an existing aggregate needs ?aggregateId=)" if aggregate_id is None else ""
             raise ResourceNotFound(f"Nothing is known of request {request_id!r} to "
@@ -422,10 +489,12 @@ class SnapshotView(WowAPIView):
 
     def load_snapshot(self, aggregate_id: str) -> dict:
         check_aggregate_id(aggregate_id)
-        condition = and_conditions(
-            Condition(operator=Operator.ID, value=aggregate_id),
-            Condition(operator=Operator.DELETED, value=DeletionState.ALL),
-        )
+        parts = [Condition(operator=Operator.ID, value=aggregate_id),
+                 Condition(operator=Operator.DELETED, value=DeletionState.ALL)]
+        owner = self.get_path_owner()
+        if owner is not None:
+            parts.append(Condition(operator=Operator.OWNER_ID, value=owner))
+        condition = and_conditions(*parts)
         service = get_runtime().snapshot_queries(self.aggregate.aggregate_name)
         found = service.single(SingleQuery(condition=condition), tenant_id=self.get_tenant_id())
         if found is None:
@@ -456,7 +525,8 @@ class EventRangeView(WowAPIView):
         limit = wow_settings.QUERY_MAX_LIMIT
         streams = store.load(key, head, min(tail, head + limit)) if head <= tail else []
         owner = streams[0] if streams else store.last(key)
-        if owner is None or owner.aggregate_id.tenant_id != self.get_tenant_id():
+        if (owner is None or owner.aggregate_id.tenant_id != self.get_tenant_id()
+                or not self.owned_by_path_owner(owner.owner_id)):
             raise ResourceNotFound(f"{self.aggregate.aggregate_name} {aggregate_id!r} does not exist.")
         if len(streams) > limit:
             raise InvalidRequest("tail", f"versions {head} to {tail} hold more than {limit} event streams "
@@ -536,8 +606,15 @@ class QueryView(WowAPIView):
         """A server-side condition ANDed to every query of this view (none by default)."""
         return None
 
+    def _scope_with_owner(self) -> Condition | None:
+        scope, owner = self.get_scope(), self.get_path_owner()
+        if owner is None:
+            return scope
+        mine = Condition(operator=Operator.OWNER_ID, value=owner)
+        return mine if scope is None else and_conditions(mine, scope)
+
     def run_query(self, service, query):
-        scope = {"tenant_id": self.get_tenant_id(), "scope": self.get_scope()}
+        scope = {"tenant_id": self.get_tenant_id(), "scope": self._scope_with_owner()}
         if self.operation == "single":
             found = service.single(query, **scope)
             if found is None:
