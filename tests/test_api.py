@@ -839,7 +839,7 @@ def test_operator_and_owner_come_from_the_user(api):
     snapshot = get(api, f"order/{order_id}/snapshot", tenant="t1").json()
     assert (snapshot["ownerId"], snapshot["firstOperator"], snapshot["operator"]) == ("42", "42", "42")
     stream = get(api, f"order/{order_id}/event/1/1", tenant="t1").json()[0]
-    assert stream["ownerId"] == "42" and stream["header"]["operator"] == "42"
+    assert stream["ownerId"] == "42" and stream["header"]["command_operator"] == "42"
     api.force_authenticate(User(pk=43, username="dave"))
     pay(api, order_id)
     snapshot = get(api, f"order/{order_id}/snapshot", tenant="t1").json()

@@ -13,6 +13,7 @@ import json
 import urllib.error
 import urllib.request
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -208,11 +209,9 @@ def test_the_tenant_prefix_never_reaches_another_tenant_when_the_user_has_one(ev
     from django.test import override_settings
     from rest_framework.test import APIClient
 
-    from tests.test_api import TenantUser
-
     api = APIClient()
     with override_settings(WOW={**every_backend, "TENANT_RESOLVER": "wow_django.http.tenancy.UserTenantResolver"}):
-        api.force_authenticate(TenantUser(pk=1, username="u", tenant_id="acme"))
+        api.force_authenticate(SimpleNamespace(pk=1, username="u", tenant_id="acme", is_authenticated=True))
         assert api.post("/api/tenant/acme/order/place_order", ORDER, format="json").status_code == 200
         refused = api.post("/api/tenant/globex/order/snapshot/count", {}, format="json")
         assert refused.status_code == 403 and refused.json()["errorCode"] == "PermissionDenied"
@@ -287,3 +286,16 @@ def test_an_alias_must_be_a_path_segment():
     for alias in ("a/b", "tenant", "", 5):
         with override_settings(WOW={"CONTEXT_ALIAS": alias}), pytest.raises(ImproperlyConfigured, match="CONTEXT_ALIAS"):
             _ = wow_settings.CONTEXT_ALIAS
+
+
+def test_a_header_resolver_with_its_own_check_is_held_to_it_under_the_tenant_prefix(every_backend):
+    from django.test import override_settings
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    with override_settings(WOW={**every_backend, "TENANT_RESOLVER": "tests.tenant_resolvers.OnlyAcme"}):
+        assert api.post("/api/tenant/acme/order/snapshot/count", {}, format="json",
+                        HTTP_COMMAND_TENANT_ID="acme").status_code == 200
+        refused = api.post("/api/tenant/globex/order/snapshot/count", {}, format="json",
+                           HTTP_COMMAND_TENANT_ID="acme")
+        assert refused.status_code == 403  # its resolve() says acme: the path may not say otherwise

@@ -82,8 +82,9 @@ def publish_purchase(message) -> None:
     event: OrderPaid = message.event
     header = message.header or {}
     initiator = {"operation": header.get("command") or "pay_order", "clientRequestId": message.request_id}
-    if header.get("operator"):
-        initiator["userId"] = header["operator"]
+    operator = header.get("command_operator") or header.get("operator")  # Wow's key; wow_django's before
+    if operator:
+        initiator["userId"] = operator
     get_bus().send(
         PURCHASED,
         {

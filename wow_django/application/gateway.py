@@ -39,7 +39,13 @@ from wow_django.application.command_status import STATUS_STORE_NAME, CommandStat
 from wow_django.application.followers import Progress, ProjectionWaiter
 from wow_django.application.ports import TaskQueue
 from wow_django.application.projections import BY_FOLLOWER, COMPLETED, Dispatcher, Job, Tracker
-from wow_django.application.repository import AggregateRepository, apply_stream, encode_events, snapshot_of
+from wow_django.application.repository import (
+    OPERATOR_HEADER,
+    AggregateRepository,
+    apply_stream,
+    encode_events,
+    snapshot_of,
+)
 from wow_django.application.snapshotting import SNAPSHOT_FOLLOWER, should_snapshot
 from wow_django.domain.aggregate import Aggregate, CommandContext, aggregate_for_command, aggregate_type
 from wow_django.domain.ids import generate_id
@@ -777,7 +783,7 @@ class CommandGateway:
             request_id=message.request_id,
             command_id=message.command_id,
             owner_id=aggregate.owner_id,
-            header={**message.header, "operator": message.operator, "command": name,
+            header={**message.header, OPERATOR_HEADER: message.operator, "command": name,
                     COMMAND_DIGEST: command_digest(message)},
             create_time=now_ms(),
         )

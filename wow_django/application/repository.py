@@ -15,6 +15,9 @@ from wow_django.domain.values import stored
 from wow_django.persistence.contracts import EventStore, SnapshotStore
 from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream, Snapshot, now_ms
 
+#: The event-stream header key of the command's operator, as Wow names it.
+OPERATOR_HEADER = "command_operator"
+
 logger = logging.getLogger("wow_django.application.repository")
 
 
@@ -88,7 +91,8 @@ def apply_stream(aggregate: Aggregate, stream: EventStream, events: Iterable[Eve
         )
     for event in events if events is not None else (decode_event(r) for r in stream.body):
         aggregate.apply(event)
-    operator = str(stream.header.get("operator", ""))
+    # Wow's key; "operator" in streams an earlier wow_django wrote.
+    operator = str(stream.header.get(OPERATOR_HEADER, stream.header.get("operator", "")))
     if aggregate.version == 0:
         aggregate.first_operator = operator
         aggregate.first_event_time = stream.create_time

@@ -79,7 +79,10 @@ class HeaderTenantResolver(TenantResolver):
         return check_tenant_id(value, self.header)
 
     def resolve_for_path(self, request, claimed: str) -> str:
-        """The path's tenant (the client names it, as with the header); a header naming another is refused."""
+        """The path's tenant (the client names it, as with the header); a header naming another is refused. A
+        subclass with its own ``resolve`` (a check of its own) is held to it: the path must name its tenant."""
+        if type(self).resolve is not HeaderTenantResolver.resolve:
+            return super().resolve_for_path(request, claimed)
         value = request.headers.get(self.header)
         if value is not None and value != claimed:
             raise InvalidRequest(self.header, "names another tenant than the path (tenant/{tenantId}/…)")

@@ -21,6 +21,7 @@ commands, ``view.command``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 from rest_framework import status
@@ -43,7 +44,6 @@ from wow_django.exceptions import (
     CommandValidationError,
     UnknownAggregate,
     UnknownCommand,
-    WowError,
     binding_summary,
 )
 from wow_django.http import contract, sse
@@ -69,6 +69,8 @@ from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream
 from wow_django.query.condition import Condition, DeletionState, Operator, SingleQuery, and_conditions
 
 ID_RULE = f"an id is {GATEWAY_ID_RULE}"
+
+logger = logging.getLogger("wow_django.http")
 
 
 def check_aggregate_id(value: str, name: str = "id") -> str:
@@ -329,9 +331,15 @@ class CommandSenderView(WowAPIView):
                     yield sse.event(result.to_json(), name=result.stage.value, event_id=result.to_json()["id"])
                     if not result.succeeded:  # the stage was not confirmed in time: nothing more will come
                         return
-            except WowError as exc:
+            except Exception as exc:  # after the 200: an event says what became of it, as the JSON answer would
                 answer = error_response(exc)
-                yield sse.event(answer.data if answer is not None else {}, name=exc.error_code)
+                if answer is None:  # not the client's error: logged as the JSON path's 500 would be
+                    logger.exception("streaming %s %s failed", aggregate, command)
+                    yield sse.event({"errorCode": "InternalServerError", "errorMsg": "The command's stream failed; "
+                                     "look its request id up (request/{requestId}/status).", "bindingErrors": []},
+                                    name="InternalServerError")
+                else:
+                    yield sse.event(answer.data, name=answer.data.get("errorCode"))
 
         return sse.streaming_response(self.request, events())
 

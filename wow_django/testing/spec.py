@@ -81,7 +81,7 @@ class AggregateSpec:
         self.event_store.append(EventStream(
             id=generate_id(), aggregate_id=self._key(), version=self.version, body=encode_events(list(events)),
             request_id=generate_id(), command_id=generate_id(), owner_id=self.owner_id,
-            header={"operator": "given", "command": "given"}, create_time=now_ms(),
+            header={"command_operator": "given", "command": "given"}, create_time=now_ms(),
         ))
         return self
 
