@@ -299,3 +299,18 @@ def test_a_header_resolver_with_its_own_check_is_held_to_it_under_the_tenant_pre
         refused = api.post("/api/tenant/globex/order/snapshot/count", {}, format="json",
                            HTTP_COMMAND_TENANT_ID="acme")
         assert refused.status_code == 403  # its resolve() says acme: the path may not say otherwise
+
+
+def test_an_aggregate_named_as_a_prefix_or_the_alias_is_refused(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from wow_django.http import urls
+
+    real = urls.aggregates()
+    order = real["order"]
+    for clash, alias in (("tenant", None), ("owner", None), ("sample", "sample")):
+        monkeypatch.setattr(urls, "aggregates", lambda clash=clash: {**real, clash: order})
+        with pytest.raises(ImproperlyConfigured, match=repr(clash)):
+            urls.build_urlpatterns(context_alias=alias)
+    monkeypatch.setattr(urls, "aggregates", lambda: real)
+    assert urls.build_urlpatterns(context_alias="sample")  # no clash: routes

@@ -135,7 +135,12 @@ def build_urlpatterns(view_classes: ViewClasses | None = None, *, context_alias:
 
         context_alias = wow_settings.CONTEXT_ALIAS
     routes = []
-    for _, cls in sorted(aggregates().items()):
+    for name, cls in sorted(aggregates().items()):
+        if name in ("tenant", "owner") or name == context_alias:
+            raise ImproperlyConfigured(
+                f"Aggregate {name!r} cannot be routed: 'tenant', 'owner' and the context alias "
+                f"({context_alias!r}) start Wow's attribution prefixes. Give the aggregate another name"
+                + (" or WOW['CONTEXT_ALIAS'] another alias." if name == context_alias else "."))
         routes.extend(aggregate_urlpatterns(cls, view_classes))
     attributed = [*routes, *(path(prefix, include((routes, namespace))) for prefix, namespace in ATTRIBUTION_PREFIXES)]
     patterns = list(attributed)
