@@ -178,6 +178,14 @@ def test_headers_are_documented(openapi):
     assert command["Command-Wait-Timeout"]["schema"]["type"] == "integer"
     assert command["Command-Owner-Id"]["schema"] == {"$ref": "#/components/schemas/WowId"}
     assert "Command-Aggregate-Id" not in command  # the path names the aggregate
+    assert {"EVENT_HANDLED", "SAGA_HANDLED"} <= set(command["Command-Wait-Stage"]["schema"]["enum"])
+    # The wait function headers take the order's followers (the bus relay, the sample's @follower; the ORM
+    # projection is left out of tests without a database).
+    assert command["Command-Wait-Context"]["schema"]["enum"] == ["order-service"]
+    assert {"order-purchased-relay", "order-activity"} <= set(
+        command["Command-Wait-Processor"]["schema"]["enum"])
+    assert "publish_purchase" in command["Command-Wait-Function"]["schema"]["enum"]
+    assert "EVENT_HANDLED: order-purchased-relay" in command["Command-Wait-Processor"]["description"]
     create = {p["name"]: p for p in ops["order_place_order"][2]["parameters"]}
     assert create["Command-Aggregate-Id"]["in"] == "header"
     assert create["Command-Aggregate-Id"]["schema"] == {"$ref": "#/components/schemas/WowId"}
@@ -439,6 +447,10 @@ INHERENT = re.compile("|".join((
     # for every other string, but not there — schemathesis' generator recursed without end intersecting the
     # patterns in that grammar (RecursionError); see wow_django.http.schema._nul_exempt.
     r"must not contain NUL characters",
+    # Command-Wait-Processor/-Function against the wait stage and each other (the description says which
+    # followers each stage takes; JSON Schema cannot tie one header's values to another's).
+    r"narrows the stages",
+    r"must name an? .* taking",
 )))
 
 

@@ -13,11 +13,11 @@ from django.test import override_settings
 from sample_project.orders.aggregates import CancelOrder, OrderLine, PayOrder, PlaceOrder
 from wow_django.application.followers import declared_followers, follower, projection_followers
 from wow_django.application.following import run_until_caught_up, wait_caught_up
-from wow_django.application.gateway import WaitStage
+from wow_django.application.gateway import WaitFunction, WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus
 from wow_django.domain import event_processor, projection
-from wow_django.exceptions import DeclarationError, RecoverableStoreError
+from wow_django.exceptions import CommandValidationError, DeclarationError, RecoverableStoreError
 from wow_django.persistence.bus import EventQuery
 
 from .support import fresh_wow, wait_for
@@ -258,6 +258,103 @@ def test_projected_answers_the_stage_reached_when_the_followers_progress_cannot_
     assert "follower store unreachable" in placed.error_msg
     again = place(request_id="unread-1", wait=WaitStage.PROJECTED, timeout=0.2)  # a repeat: the same
     assert again.duplicate and (again.stage, again.error_code) == (WaitStage.SNAPSHOT, "RequestTimeout")
+
+
+def _three_kinds(seen: dict) -> None:
+    """A projection, an event processor and a @follower (a process manager: Wow's saga) of orders."""
+
+    @projection("order")
+    def project(message):
+        seen.setdefault("projection", []).append(message.version)
+
+    @event_processor("order")
+    def relay(message):
+        seen.setdefault("processor", []).append(message.version)
+
+    @follower("order-saga", aggregates={"order"})
+    def saga(item):
+        seen.setdefault("saga", []).append(item.stream.version)
+
+
+@pytest.mark.parametrize(("stage", "kind", "names"), [
+    (WaitStage.EVENT_HANDLED, "processor", ["processor-order-relay"]),  # the sample's relay takes order_paid only
+    (WaitStage.SAGA_HANDLED, "saga", ["order-saga", "order-activity"]),  # the sample's @follower takes orders too
+])
+def test_event_handled_and_saga_handled_wait_for_their_own_followers_only(elsewhere, stage, kind, names):
+    name = names[0]
+    seen: dict = {}
+    _three_kinds(seen)
+    timed_out = place(request_id=f"{kind}-1", wait=stage, timeout=0.2)
+    # Not confirmed: the stage reached is PROCESSED (these stages come right after it, no snapshot wait).
+    assert (timed_out.error_code, timed_out.stage, timed_out.aggregate_version) == ("RequestTimeout",
+                                                                                     WaitStage.PROCESSED, 1)
+    assert name in timed_out.error_msg and f"{stage.value} did not finish" in timed_out.error_msg
+    for other in ("projection-order-project", "processor-order-relay", "order-saga", "order-activity"):
+        assert (other in timed_out.error_msg) == (other in names)
+    run_until_caught_up(names, budget_s=10)
+    again = place(request_id=f"{kind}-1", wait=stage, timeout=5)
+    assert again.duplicate and again.succeeded and again.stage is stage
+    assert seen == {kind: [1]}  # the others never ran: they were not waited for
+    # A new command waits for them the same way (not only a repeat).
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: [run_until_caught_up(names, budget_s=0.3)
+                                              for _ in iter(stop.is_set, True)])
+    runner.start()
+    try:
+        fresh = place(wait=stage, timeout=10)
+    finally:
+        stop.set()
+        runner.join(10)
+    assert fresh.stage is stage and fresh.succeeded and seen[kind] == [1, 1]
+
+
+def test_a_wait_function_narrows_a_stage_to_the_followers_it_names(elsewhere):
+    seen = []
+
+    @projection("order")
+    def record_a(message):
+        seen.append("a")
+
+    @projection("order")
+    def record_b(message):
+        seen.append("b")
+
+    narrowed = place(request_id="fn-1", wait=WaitStage.PROJECTED, timeout=0.2,
+                     wait_for=WaitFunction(processor="projection-order-record_a"))
+    assert narrowed.error_code == "RequestTimeout" and "projection-order-record_a" in narrowed.error_msg
+    assert "record_b" not in narrowed.error_msg
+    run_until_caught_up(["projection-order-record_a"], budget_s=10)
+    done = place(request_id="fn-1", wait=WaitStage.PROJECTED, timeout=5,
+                 wait_for=WaitFunction(context=get_runtime().gateway.context_name,
+                                       processor="projection-order-record_a"))
+    assert done.stage is WaitStage.PROJECTED and done.succeeded and seen == ["a"]
+    # By function name; and without narrowing, PROJECTED waits for both.
+    by_function = place(request_id="fn-1", wait=WaitStage.PROJECTED, timeout=0.2,
+                        wait_for=WaitFunction(function="record_b"))
+    assert by_function.error_code == "RequestTimeout" and "projection-order-record_b" in by_function.error_msg
+    assert "record_a" not in by_function.error_msg
+    every = place(request_id="fn-1", wait=WaitStage.PROJECTED, timeout=0.2)
+    assert every.error_code == "RequestTimeout" and "projection-order-record_b" in every.error_msg
+
+
+@pytest.mark.parametrize(("stage", "wait_for", "field", "words"), [
+    (WaitStage.PROJECTED, WaitFunction(processor="no-such"), "wait_for.processor", "must name a projection taking"),
+    (WaitStage.EVENT_HANDLED, WaitFunction(processor="projection-order-project"), "wait_for.processor",
+     "must name an event processor taking 'order' (order-purchased-relay, processor-order-relay)"),
+    (WaitStage.SAGA_HANDLED, WaitFunction(function="project"), "wait_for.function",
+     "must name a follower declared with @follower taking 'order' (order-activity, order-saga) whose function"),
+    (WaitStage.SNAPSHOT, WaitFunction(processor="processor-order-relay"), "wait_for.processor",
+     "narrows the stages PROJECTED, EVENT_HANDLED, SAGA_HANDLED only"),
+    (WaitStage.PROJECTED, WaitFunction(context="billing"), "wait_for.context", "must be this service's context"),
+    (WaitStage.PROJECTED, WaitFunction(processor="bad\x00name"), "wait_for.processor", "must be a printable"),
+])
+def test_a_wait_function_that_names_no_follower_is_refused_before_anything_is_stored(elsewhere, stage, wait_for,
+                                                                                      field, words):
+    _three_kinds({})
+    with pytest.raises(CommandValidationError) as refused:
+        place(request_id="refused-1", wait=stage, wait_for=wait_for)
+    assert refused.value.binding_errors[0]["name"] == field and words in str(refused.value)
+    assert get_runtime().gateway.status("order", "refused-1") is None  # nothing stored
 
 
 def test_the_relay_keeps_one_bus_record_per_domain_event_through_a_replay(elsewhere):

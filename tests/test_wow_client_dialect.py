@@ -10,6 +10,7 @@ server answers: bare states, Wow's ``CommandResult`` fields, Wow's statuses and 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -164,6 +165,58 @@ def test_wows_client_streams_a_commands_stages_and_lists(client):
         assert error.code == 406
     else:
         raise AssertionError("paged streamed")
+
+
+def test_wows_client_waits_for_a_named_processor_and_for_sagas(client):
+    """Command-Wait-Stage EVENT_HANDLED/SAGA_HANDLED with Command-Wait-Context/-Processor/-Function, as the
+    client's ``waitStrategy`` sends them: answered once that follower has handled the command's events (each
+    handler here is slow, so an answer that did not wait would find nothing handled yet)."""
+    from wow_django.application.followers import follower
+    from wow_django.domain import event_processor
+
+    handled: dict[str, list[str]] = {"relay": [], "saga": []}
+
+    @event_processor("order", events=["order_placed"], name="placed-relay")
+    def relay(message):
+        time.sleep(0.3)
+        handled["relay"].append(message.aggregate_id.id)
+
+    @follower("placed-saga", aggregates={"order"}, events={"order_placed"})
+    def saga(item):
+        time.sleep(0.3)
+        handled["saga"].append(item.stream.aggregate_id.id)
+
+    status, _, relayed = client.send("order/place_order", ORDER, stage="EVENT_HANDLED",
+                                     Command_Wait_Context="order-service", Command_Wait_Processor="placed-relay")
+    assert status == 200 and (relayed["stage"], relayed["succeeded"]) == ("EVENT_HANDLED", True), relayed
+    assert relayed["aggregateId"] in handled["relay"]
+    status, _, sagaed = client.send("order/place_order", ORDER, stage="SAGA_HANDLED",
+                                    Command_Wait_Processor="placed-saga", Command_Wait_Function="saga")
+    assert status == 200 and sagaed["stage"] == "SAGA_HANDLED" and sagaed["aggregateId"] in handled["saga"]
+    # The server-sent stream: PROCESSED, then the stage.
+    _, _, events = stream(client, "order/place_order", ORDER, Command_Wait_Stage="EVENT_HANDLED",
+                          Command_Wait_Function="relay")
+    assert [e["event"] for e in events] == ["PROCESSED", "EVENT_HANDLED"]
+    assert events[-1]["data"]["aggregateId"] in handled["relay"]
+
+    # Refused before anything runs, naming the header: no such follower, another context, a stage that waits
+    # for no follower, and Wow's tail waits (not supported).
+    for headers, name in [
+        ({"Command_Wait_Processor": "no-such-relay"}, "Command-Wait-Processor"),
+        ({"Command_Wait_Context": "billing", "Command_Wait_Processor": "placed-relay"}, "Command-Wait-Context"),
+        ({"Command_Wait_Function": "saga"}, "Command-Wait-Function"),  # a saga's function, not a processor's
+        ({"Command_Wait_Tail_Stage": "PROCESSED"}, "Command-Wait-Tail-Stage"),
+    ]:
+        request_id = uuid.uuid4().hex
+        status, _, refused = client.send("order/place_order", ORDER, stage="EVENT_HANDLED", request_id=request_id,
+                                         **headers)
+        assert (status, refused["errorCode"]) == (400, "CommandValidation"), (headers, refused)
+        assert refused["bindingErrors"][0]["name"] == name
+        status, _, found = client.call("GET", f"order/request/{request_id}/status")
+        assert status == 404, found  # nothing was stored
+    status, _, refused = client.send("order/place_order", ORDER, stage="SNAPSHOT",
+                                     Command_Wait_Processor="placed-relay")
+    assert status == 400 and "narrows the stages" in refused["bindingErrors"][0]["msg"]
 
 
 def test_the_stream_runs_under_asgi_too(every_backend):

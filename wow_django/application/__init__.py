@@ -11,7 +11,7 @@
     get_runtime().snapshot_queries("order").paged(query, tenant_id="t-1")
 """
 
-from wow_django.application.gateway import CommandGateway, CommandMessage, CommandResult, WaitStage
+from wow_django.application.gateway import CommandGateway, CommandMessage, CommandResult, WaitFunction, WaitStage
 from wow_django.application.ports import TaskQueue
 from wow_django.application.repository import DomainEventMessage
 from wow_django.application.runtime import Runtime, close_runtime, get_runtime
@@ -24,5 +24,5 @@ def send(command, **options) -> CommandResult:
 
 __all__ = [
     "CommandGateway", "CommandMessage", "CommandResult", "DomainEventMessage", "Runtime",
-    "TaskQueue", "WaitStage", "close_runtime", "get_runtime", "send",
+    "TaskQueue", "WaitFunction", "WaitStage", "close_runtime", "get_runtime", "send",
 ]

@@ -252,6 +252,45 @@ def projection_followers(aggregate_name: str, event_names: Iterable[str]) -> lis
             and (handler.event_names is None or handler.event_names & names)]
 
 
+#: The followers each handler wait stage waits for, by their ``kind``: ``PROJECTED`` the aggregate's
+#: projections, ``EVENT_HANDLED`` its event processors, ``SAGA_HANDLED`` the followers declared with
+#: :func:`follower` that take its streams (the process managers that react to events by sending commands:
+#: what Wow calls a saga).
+STAGE_KINDS = {"PROJECTED": "projection", "EVENT_HANDLED": "processor", "SAGA_HANDLED": "follower"}
+
+
+def stage_followers(stage: str, aggregate_name: str, event_names: Iterable[str] | None = None, *,
+                    processor: str = "", function: str = "") -> list[str]:
+    """The names of the followers the handler wait stage ``stage`` waits for on a stream of ``aggregate_name``
+    holding ``event_names`` (None: whatever events, i.e. every follower that could take one), narrowed to the
+    follower named ``processor`` and to those whose function is named ``function`` when given (Wow's
+    ``Command-Wait-Processor`` and ``Command-Wait-Function``)."""
+    names = None if event_names is None else set(event_names)
+    return [name for name, fn_name, events in stage_candidates(stage, aggregate_name)
+            if (names is None or events is None or events & names)
+            and (not processor or processor == name) and (not function or function == fn_name)]
+
+
+def stage_candidates(stage: str, aggregate_name: str) -> list[tuple[str, str, frozenset[str] | None]]:
+    """(follower name, its function's name, the events it takes or None for all) of every follower of
+    ``aggregate_name`` the handler wait stage ``stage`` can wait for."""
+    kind = STAGE_KINDS[stage]
+    found: list[tuple[str, str, frozenset[str] | None]] = []
+    if kind == "follower":
+        registry = followers()
+        for name in registry.names():
+            declared = registry.get(name)
+            if declared is None or declared.kind != "follower":
+                continue
+            if declared.aggregates is None or aggregate_name in declared.aggregates:
+                found.append((name, getattr(declared.handler, "__name__", ""), declared.events))
+    else:
+        for handler in domain_registry.current().handlers():
+            if handler.kind == kind and handler.aggregate_name == aggregate_name:
+                found.append((handler.name, getattr(handler.fn, "__name__", ""), handler.event_names))
+    return found
+
+
 #: Notified whenever a runner of this process moved a checkpoint: ``PROJECTED`` waiters re-check at once.
 progress = AppendNotifier()
 

@@ -36,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from wow_django.application.command_status import STATUS_STORE_NAME, CommandStatusBook
-from wow_django.application.followers import Progress, ProjectionWaiter
+from wow_django.application.followers import STAGE_KINDS, Progress, ProjectionWaiter, stage_followers
 from wow_django.application.ports import TaskQueue
 from wow_django.application.projections import BY_FOLLOWER, COMPLETED, Dispatcher, Job, Tracker
 from wow_django.application.repository import (
@@ -125,6 +125,8 @@ class WaitStage(enum.StrEnum):
     PROCESSED = "PROCESSED"  # events appended
     SNAPSHOT = "SNAPSHOT"  # snapshot step done (saved, queued or not due)
     PROJECTED = "PROJECTED"  # the aggregate's projection followers passed the stream (not event processors)
+    EVENT_HANDLED = "EVENT_HANDLED"  # the aggregate's event processors passed the stream
+    SAGA_HANDLED = "SAGA_HANDLED"  # the @follower followers (process managers) taking the stream passed it
 
     @classmethod
     def parse(cls, value: str | WaitStage | None, name: str = "wait") -> WaitStage:
@@ -142,6 +144,75 @@ class WaitStage(enum.StrEnum):
                 f"wait stage {shown} is not one of {allowed}",
                 [{"name": name, "msg": f"must be one of {allowed}"}],
             ) from None
+
+
+#: The stages a wait function (``Command-Wait-Processor``/``-Function``) narrows: each waits for followers.
+HANDLER_STAGES = (WaitStage.PROJECTED, WaitStage.EVENT_HANDLED, WaitStage.SAGA_HANDLED)
+
+
+def stage_path(stage: WaitStage) -> list[WaitStage]:
+    """The stages a command reaches on its way to ``stage`` (what a server-sent stream shows, one event each):
+    SNAPSHOT comes before PROJECTED; EVENT_HANDLED and SAGA_HANDLED come right after PROCESSED."""
+    if stage is WaitStage.SENT:
+        return [WaitStage.SENT]
+    if stage is WaitStage.PROJECTED:
+        return [WaitStage.PROCESSED, WaitStage.SNAPSHOT, WaitStage.PROJECTED]
+    if stage is WaitStage.PROCESSED:
+        return [WaitStage.PROCESSED]
+    return [WaitStage.PROCESSED, stage]
+
+
+@dataclass(frozen=True)
+class WaitFunction:
+    """Which followers a handler stage waits for (Wow's ``Command-Wait-Context``, ``-Processor`` and
+    ``-Function``): the follower named ``processor``, those whose function is named ``function``; ``""`` for
+    any. ``context`` must be this service's context (or be empty): a service waits for its own followers."""
+
+    context: str = ""
+    processor: str = ""
+    function: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.processor or self.function)
+
+
+#: The argument names :func:`check_wait_function` names in its refusals (the HTTP API names its headers).
+WAIT_FUNCTION_FIELDS = {"context": "wait_for.context", "processor": "wait_for.processor",
+                        "function": "wait_for.function"}
+
+
+def check_wait_function(aggregate_name: str, stage: WaitStage, only: WaitFunction, context_name: str, *,
+                        fields: dict[str, str] | None = None, aliases: tuple[str, ...] = ()) -> WaitFunction:
+    """``only`` if it can narrow ``stage`` of a command of ``aggregate_name`` in context ``context_name``
+    (or one of its ``aliases``); else ``CommandValidationError`` naming the field (``fields`` maps
+    context/processor/function to the names shown)."""
+    names = {**WAIT_FUNCTION_FIELDS, **(fields or {})}
+    for part in ("context", "processor", "function"):
+        value = getattr(only, part)
+        if not isinstance(value, str) or (value and not _id_re().fullmatch(value)):
+            rule = f"must be {ID_RULE}"
+            raise CommandValidationError(f"{names[part]} {rule}", [{"name": names[part], "msg": rule}])
+    if only.context and only.context != context_name and only.context not in aliases:
+        rule = (f"must be this service's context {context_name!r} (or be left out): a command waits for the "
+                "followers of its own service")
+        raise CommandValidationError(f"{names['context']} {only.context!r} {rule}",
+                                     [{"name": names["context"], "msg": rule}])
+    if not only:
+        return only
+    part = "processor" if only.processor else "function"
+    if stage not in HANDLER_STAGES:
+        rule = "narrows the stages " + ", ".join(s.value for s in HANDLER_STAGES) + f" only, not {stage.value}"
+        raise CommandValidationError(f"{names[part]} {rule}", [{"name": names[part], "msg": rule}])
+    if not stage_followers(stage.value, aggregate_name, processor=only.processor, function=only.function):
+        known = stage_followers(stage.value, aggregate_name)
+        kind = {"projection": "projection", "processor": "event processor",
+                "follower": "follower declared with @follower"}[STAGE_KINDS[stage.value]]
+        rule = (f"must name {'an' if kind[0] in 'aeiou' else 'a'} {kind} taking {aggregate_name!r}" + (
+            f" ({', '.join(known[:10])}{', …' if len(known) > 10 else ''})" if known else "; it has none")
+            + (" whose function is " + repr(only.function) if only.function else ""))
+        raise CommandValidationError(f"{names[part]} {getattr(only, part)!r} {rule}",
+                                     [{"name": names[part], "msg": rule}])
+    return only
 
 
 @dataclass(frozen=True)
@@ -366,8 +437,10 @@ class CommandGateway:
         timeout: float | None = None,
         expected_version: int | None = None,
         owner_only: bool = False,
+        wait_for: WaitFunction | None = None,
     ) -> CommandResult:
-        """Send ``command``; ``expected_version=N`` refuses it (``CommandExpectVersionConflict``, nothing
+        """Send ``command``; ``wait_for`` narrows a handler stage (PROJECTED, EVENT_HANDLED, SAGA_HANDLED) to
+        some of its followers (:class:`WaitFunction`); ``expected_version=N`` refuses it (``CommandExpectVersionConflict``, nothing
         appended) unless the aggregate is at version N, 0 meaning not created yet; ``owner_only`` refuses it
         (``NotAggregateOwner``, nothing appended) when the aggregate has an owner other than ``owner_id``,
         checked under the aggregate's lock when the command runs (queued ones too)."""
@@ -376,7 +449,8 @@ class CommandGateway:
         cls = self._aggregate_for(command.command_name, aggregate)
         message = self._message(cls, command.command_name, command.model_dump(mode="json"), aggregate_id,
                                 request_id, tenant_id, owner_id, operator, header, expected_version, owner_only)
-        return self._send(cls, command, message, WaitStage.parse(wait), timeout)
+        stage = WaitStage.parse(wait)
+        return self._send(cls, command, message, stage, timeout, self._wait_for(cls, stage, wait_for))
 
     def send_json(
         self,
@@ -394,6 +468,7 @@ class CommandGateway:
         timeout: float | None = None,
         expected_version: int | None = None,
         owner_only: bool = False,
+        wait_for: WaitFunction | None = None,
     ) -> CommandResult:
         """Like :meth:`send` for a command given by name with a JSON body (validated here)."""
         cls = self._aggregate_for(command_name, aggregate_name)
@@ -401,7 +476,15 @@ class CommandGateway:
         command = command_cls.from_json(body if body is not None else {})
         message = self._message(cls, command_name, command.model_dump(mode="json"), aggregate_id, request_id,
                                 tenant_id, owner_id, operator, header, expected_version, owner_only)
-        return self._send(cls, command, message, WaitStage.parse(wait), timeout)
+        stage = WaitStage.parse(wait)
+        return self._send(cls, command, message, stage, timeout, self._wait_for(cls, stage, wait_for))
+
+    def _wait_for(self, cls: type[Aggregate], stage: WaitStage, wait_for: WaitFunction | None) -> WaitFunction:
+        if wait_for is None:
+            return WaitFunction()
+        if not isinstance(wait_for, WaitFunction):
+            raise TypeError(f"wait_for takes a WaitFunction, got {type(wait_for).__name__}")
+        return check_wait_function(cls.aggregate_name, stage, wait_for, self.context_name)
 
     def process_message(self, message: CommandMessage, wait: WaitStage = WaitStage.PROJECTED,
                         timeout: float | None = None) -> CommandResult:
@@ -529,9 +612,10 @@ class CommandGateway:
             expected_version=expected_version, owner_only=bool(owner_only),
         )
 
-    def _send(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
+    def _send(self, cls, command, message: CommandMessage, wait: WaitStage, timeout,
+              only: WaitFunction = WaitFunction()) -> CommandResult:
         try:
-            return self._send_or_process(cls, command, message, wait, timeout)
+            return self._send_or_process(cls, command, message, wait, timeout, only)
         except (CommandError, EventStoreError) as exc:
             # The command's result comes with its refusal (its ids, as Wow's failed CommandResult has them).
             if getattr(exc, "command_result", None) is None:
@@ -541,7 +625,8 @@ class CommandGateway:
                     binding_errors=tuple(getattr(exc, "binding_errors", ())))
             raise
 
-    def _send_or_process(self, cls, command, message: CommandMessage, wait: WaitStage, timeout) -> CommandResult:
+    def _send_or_process(self, cls, command, message: CommandMessage, wait: WaitStage, timeout,
+                         only: WaitFunction) -> CommandResult:
         if wait is WaitStage.SENT:
             self.tasks.process_command(message.to_dict())
             sent = self._result(message, None, WaitStage.SENT)
@@ -549,7 +634,7 @@ class CommandGateway:
             # a fast worker recorded first.
             self._record_status(sent)
             return sent
-        return self._process(cls, command, message, wait, timeout)
+        return self._process(cls, command, message, wait, timeout, only)
 
     def _started(self) -> None:
         if self.before_send is not None:
@@ -589,10 +674,11 @@ class CommandGateway:
         if delay_ms > 0:
             time.sleep(min(delay_ms, 2_000) / 1000.0)
 
-    def _stored(self, message: CommandMessage, wait: WaitStage, timeout: float | None = None) -> CommandResult | None:
+    def _stored(self, message: CommandMessage, wait: WaitStage, timeout: float | None = None,
+                only: WaitFunction = WaitFunction()) -> CommandResult | None:
         """The result of this request if its events are already stored (by an earlier request or attempt)."""
         found = self._find_stored(message)
-        return None if found is None else self._answer_stored(found, wait, timeout)
+        return None if found is None else self._answer_stored(found, wait, timeout, only)
 
     def _find_stored(self, message: CommandMessage) -> tuple[CommandMessage, EventStream, bool] | None:
         """This request's stored events, if any: (the message with the first request's command id, the stream,
@@ -616,32 +702,44 @@ class CommandGateway:
         return dataclasses.replace(message, command_id=original.command_id), original, duplicate
 
     def _answer_stored(self, found: tuple[CommandMessage, EventStream, bool], wait: WaitStage,
-                       timeout: float | None) -> CommandResult:
-        """The stored request's result; for PROJECTED after waiting for its projections (never under the
+                       timeout: float | None, only: WaitFunction = WaitFunction()) -> CommandResult:
+        """The stored request's result; for a handler stage after waiting for its followers (never under the
         aggregate's lock: another command of the aggregate is not held behind this wait)."""
         message, original, duplicate = found
         names = [e.name for e in original.body]
-        if _rank(wait) >= _rank(WaitStage.SNAPSHOT) and self.snapshot_mode == "follower" \
-                and self.projections is not None and self.snapshot_strategy != "none":
-            # The first request's snapshot is the snapshot follower's to write, as for a new command.
-            limit = self.wait_timeout_s if timeout is None else timeout
-            progress = self._snapshot_follower_passed(original, limit)
+        limit = self.wait_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        reached = WaitStage.PROCESSED
+        if wait in (WaitStage.SNAPSHOT, WaitStage.PROJECTED):
+            if self.snapshot_mode == "follower" and self.projections is not None \
+                    and self.snapshot_strategy != "none":
+                # The first request's snapshot is the snapshot follower's to write, as for a new command.
+                progress = self._snapshot_follower_passed(original, limit)
+                if not progress.done:
+                    return self._result(message, original.version, WaitStage.PROCESSED, names,
+                                        duplicate=duplicate, **_timeout_error(progress, limit, "SNAPSHOT"))
+            reached = WaitStage.SNAPSHOT
+        if wait in HANDLER_STAGES and self.projections is not None:
+            # The first request's followers may not have run yet (its process died after the append).
+            progress = self._handlers_passed(original, wait, only, max(0.0, deadline - time.monotonic()))
             if not progress.done:
-                return self._result(message, original.version, WaitStage.PROCESSED, names, duplicate=duplicate,
-                                    **_timeout_error(progress, limit, "SNAPSHOT"))
-        if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
-            # The first request's projections may not have run yet (its process died after the append).
-            limit = self.wait_timeout_s if timeout is None else timeout
-            progress = self.projections.wait(original, limit)
-            if not progress.done:
-                return self._result(message, original.version, WaitStage.SNAPSHOT, names, duplicate=duplicate,
-                                    **_timeout_error(progress, limit))
+                return self._result(message, original.version, reached, names, duplicate=duplicate,
+                                    **_timeout_error(progress, limit, wait.value))
         return self._result(message, original.version, wait, names, duplicate=duplicate)
+
+    def _handlers_passed(self, stream: EventStream, stage: WaitStage, only: WaitFunction, limit: float) -> Progress:
+        """Wait (at most ``limit`` s) for the followers of handler stage ``stage`` (narrowed by ``only``) to pass
+        ``stream``; PROJECTED with no narrowing waits for every projection taking it."""
+        if stage is WaitStage.PROJECTED and not only:
+            return self.projections.wait(stream, limit)
+        names = stage_followers(stage.value, stream.aggregate_name, [event.name for event in stream.body],
+                                processor=only.processor, function=only.function)
+        return self.projections.wait(stream, limit, names=names)
 
     # --- the command's life -------------------------------------------------------
 
     def _process(self, cls: type[Aggregate], command: Command, message: CommandMessage, wait: WaitStage,
-                 timeout: float | None) -> CommandResult:
+                 timeout: float | None, only: WaitFunction = WaitFunction()) -> CommandResult:
         self._started()
         lock = self._lock((cls.aggregate_name, message.aggregate_id))
         attempt = 0
@@ -674,10 +772,10 @@ class CommandGateway:
                         with self.event_store.deadline(left):
                             stream, tracker = self._attempt(cls, command, message, ctx)
                 if found is not None:
-                    return self._answer_stored(found, wait, timeout)
+                    return self._answer_stored(found, wait, timeout, only)
                 break
             except (DuplicateRequestId, DuplicateAggregateId):
-                stored = self._stored(message, wait, timeout)
+                stored = self._stored(message, wait, timeout, only)
                 if stored is not None:
                     return stored  # its reservations belong to the stored events: keep them
                 give_up(ctx)
@@ -689,7 +787,7 @@ class CommandGateway:
                 raise
             except RecoverableStoreError as exc:
                 try:
-                    stored = self._stored(message, wait, timeout)
+                    stored = self._stored(message, wait, timeout, only)
                 except RecoverableStoreError:
                     carried.extend(ctx.take_compensations())  # outcome unknown: keep what was reserved
                 else:
@@ -710,7 +808,7 @@ class CommandGateway:
                 # stored events': kept). Only then is the refusal this request's own.
                 if message.request_id_given:
                     try:
-                        stored = self._stored(message, wait, timeout)
+                        stored = self._stored(message, wait, timeout, only)
                     except RecoverableStoreError:
                         stored = None
                     if stored is not None:
@@ -735,7 +833,7 @@ class CommandGateway:
             except Exception:  # the followers are not the command's business: answer it anyway
                 logger.exception("running the followers after %s %r failed", cls.aggregate_name,
                                  message.aggregate_id)
-        return self._wait(message, stream, tracker, wait, timeout)
+        return self._wait(message, stream, tracker, wait, timeout, only)
 
     def _attempt(self, cls, command, message: CommandMessage, ctx: CommandContext):
         name = command.command_name
@@ -818,32 +916,36 @@ class CommandGateway:
             tracker=Tracker() if due else COMPLETED,
         )
 
-    def _wait(self, message, stream: EventStream, tracker: Tracker, wait: WaitStage, timeout) -> CommandResult:
+    def _wait(self, message, stream: EventStream, tracker: Tracker, wait: WaitStage, timeout,
+              only: WaitFunction = WaitFunction()) -> CommandResult:
         names = [e.name for e in stream.body]
         limit = self.wait_timeout_s if timeout is None else timeout
-        if _rank(wait) < _rank(WaitStage.SNAPSHOT):
+        if wait in (WaitStage.SENT, WaitStage.PROCESSED):
             return self._result(message, stream.version, WaitStage.PROCESSED, names)
         deadline = time.monotonic() + limit
         errors: list[str] = []
-        if tracker is BY_FOLLOWER and self.projections is not None:
-            progress = self._snapshot_follower_passed(stream, limit)
-            if not progress.done:
+        stage = WaitStage.PROCESSED
+        if wait in (WaitStage.SNAPSHOT, WaitStage.PROJECTED):  # EVENT_HANDLED and SAGA_HANDLED come after PROCESSED
+            if tracker is BY_FOLLOWER and self.projections is not None:
+                progress = self._snapshot_follower_passed(stream, limit)
+                if not progress.done:
+                    return self._result(message, stream.version, WaitStage.PROCESSED, names,
+                                        **_timeout_error(progress, limit, "SNAPSHOT"))
+                errors.extend(progress.errors)
+            elif not tracker.snapshot_done.wait(limit):
                 return self._result(message, stream.version, WaitStage.PROCESSED, names,
-                                    **_timeout_error(progress, limit, "SNAPSHOT"))
-            errors.extend(progress.errors)
-        elif not tracker.snapshot_done.wait(limit):
-            return self._result(message, stream.version, WaitStage.PROCESSED, names, error_code="RequestTimeout",
-                                error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
-        stage = WaitStage.SNAPSHOT
-        errors.extend(tracker.errors)
-        if _rank(wait) >= _rank(WaitStage.PROJECTED) and self.projections is not None:
-            progress = self.projections.wait(stream, max(0.0, deadline - time.monotonic()))
-            if not progress.done:
-                return self._result(message, stream.version, stage, names, **_timeout_error(progress, limit))
-            errors.extend(progress.errors)
-            stage = WaitStage.PROJECTED
-        elif _rank(wait) >= _rank(WaitStage.PROJECTED):
-            stage = WaitStage.PROJECTED
+                                    error_code="RequestTimeout",
+                                    error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
+            stage = WaitStage.SNAPSHOT
+            errors.extend(tracker.errors)
+        if wait in HANDLER_STAGES:
+            if self.projections is not None:
+                progress = self._handlers_passed(stream, wait, only, max(0.0, deadline - time.monotonic()))
+                if not progress.done:
+                    return self._result(message, stream.version, stage, names,
+                                        **_timeout_error(progress, limit, wait.value))
+                errors.extend(progress.errors)
+            stage = wait
         if errors:
             return self._result(message, stream.version, stage, names, error_code="DispatchFailed",
                                 error_msg="appended, but: " + "; ".join(errors))
@@ -871,12 +973,10 @@ def _refuse_nul(body, operator, owner_id, header) -> None:
 def _timeout_error(progress: Progress, limit: float, stage: str = "PROJECTED") -> dict:
     pending = ", ".join(progress.pending)
     unread = f"; their checkpoints could not be read: {progress.unread}" if progress.unread else ""
-    what = "projection follower(s)" if stage == "PROJECTED" else "follower"
+    what = {"PROJECTED": "projection follower(s)", "EVENT_HANDLED": "event processor follower(s)",
+            "SAGA_HANDLED": "follower(s)"}.get(stage, "follower")
     return {"error_code": "RequestTimeout",
             "error_msg": f"appended, but {stage} did not finish within {limit}s (waiting for the "
                          f"{what} {pending}{unread}; is a follower running? see manage.py "
                          "wow_followers)"}
 
-
-def _rank(stage: WaitStage) -> int:
-    return [WaitStage.SENT, WaitStage.PROCESSED, WaitStage.SNAPSHOT, WaitStage.PROJECTED].index(stage)

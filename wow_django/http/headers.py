@@ -3,7 +3,11 @@
 The tenant header belongs to the tenant resolver (:mod:`wow_django.http.tenancy`).
 """
 
-WAIT_STAGE_HEADER = "Command-Wait-Stage"  # SENT | PROCESSED (default) | SNAPSHOT | PROJECTED
+WAIT_STAGE_HEADER = "Command-Wait-Stage"  # SENT | PROCESSED (default) | SNAPSHOT | PROJECTED | EVENT_HANDLED | SAGA_HANDLED
+WAIT_CONTEXT_HEADER = "Command-Wait-Context"  # the context whose followers to wait for: this service's own only
+WAIT_PROCESSOR_HEADER = "Command-Wait-Processor"  # wait for this follower only (PROJECTED, EVENT_HANDLED, SAGA_HANDLED)
+WAIT_FUNCTION_HEADER = "Command-Wait-Function"  # wait for the followers whose function has this name only
+WAIT_TAIL_PREFIX = "Command-Wait-Tail-"  # Wow's waits for a command a saga sends: refused (not supported)
 WAIT_TIMEOUT_HEADER = "Command-Wait-Timeout"  # whole milliseconds; at most WOW["COMMAND_WAIT_TIMEOUT_S"]
 REQUEST_ID_HEADER = "Command-Request-Id"  # idempotency key of a command; a create command's id derives from it
 AGGREGATE_VERSION_HEADER = "Command-Aggregate-Version"  # the version the command expects the aggregate at

@@ -24,6 +24,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter
 
+from wow_django.application.followers import STAGE_KINDS, stage_candidates
 from wow_django.application.gateway import WaitStage
 from wow_django.bus.service import MAX_PAGE
 from wow_django.conf import wow_settings
@@ -36,6 +37,9 @@ from wow_django.http.headers import (
     MAX_WAIT_TIMEOUT_MS,
     OWNER_ID_HEADER,
     REQUEST_ID_HEADER,
+    WAIT_CONTEXT_HEADER,
+    WAIT_FUNCTION_HEADER,
+    WAIT_PROCESSOR_HEADER,
     WAIT_STAGE_HEADER,
     WAIT_TIMEOUT_HEADER,
 )
@@ -275,8 +279,12 @@ class WowAutoSchema(_Components, AutoSchema):
             parameters.append(OpenApiParameter(
                 WAIT_STAGE_HEADER, {"type": "string", "enum": [s.value for s in WaitStage]},
                 OpenApiParameter.HEADER,
-                description="How far to go before answering (default PROCESSED).",
+                description="How far to go before answering (default PROCESSED): SENT (queued), PROCESSED "
+                "(events stored), SNAPSHOT (a snapshot at or past them stored), PROJECTED (then the aggregate's "
+                "projections passed them), EVENT_HANDLED (its event processors passed them), SAGA_HANDLED (the "
+                "followers declared with @follower that take them passed them).",
             ))
+            parameters.extend(self._wait_function_parameters())
             parameters.append(OpenApiParameter(
                 WAIT_TIMEOUT_HEADER, _integer(0, MAX_WAIT_TIMEOUT_MS), OpenApiParameter.HEADER,
                 description="How long to wait for the stage, in whole milliseconds (at most the server's "
@@ -310,6 +318,36 @@ class WowAutoSchema(_Components, AutoSchema):
                 required=spec.get("required", False), description=spec.get("description", ""),
             ))
         return _nul_free(parameters)
+
+    def _wait_function_parameters(self) -> list[OpenApiParameter]:
+        """``Command-Wait-Context``/``-Processor``/``-Function``: the values this aggregate's followers allow
+        (a header this aggregate has no value for is left out: any value of it is refused)."""
+        contexts = [wow_settings.CONTEXT_NAME] + ([wow_settings.CONTEXT_ALIAS] if wow_settings.CONTEXT_ALIAS else [])
+        candidates = [(stage, *found) for stage in STAGE_KINDS
+                      for found in stage_candidates(stage, self.view.aggregate.aggregate_name)]
+        processors = sorted({name for _, name, _, _ in candidates})
+        functions = sorted({fn for _, _, fn, _ in candidates if fn})
+        rule = ("Narrows the wait stages PROJECTED, EVENT_HANDLED and SAGA_HANDLED only (with another stage: 400), "
+                "to followers of that stage's kind (projections, event processors, followers declared with "
+                "@follower; another's: 400).")
+        parameters = [OpenApiParameter(
+            WAIT_CONTEXT_HEADER, {"type": "string", "enum": contexts}, OpenApiParameter.HEADER,
+            description="The context whose followers a handler stage waits for: this service's own.",
+        )]
+        if processors:
+            by_stage = "; ".join(f"{stage}: " + ", ".join(sorted({n for s, n, _, _ in candidates if s == stage}))
+                                 for stage in STAGE_KINDS if any(s == stage for s, *_ in candidates))
+            parameters.append(OpenApiParameter(
+                WAIT_PROCESSOR_HEADER, {"type": "string", "enum": processors}, OpenApiParameter.HEADER,
+                description=f"Wait for the follower of this name only. {rule} {by_stage}.",
+            ))
+        if functions:
+            parameters.append(OpenApiParameter(
+                WAIT_FUNCTION_HEADER, {"type": "string", "enum": functions}, OpenApiParameter.HEADER,
+                description=f"Wait for the followers whose function has this name only (with "
+                f"{WAIT_PROCESSOR_HEADER}: the one named both ways, else 400). {rule}",
+            ))
+        return parameters
 
     def get_request_serializer(self):
         view = self.view

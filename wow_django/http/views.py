@@ -32,7 +32,15 @@ from rest_framework.settings import api_settings
 
 from wow_django.application import queries
 from wow_django.application.gateway import ID_RULE as GATEWAY_ID_RULE
-from wow_django.application.gateway import CommandGateway, CommandResult, WaitStage, is_valid_id
+from wow_django.application.gateway import (
+    CommandGateway,
+    CommandResult,
+    WaitFunction,
+    WaitStage,
+    check_wait_function,
+    is_valid_id,
+    stage_path,
+)
 from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
@@ -55,7 +63,11 @@ from wow_django.http.headers import (
     MAX_WAIT_TIMEOUT_MS,
     OWNER_ID_HEADER,
     REQUEST_ID_HEADER,
+    WAIT_CONTEXT_HEADER,
+    WAIT_FUNCTION_HEADER,
+    WAIT_PROCESSOR_HEADER,
     WAIT_STAGE_HEADER,
+    WAIT_TAIL_PREFIX,
     WAIT_TIMEOUT_HEADER,
 )
 from wow_django.http.parsers import CommandJSONParser, QueryJSONParser
@@ -228,6 +240,25 @@ class CommandSenderView(WowAPIView):
             _refuse_wait_stage(value)
         return WaitStage(value)
 
+    def get_wait_function(self, stage: WaitStage) -> WaitFunction:
+        """``Command-Wait-Context``/``-Processor``/``-Function``: which followers a handler stage waits for
+        (refused with a 400 naming the header when they name none of this aggregate's, another context, or
+        narrow a stage that waits for no follower). Wow's ``Command-Wait-Tail-*`` (a wait for the command a saga
+        sends) is refused: not supported."""
+        for name in self.request.headers:
+            if name.lower().startswith(WAIT_TAIL_PREFIX.lower()):
+                raise CommandValidationError(
+                    f"{name} is not supported: wow_django does not wait for the commands a follower sends",
+                    [{"name": name, "msg": "not supported (leave it out)"}])
+        only = WaitFunction(*(self.request.headers.get(name, "") for name in
+                              (WAIT_CONTEXT_HEADER, WAIT_PROCESSOR_HEADER, WAIT_FUNCTION_HEADER)))
+        alias = wow_settings.CONTEXT_ALIAS
+        return check_wait_function(
+            self.aggregate.aggregate_name, stage, only, wow_settings.CONTEXT_NAME,
+            fields={"context": WAIT_CONTEXT_HEADER, "processor": WAIT_PROCESSOR_HEADER,
+                    "function": WAIT_FUNCTION_HEADER},
+            aliases=(alias,) if alias else ())
+
     def get_wait_timeout(self) -> float | None:
         """``Command-Wait-Timeout`` (whole milliseconds) in seconds, at most ``COMMAND_WAIT_TIMEOUT_S``; None
         without the header (the gateway's default)."""
@@ -281,6 +312,8 @@ class CommandSenderView(WowAPIView):
         self.check_body(body)
         if wants_event_stream(self.request):
             return self.stream_command(aggregate_id, body)
+        wait = self.get_wait_stage()
+        wait_for = self.get_wait_function(wait)
         result = self.get_gateway().send_json(
             self.aggregate.aggregate_name,
             self.command.command_name,
@@ -291,10 +324,11 @@ class CommandSenderView(WowAPIView):
             owner_id=self.get_owner_id(),
             operator=self.get_operator(),
             header=self.get_command_header(),
-            wait=self.get_wait_stage(),
+            wait=wait,
             timeout=self.get_wait_timeout(),
             expected_version=self.get_expected_version(),
             owner_only=self.owner_only,
+            wait_for=wait_for,
         )
         return Response(result.to_json(), status=self.result_status(result))
 
@@ -304,6 +338,7 @@ class CommandSenderView(WowAPIView):
         the stages after PROCESSED are waited for by sending the same request again, which the gateway answers
         from what is stored once the stage is reached, appending nothing."""
         asked = self.get_wait_stage()
+        wait_for = self.get_wait_function(asked)
         timeout = self.get_wait_timeout()
         deadline = time.monotonic() + (timeout if timeout is not None else wow_settings.COMMAND_WAIT_TIMEOUT_S)
         facts = dict(
@@ -313,8 +348,7 @@ class CommandSenderView(WowAPIView):
             owner_only=self.owner_only,
         )
         gateway, aggregate, command = self.get_gateway(), self.aggregate.aggregate_name, self.command.command_name
-        order = list(WaitStage)
-        stages = [asked] if asked is WaitStage.SENT else order[order.index(WaitStage.PROCESSED):order.index(asked) + 1]
+        stages = stage_path(asked)
 
         def events():
             first = None
@@ -322,6 +356,7 @@ class CommandSenderView(WowAPIView):
                 for stage in stages:
                     remaining = max(0.0, deadline - time.monotonic())
                     result = gateway.send_json(aggregate, command, body, wait=stage, timeout=remaining,
+                                               wait_for=wait_for if stage is asked else None,
                                                **{**facts, "aggregate_id": first.aggregate_id if first else
                                                   facts["aggregate_id"]})
                     if first is None:
