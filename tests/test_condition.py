@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import mongomock
@@ -278,6 +278,11 @@ CASES = [
     ),
     # --- null, booleans, existence ------------------------------------------------------------
     Case("NULL", C("NULL", "state.active"), "d04 d05 d09 d12"),
+    # --- Wow's space: every aggregate is in the default space "" --------------------------------
+    Case("SPACE_ID a space", C("SPACE_ID", value="s-1"), ""),
+    Case("SPACE_ID another space in OR", C("OR", children=[C("SPACE_ID", value="s-1"), C("ID", value="d02")]), "d02"),
+    Case("SPACE_ID another space in NOR", C("NOR", children=[C("SPACE_ID", value="s-1")]), but()),
+    Case("ownerId EQ empty: no owner", C("EQ", "ownerId", ""), ""),
     Case("NULL nested path with missing parent", C("NULL", "state.address.zip"), but("d01", "d02")),
     Case("NULL is not an empty array", C("NULL", "state.items"), "d08 d09 d10 d11 d12"),
     Case("NOT_NULL", C("NOT_NULL", "state.active"), "d01 d02 d03 d06 d07 d08 d10 d11"),
@@ -293,6 +298,14 @@ CASES = [
     Case("TODAY", C("TODAY", "state.createdAt", **SH), "d01"),
     Case("TOMORROW", C("TOMORROW", "state.createdAt", **SH), "d02"),
     Case("BEFORE_TODAY", C("BEFORE_TODAY", "state.createdAt", **SH), "d03 d04 d05 d08 d09"),
+    # Wow's value: today at that time of day (d01 is today at 00:30:00.000), as seconds of the day or text.
+    Case("BEFORE_TODAY at 00:30 excludes 00:30", C("BEFORE_TODAY", "state.createdAt", 1800, **SH),
+         "d03 d04 d05 d08 d09"),
+    Case("BEFORE_TODAY at 00:30:01", C("BEFORE_TODAY", "state.createdAt", 1801, **SH), "d01 d03 d04 d05 d08 d09"),
+    Case("BEFORE_TODAY at HH:mm:ss.SSS", C("BEFORE_TODAY", "state.createdAt", "00:30:00.001", **SH),
+         "d01 d03 d04 d05 d08 d09"),
+    Case("BEFORE_TODAY at HH:mm in a pattern", C("BEFORE_TODAY", "state.stamp", "00:31", **STAMP),
+         "d01 d03 d04 d05"),
     Case("THIS_WEEK", C("THIS_WEEK", "state.createdAt", **SH), "d01 d02 d06"),
     Case("NEXT_WEEK", C("NEXT_WEEK", "state.createdAt", **SH), "d07"),
     Case("LAST_WEEK crosses the month", C("LAST_WEEK", "state.createdAt", **SH), "d03 d04"),
@@ -400,8 +413,9 @@ def test_orm_filter(case: Case, database, orm_tables):
 
 def test_every_operator_has_a_case():
     used = {node.operator for case in CASES for node in parse_condition(case.condition).walk()}
-    # MATCH and RAW cannot run on both backends; they have their own tests below.
-    assert set(Operator) - used == {Operator.MATCH, Operator.RAW}
+    # MATCH and RAW cannot run on both backends; they have their own tests below. The parser resolves SPACE_ID
+    # (to ALL, or to IDS of no id: every aggregate is in the default space).
+    assert set(Operator) - used == {Operator.MATCH, Operator.RAW, Operator.SPACE_ID}
 
 
 def test_fixture_documents_are_not_changed_by_queries(collection):
@@ -631,6 +645,36 @@ def test_date_patterns():
     ]:
         with pytest.raises(ValueError, match=message):
             dates.parse_date_pattern(bad)
+
+
+def test_before_today_takes_wows_time_of_day():
+    today_at = dates.date_window("BEFORE_TODAY", now=NOW, zone=SHANGHAI, days=dates.parse_time_of_day("17:05:09"))
+    assert today_at.start is None and today_at.end == datetime(2024, 4, 1, 17, 5, 9, tzinfo=SHANGHAI)
+    assert dates.parse_time_of_day(0) == dates.parse_time_of_day("00:00") == time(0)
+    assert dates.parse_time_of_day(86_399) == time(23, 59, 59)
+    assert dates.parse_time_of_day("23:59:59.123456789") == time(23, 59, 59, 123456)
+    assert dates.date_window("BEFORE_TODAY", now=NOW, zone=SHANGHAI).end == datetime(2024, 4, 1, tzinfo=SHANGHAI)
+    for bad in (86_400, -1, True, 1.5, "24:00", "7:00", "07:60", "07:00:00.", "07:00Z", "", None, [1]):
+        with pytest.raises(ValueError, match="a time of day"):
+            dates.parse_time_of_day(bad)
+
+
+@pytest.mark.parametrize("value", [86_400, -1, 0.5, True, "24:00", "9:30", "noon", {"h": 1}])
+def test_a_before_today_value_that_is_no_time_of_day_is_refused_naming_it(value):
+    with pytest.raises(QueryValidationError) as refused:
+        parse_condition(C("BEFORE_TODAY", "state.createdAt", value))
+    assert refused.value.path == "condition.value" and "BEFORE_TODAY takes a time of day" in str(refused.value)
+
+
+def test_space_id_takes_a_space_id_and_matches_nothing_here():
+    assert parse_condition(C("SPACE_ID", value="s-1")) == Condition(operator=Operator.IDS, value=())
+    for operator in ("SPACE_ID", "OWNER_ID"):
+        for bad in (None, "", 1, ["a"], "a\x00b"):
+            with pytest.raises(QueryValidationError) as refused:
+                parse_condition(C(operator, value=bad))
+            assert refused.value.path == "condition.value"
+    with pytest.raises(QueryValidationError, match="cannot be used inside ELEM_MATCH"):
+        parse_condition(C("ELEM_MATCH", "state.items", children=[C("SPACE_ID", value="")]))
 
 
 def test_recent_days_needs_a_positive_count():

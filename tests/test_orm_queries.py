@@ -202,7 +202,7 @@ def leaf(paths: list[str], in_element: bool, pool: tuple):
         kinds = ["EQ", "NE", "GT", "LT", "GTE", "LTE", "TEXT", "IN", "NOT_IN", "BETWEEN", "ALL_IN", "NULL", "NOT_NULL",
                  "TRUE", "FALSE", "EXISTS", "DATE", "DATE", "ALL"]
         if not in_element:
-            kinds += ["ID", "IDS", "AGGREGATE_ID", "AGGREGATE_IDS", "TENANT_ID", "OWNER_ID", "DELETED"]
+            kinds += ["ID", "IDS", "AGGREGATE_ID", "AGGREGATE_IDS", "TENANT_ID", "OWNER_ID", "DELETED", "SPACE_ID"]
         kind = draw(st.sampled_from(kinds))
         if kind in ("EQ", "NE"):
             data = {"field": draw(field), "operator": kind, "value": draw(values)}
@@ -238,6 +238,9 @@ def leaf(paths: list[str], in_element: bool, pool: tuple):
             data = {"field": draw(field), "operator": operator, "options": options}
             if operator in dates.DAY_COUNT_OPERATORS:
                 data["value"] = draw(st.integers(1, 40))
+            elif operator in dates.TIME_OF_DAY_OPERATORS and draw(st.booleans()):  # Wow's time of day
+                data["value"] = draw(st.one_of(st.integers(0, dates.SECONDS_PER_DAY - 1),
+                                               st.sampled_from(["00:00", "12:30", "23:59:59", "06:00:00.250"])))
             return data
         if kind in ("IDS", "AGGREGATE_IDS"):
             return {"operator": kind, "value": draw(st.lists(st.sampled_from(["s0", "s1", "s2", "a1", "x"]),
@@ -399,7 +402,8 @@ def test_every_operator_is_generated():
         assert parse_condition(condition_data(condition)) == condition
 
     collect()
-    assert set(Operator) - {Operator(name) for name in seen} == {Operator.RAW}
+    # SPACE_ID is resolved by the parser (ALL, or IDS of no id): it reaches the compilers as those.
+    assert set(Operator) - {Operator(name) for name in seen} == {Operator.RAW, Operator.SPACE_ID}
 
 
 # --- hand-picked cases: values the generators rarely combine ---------------------------------------------

@@ -243,11 +243,13 @@ def test_results_are_in_wows_shape(snapshots):
     assert list(found)[0] == "aggregateId"
     assert found == {
         "aggregateId": "a01", "contextName": "order-service", "aggregateName": "order", "tenantId": "t1",
-        "ownerId": "u1", "version": 1, "eventId": "e-a01", "firstOperator": "", "operator": "",
+        "ownerId": "u1", "spaceId": "", "tags": {}, "version": 1, "eventId": "e-a01", "firstOperator": "",
+        "operator": "",
         "firstEventTime": 1000, "eventTime": 2000, "snapshotTime": found["snapshotTime"], "deleted": False,
         "state": {"status": "PAID", "amount": 30, "note": "gift wrap please"},
     }
     assert "_id" not in found
+    assert list(found)[4:7] == ["ownerId", "spaceId", "tags"]  # Wow's order
 
 
 def test_results_are_copies(snapshots):
@@ -286,6 +288,29 @@ def test_limit_and_projection(snapshots):
     query = ListQuery(projection=Projection(exclude=("state", "aggregateId", "snapshotTime")), limit=1)
     (found,) = snapshots.list(query, tenant_id="t1")
     assert "state" not in found and "aggregateId" not in found and found["tenantId"] == "t1"
+    assert found["spaceId"] == "" and found["tags"] == {}
+    # Wow's constant fields follow the projection as the stored ones do.
+    query = ListQuery(projection=Projection(include=("spaceId", "tags", "version")), limit=1)
+    assert snapshots.list(query, tenant_id="t1") == [{"aggregateId": "a01", "spaceId": "", "tags": {}, "version": 1}]
+    query = ListQuery(projection=Projection(exclude=("state", "spaceId")), limit=1)
+    (found,) = snapshots.list(query, tenant_id="t1")
+    assert "spaceId" not in found and found["tags"] == {}
+
+
+def test_space_and_owner_conditions_as_wows(snapshots, backend):
+    """Every aggregate is in its tenant's default space "": SPACE_ID naming a space finds none (built in Python,
+    SPACE_ID "" finds every one); ownerId EQ "" (Wow's DEFAULT_OWNER_ID) finds the aggregates without an owner."""
+    assert snapshots.count(cond(operator="SPACE_ID", value="s-1"), tenant_id="t1") == 0
+    assert snapshots.list(ListQuery(condition=cond(operator="SPACE_ID", value="s-1"), limit=10), tenant_id="t1") == []
+    either = cond(operator="OR", children=[{"operator": "SPACE_ID", "value": "s-1"}, {"operator": "ID", "value": "a02"}])
+    assert ids(snapshots.list(ListQuery(condition=either, limit=10), tenant_id="t1")) == ["a02"]
+    # A condition built in Python is read the same way.
+    assert snapshots.count(Condition(operator=Operator.SPACE_ID, value=""), tenant_id="t1") == 5
+    assert snapshots.count(Condition(operator=Operator.SPACE_ID, value="s-1"), tenant_id="t1") == 0
+    backend.save_snapshot(order_snapshot("a10", "t1", {"status": "PAID", "amount": 1}, owner=""))
+    ownerless = ListQuery(condition=cond(field="ownerId", operator="EQ", value=""), limit=10)
+    assert ids(snapshots.list(ownerless, tenant_id="t1")) == ["a10"]
+    assert snapshots.count(cond(operator="OWNER_ID", value="u1"), tenant_id="t1") == 5
 
 
 def test_count(snapshots):
@@ -357,8 +382,9 @@ def test_event_streams_scoped_and_shaped(streams):
     assert [(s["aggregateId"], s["version"]) for s in found] == [("b1", 1), ("b2", 1), ("b1", 2), ("b1", 3)]
     first = found[0]
     assert list(first)[0] == "id" and "_id" not in first
-    assert set(first) == {"id", "contextName", "aggregateName", "aggregateId", "tenantId", "ownerId", "requestId",
-                          "commandId", "version", "header", "body", "size", "createTime"}
+    assert set(first) == {"id", "contextName", "aggregateName", "aggregateId", "tenantId", "ownerId", "spaceId",
+                          "requestId", "commandId", "version", "header", "body", "size", "createTime"}
+    assert first["spaceId"] == ""
     assert first["body"][0]["name"] == "thing_happened" and first["size"] == 1
 
 
@@ -554,8 +580,13 @@ def test_bson_values_written_by_other_tools_become_python_values():
 
 
 def test_present_renames_the_id_first():
-    assert list(present(SNAPSHOT, {"version": 1, "_id": "x"})) == ["aggregateId", "version"]
-    assert present(EVENT_STREAM, {"_id": "s", "version": 2}) == {"id": "s", "version": 2}
+    assert list(present(SNAPSHOT, {"version": 1, "_id": "x"})) == ["aggregateId", "version", "spaceId", "tags"]
+    assert present(EVENT_STREAM, {"_id": "s", "version": 2}) == {"id": "s", "version": 2, "spaceId": ""}
+    # Wow's constant fields after ownerId; a stored value (a document Wow wrote) is kept.
+    assert list(present(SNAPSHOT, {"_id": "x", "ownerId": "", "state": {}})) == [
+        "aggregateId", "ownerId", "spaceId", "tags", "state"]
+    assert present(EVENT_STREAM, {"_id": "s", "spaceId": "wow-space"})["spaceId"] == "wow-space"
+    assert present(SNAPSHOT, {"_id": "x"})["tags"] is not present(SNAPSHOT, {"_id": "y"})["tags"]  # not shared
 
 
 def test_the_contract_modules_do_not_import_django():

@@ -104,6 +104,25 @@ def test_wows_client_drives_commands_and_state_queries(client):
                                    {"condition": {"operator": "AGGREGATE_ID", "value": "order-ts-1"}})
     assert state["status"] == "PAID"
 
+    # Wow's document fields and conditions: spaceId and tags, SPACE_ID, BEFORE_TODAY's time of day.
+    status, _, snapshot = client.call("POST", "order/snapshot/single", {
+        "condition": {"operator": "AGGREGATE_ID", "value": "order-ts-1"}})
+    assert (snapshot["spaceId"], snapshot["tags"]) == ("", {})
+    status, _, events = client.call("POST", "order/event/list", {
+        "condition": {"operator": "AGGREGATE_ID", "value": "order-ts-1"}, "limit": 1})
+    assert events[0]["spaceId"] == ""
+    status, _, nothing = client.call("POST", "order/snapshot/list", {
+        "condition": {"operator": "SPACE_ID", "value": "space-1"}, "limit": 10})
+    assert (status, nothing) == (200, [])
+    status, _, earlier = client.call("POST", "order/snapshot/count", {  # today at 00:00: nothing of today
+        "field": "snapshotTime", "operator": "BEFORE_TODAY", "value": 0})
+    assert (status, earlier) == (200, 0)
+    # Over HTTP the time of day is whole seconds (the documented difference): text and 86400 are refused.
+    for bad in ("00:30", 86_400):
+        status, _, refused = client.call("POST", "order/snapshot/count", {
+            "field": "snapshotTime", "operator": "BEFORE_TODAY", "value": bad})
+        assert status == 400 and refused["bindingErrors"][0]["name"].endswith("value"), refused
+
 
 def read_events(body: bytes) -> list[dict]:
     """The events of an event stream: ``{"id", "event", "data"}`` each, data parsed as JSON."""

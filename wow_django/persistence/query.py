@@ -36,6 +36,7 @@ before it compiles; it imports no backend and no compiler. No Django here.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from wow_django.domain.aggregate import aggregate_type
 from wow_django.domain.messages import event_type
 from wow_django.query.condition import (
     ALL_CONDITION,
+    ALL_FIELDS,
     Condition,
     DeletionState,
     ListQuery,
@@ -183,15 +185,34 @@ def split_text_search(condition: Condition) -> tuple[Condition, Condition | None
 # --- results -----------------------------------------------------------------------------
 
 
-def present(kind: str, document: dict) -> dict:
-    """A stored document as the API returns it: ``_id`` renamed (and first), the rest in stored order."""
+#: Wow's fields a document carries that wow_django keeps constant: every aggregate is in its tenant's default
+#: space (``spaceId`` "", of snapshots and event streams) and carries no ABAC tags (``tags``, of snapshots).
+CONSTANT_FIELDS = {SNAPSHOT: {"spaceId": "", "tags": {}}, EVENT_STREAM: {"spaceId": ""}}
+
+
+def present(kind: str, document: dict, projection: Projection = ALL_FIELDS) -> dict:
+    """A stored document as the API returns it: ``_id`` renamed (and first), the rest in stored order, with
+    Wow's :data:`CONSTANT_FIELDS` after ``ownerId`` when the projection lets them through."""
     result: dict = {}
     if "_id" in document:
         result[ID_NAMES[kind]] = document["_id"]
+    constant = {name: copy.deepcopy(value) for name, value in CONSTANT_FIELDS[kind].items()
+                if name not in document and _projected(projection, name)}
     for key, value in document.items():
         if key != "_id":
             result[key] = value
+        if key == "ownerId":
+            result.update(constant)
+            constant = {}
+    result.update(constant)
     return result
+
+
+def _projected(projection: Projection, name: str) -> bool:
+    """Whether ``projection`` returns the top-level field ``name``."""
+    if projection.include:
+        return name in projection.include
+    return name not in projection.exclude
 
 
 class QueryService(ABC):
@@ -243,7 +264,7 @@ class QueryService(ABC):
             skip=skip,
             limit=limit,
         )
-        return [present(self.kind, doc) for doc in documents]
+        return [present(self.kind, doc, query.projection) for doc in documents]
 
     def single(
         self, query: SingleQuery, *, tenant_id: str | None = None, scope: Condition | None = None

@@ -10,7 +10,8 @@ at 00:00 in the condition's zone and weeks run Monday to Sunday:
 =============  ===============================================================
 TODAY          [today, tomorrow)
 TOMORROW       [tomorrow, the day after)
-BEFORE_TODAY   (-inf, today)
+BEFORE_TODAY   (-inf, today at T): T a time of day (Wow's value: seconds of the day or "HH:mm[:ss[.SSS]]"),
+               00:00 when none is given
 THIS_WEEK      [this Monday, next Monday)
 NEXT_WEEK      [next Monday, the Monday after)
 LAST_WEEK      [last Monday, this Monday)
@@ -27,16 +28,41 @@ then it holds text in that pattern and the bounds are formatted the same way.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 NO_ARGUMENT_OPERATORS = frozenset(
-    {"TODAY", "TOMORROW", "BEFORE_TODAY", "THIS_WEEK", "NEXT_WEEK", "LAST_WEEK", "THIS_MONTH", "LAST_MONTH"}
+    {"TODAY", "TOMORROW", "THIS_WEEK", "NEXT_WEEK", "LAST_WEEK", "THIS_MONTH", "LAST_MONTH"}
 )
 DAY_COUNT_OPERATORS = frozenset({"RECENT_DAYS", "EARLIER_DAYS"})
-DATE_OPERATORS = NO_ARGUMENT_OPERATORS | DAY_COUNT_OPERATORS
+#: Operators whose value is a time of day (optional).
+TIME_OF_DAY_OPERATORS = frozenset({"BEFORE_TODAY"})
+DATE_OPERATORS = NO_ARGUMENT_OPERATORS | DAY_COUNT_OPERATORS | TIME_OF_DAY_OPERATORS
+
+SECONDS_PER_DAY = 86_400
+#: A time of day as text, as Java's ``LocalTime.parse`` reads it: HH:mm, HH:mm:ss or HH:mm:ss.fraction.
+TIME_OF_DAY_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,9})?)?$"
+TIME_OF_DAY_RULE = ("a time of day: whole seconds from 0 to 86399, or text HH:mm, HH:mm:ss or HH:mm:ss.SSS "
+                    "(24-hour clock)")
+_TIME_OF_DAY = re.compile(TIME_OF_DAY_PATTERN)
+
+
+def parse_time_of_day(raw) -> time:
+    """The time of day BEFORE_TODAY's value names (:data:`TIME_OF_DAY_RULE`, or a naive ``time`` given in
+    Python); ValueError otherwise."""
+    if isinstance(raw, time) and raw.tzinfo is None:
+        return raw
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        if 0 <= raw < SECONDS_PER_DAY:
+            return time(raw // 3600, raw // 60 % 60, raw % 60)
+    elif isinstance(raw, str) and len(raw) <= 18 and _TIME_OF_DAY.match(raw):
+        hours, minutes, *rest = raw.split(":")
+        seconds, _, fraction = (rest[0] if rest else "0").partition(".")
+        return time(int(hours), int(minutes), int(seconds), int((fraction + "000000")[:6]))
+    raise ValueError(f"must be {TIME_OF_DAY_RULE}")
 
 # RECENT_DAYS / EARLIER_DAYS accept 1..MAX_DAYS (a century), far from date.min.
 MAX_DAYS = 36_500
@@ -75,10 +101,11 @@ def first_of_month(day: date, months_later: int = 0) -> date:
     return date(index // 12, index % 12 + 1, 1)
 
 
-def date_window(operator: str, *, now: datetime, zone: tzinfo, days: int | None = None) -> DateWindow:
+def date_window(operator: str, *, now: datetime, zone: tzinfo, days: int | time | None = None) -> DateWindow:
     """The window of a date operator at ``now`` in ``zone`` (see the module table).
 
-    ``days`` is the N of RECENT_DAYS and EARLIER_DAYS (an integer >= 1).
+    ``days`` is the operator's value: the N of RECENT_DAYS and EARLIER_DAYS (an integer >= 1), BEFORE_TODAY's
+    time of day (a ``time``; None: 00:00).
     """
     today = resolve_now(now).astimezone(zone).date()
     one_day = timedelta(days=1)
@@ -91,7 +118,9 @@ def date_window(operator: str, *, now: datetime, zone: tzinfo, days: int | None 
     if operator == "TOMORROW":
         return day_range(today + one_day, today + 2 * one_day)
     if operator == "BEFORE_TODAY":
-        return DateWindow(None, start_of_day(today, zone))
+        at = days if isinstance(days, time) else time(0, 0)
+        # Today at that wall-clock time in the zone (as Wow: now, in the zone, with that time of day).
+        return DateWindow(None, datetime.combine(today, at, tzinfo=zone))
     if operator in ("THIS_WEEK", "NEXT_WEEK", "LAST_WEEK"):
         shift = {"THIS_WEEK": 0, "NEXT_WEEK": 1, "LAST_WEEK": -1}[operator]
         monday = monday_of(today) + timedelta(weeks=shift)

@@ -40,7 +40,7 @@ from pydantic import BaseModel
 
 from wow_django.domain.values import canonical_time, parse_time
 from wow_django.query import dates
-from wow_django.query.condition import Condition, Operator, and_conditions, decimal_problem
+from wow_django.query.condition import Condition, Operator, and_conditions, decimal_problem, space_condition
 from wow_django.query.errors import QueryValidationError
 
 Op = Operator
@@ -209,6 +209,8 @@ def type_condition(condition: Condition, resolve: Resolver | None, *, now: dt.da
         inner = f"{prefix}{condition.field}."
         children = tuple(type_condition(child, resolve, now=moment, prefix=inner) for child in condition.children)
         return dataclasses.replace(condition, children=children)
+    if op is Op.SPACE_ID:  # built in Python (the parser has already resolved the client's)
+        return space_condition(condition.value)
     if not condition.field:
         return condition
     path = prefix + condition.field

@@ -97,7 +97,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, time
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
@@ -433,6 +433,8 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     if isinstance(value, StrEnum):
         return value.value
+    if isinstance(value, time):  # BEFORE_TODAY's time of day, as Wow's text form
+        return value.isoformat()
     return value
 
 
