@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN: works offline, under a strict CSP)
     "wow_django",
     "wow_django.bus",
     "sample_project.orders",
@@ -145,6 +146,9 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+# Where manage.py collectstatic gathers the admin's, the console's and Swagger UI's files for the web server
+# (or a CDN) in front of gunicorn to serve at STATIC_URL: with DEBUG off Django serves none of them itself.
+STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT", str(BASE_DIR / "staticfiles"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- HTTP API (wow_django.http) and its OpenAPI schema -------------------------------
@@ -172,6 +176,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Commands, state, snapshots and event streams of the sample order service (wow_django).",
     "VERSION": "1.0.0",
     "OAS_VERSION": "3.1.0",  # the command schemas are pydantic's JSON Schema 2020-12
+    # Swagger UI from the drf-spectacular-sidecar package (static files, collected with collectstatic), not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 

@@ -192,3 +192,28 @@ def test_a_staff_user_without_the_permissions_sees_neither_pages_nor_actions(sce
         response = page.goto(base + path)
         assert response.status == 403, path
     assert scenario.store.get_event("evt-o-1")["retryCount"] == 0
+
+
+def test_swagger_ui_loads_offline_from_the_sidecar_package(live_server, browser):
+    """api/docs/ renders the API with no request leaving the server (issue 25, item 10): Swagger UI's files come
+    from drf-spectacular-sidecar as static files, not from a CDN (blank offline or under a strict CSP)."""
+    page = browser.new_page()
+    page.set_default_timeout(15_000)
+    elsewhere: list[str] = []
+
+    def only_this_server(route):
+        if route.request.url.startswith(live_server.url):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_this_server)
+    page.goto(f"{live_server.url}/api/docs/")
+    page.wait_for_selector(".swagger-ui .info .title")
+    assert "Order service" in page.inner_text(".swagger-ui .info .title")
+    page.wait_for_selector(".opblock", state="attached")  # the operations, from /api/schema/
+    assert elsewhere == []
+    assert "/static/drf_spectacular_sidecar/" in page.content()
+    shot(page, "swagger-ui")
+    page.close()

@@ -61,6 +61,9 @@ def test_the_embedded_engine_and_celerys_redis_client_are_extras():
     assert requirements("options.extras_require", "mongomock") == {"mongomock"}
     assert {"mongomock", "redis"} <= requirements("options.extras_require", "sample")
     assert {"mongomock", "redis"} <= requirements("options.extras_require", "test")
+    # Celery's Redis transport needs more than redis-py (packaging): celery[redis] declares it (issue 25).
+    for extra in ("redis", "sample", "test"):
+        assert "celery[redis]" in requirements("options.extras_require", extra)
 
 
 def test_a_mongomock_uri_without_mongomock_installed_says_what_to_install(monkeypatch):

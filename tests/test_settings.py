@@ -269,6 +269,37 @@ def test_celery_without_a_broker_is_a_warning(monkeypatch):
         assert check_settings() == []  # not Celery's queue: nothing to say
 
 
+def test_a_broker_whose_transport_does_not_import_is_a_check_error(monkeypatch):
+    """Celery's Redis transport imports packaging, which only celery[redis] declares (issue 25, item 7): without
+    it a worker crashed at start. manage.py check now says so, naming what to install."""
+    import sys
+
+    from celery import current_app
+
+    conf = current_app.conf
+    monkeypatch.setitem(conf, "task_always_eager", False)
+    monkeypatch.setitem(conf, "broker_url", "redis://127.0.0.1:6379/0")
+    quiet = {"MONGO_URI": "mongodb://db/x"}
+    with override_settings(WOW=quiet):
+        assert check_settings() == []  # installed here (the test extra takes celery[redis])
+    for name in [m for m in sys.modules if m == "kombu.transport.redis" or m.startswith("packaging")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "packaging", None)  # "No module named 'packaging'", as on a bare install
+    with override_settings(WOW=quiet):
+        [error] = check_settings()
+    assert error.id == "wow_django.E005" and error.msg.startswith("Celery's broker (redis://…)")
+    assert "packaging" in error.msg and 'pip install "wow-django[redis]"' in error.hint
+    monkeypatch.setitem(conf, "task_always_eager", True)  # eager: no broker is used
+    with override_settings(WOW=quiet):
+        assert check_settings() == []
+    # The bus's transport too, and a scheme kombu does not know.
+    with override_settings(WOW={**quiet, "BUS_TRANSPORT_URL": "redis://127.0.0.1:6379/1"}):
+        [error] = check_settings()
+    assert error.id == "wow_django.E005" and error.msg.startswith("WOW['BUS_TRANSPORT_URL'] (redis://…)")
+    with override_settings(WOW={**quiet, "BUS_TRANSPORT_URL": "nosuch://host"}):
+        assert any(m.id == "wow_django.E005" and "no transport named 'nosuch'" in m.msg for m in check_settings())
+
+
 def test_the_readme_settings_table_matches_the_defaults():
     """Every setting of DEFAULTS has a row in the README's table, no row names another, and each default the table
     shows (the first literal of each part of the default cell) is the one in DEFAULTS."""

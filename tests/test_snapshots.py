@@ -242,3 +242,35 @@ def test_the_state_at_a_time_stops_before_a_gap_in_the_versions():
     at = repository.load_at_time(Customer, "c-1", tenant_id=key.tenant_id, create_time=300)
     assert (at.version, at.state.display_name) == (3, "v3")
     assert repository.load_at_time(Customer, "c-1", tenant_id=key.tenant_id, create_time=99) is None
+
+
+def test_a_repeated_request_waits_for_the_first_requests_inline_snapshot():
+    """SNAPSHOT_MODE "inline": the same request sent again with wait SNAPSHOT (what the server-sent stream does
+    for its next stage) is answered SNAPSHOT only once the first request's snapshot is saved."""
+    import threading
+
+    gate = threading.Event()
+    with override_settings(WOW=fresh_wow("in_memory", SNAPSHOT_MODE="inline")):
+        gateway = get_runtime().gateway
+        save = gateway.dispatcher.save_snapshot
+
+        def slow_save(snapshot):
+            gate.wait(10)
+            save(snapshot)
+
+        gateway.dispatcher.save_snapshot = slow_save
+        try:
+            first = gateway.send(RegisterCustomer(username="slow", display_name="start"), request_id="inline-1")
+            assert first.stage is WaitStage.PROCESSED
+            held = gateway.send(RegisterCustomer(username="slow", display_name="start"), request_id="inline-1",
+                                wait=WaitStage.SNAPSHOT, timeout=0.3)
+            assert held.duplicate and (held.stage, held.error_code) == (WaitStage.PROCESSED, "RequestTimeout")
+            assert snapshot_version("customer", first.aggregate_id) is None
+            gate.set()
+            done = gateway.send(RegisterCustomer(username="slow", display_name="start"), request_id="inline-1",
+                                wait=WaitStage.SNAPSHOT, timeout=5)
+            assert done.duplicate and done.stage is WaitStage.SNAPSHOT and done.succeeded
+            assert snapshot_version("customer", first.aggregate_id) == 1
+        finally:
+            gate.set()
+            gateway.dispatcher.save_snapshot = save

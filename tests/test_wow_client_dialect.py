@@ -349,6 +349,20 @@ def test_the_context_alias_prefixes_every_route(every_backend):
         assert other.status_code == 404 and other.json()["errorCode"] == "NotFound"
 
 
+def test_the_schema_marks_the_operations_below_an_alias_given_to_build_urlpatterns():
+    """An alias passed to build_urlpatterns (not the setting, which is unset here) still gives the operations
+    below it their own operationIds."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    from wow_django.conf import wow_settings
+
+    assert not wow_settings.CONTEXT_ALIAS
+    schema = SchemaGenerator(urlconf="tests.alias_urls").get_schema(request=None, public=True)
+    ids = [op["operationId"] for item in schema["paths"].values() for op in item.values() if isinstance(op, dict)]
+    assert len(ids) == len(set(ids)) and {"order_place_order", "alias_order_place_order",
+                                          "alias_tenant_order_snapshot_count"} <= set(ids)
+
+
 def test_an_alias_must_be_a_path_segment():
     from django.core.exceptions import ImproperlyConfigured
     from django.test import override_settings

@@ -112,6 +112,16 @@ def check_settings(app_configs=None, **kwargs):
                  "inline instead, set CELERY_TASK_ALWAYS_EAGER = True, which only that app reads from settings.",
             id="wow_django.W007",
         ))
+    for what, url in _broker_urls():
+        problem = _transport_problem(url)
+        if problem:
+            scheme = url.split("://", 1)[0]
+            extra = "wow-django[redis]" if scheme in ("redis", "rediss") else f"celery[{scheme}]"
+            messages.append(checks.Error(
+                f"{what} ({scheme}://…): {problem}",
+                hint=f'Install its transport\'s requirements: pip install "{extra}".',
+                id="wow_django.E005",
+            ))
     if wow_settings.SNAPSHOT_MODE == "celery" and _cache_is_process_local():
         messages.append(checks.Warning(
             "WOW['SNAPSHOT_MODE'] is 'celery' but the default cache is local to each process: the marker that "
@@ -179,6 +189,41 @@ def _celery_unconfigured() -> str | None:
     return ("WOW['TASK_QUEUE'] sends tasks through Celery, but the current Celery app names no broker and is not "
             "eager: commands sent with Command-Wait-Stage SENT, Celery-mode snapshots and bus rollups would go to "
             "Celery's default broker (amqp://guest@localhost//).")
+
+
+def _broker_urls() -> list[tuple[str, str]]:
+    """(what, URL) of each broker this process talks to with kombu: the current Celery app's (when WOW sends
+    tasks through Celery and they are not eager) and the bus's (WOW['BUS_TRANSPORT_URL'])."""
+    from wow_django.tasks import CeleryTaskQueue
+
+    found: list[tuple[str, str]] = []
+    queue = wow_settings.TASK_QUEUE
+    if isinstance(queue, type) and issubclass(queue, CeleryTaskQueue):
+        from celery import current_app
+
+        conf = current_app.conf
+        url = conf.broker_url
+        if isinstance(url, str) and url and not conf.task_always_eager:
+            found.append(("Celery's broker", url.split(";")[0].strip()))
+    bus = wow_settings.BUS_TRANSPORT_URL
+    if isinstance(bus, str) and bus:
+        found.append(("WOW['BUS_TRANSPORT_URL']", bus.split(";")[0].strip()))
+    return found
+
+
+def _transport_problem(url: str) -> str | None:
+    """Why kombu cannot load the transport of ``url`` in this environment (a module its transport imports is not
+    installed: Celery's Redis transport needs redis and packaging, which ``celery[redis]`` brings), or None."""
+    from kombu.transport import resolve_transport
+
+    scheme = url.split("://", 1)[0] if "://" in url else url
+    try:
+        resolve_transport(scheme)  # imports the transport's module
+    except KeyError:
+        return f"kombu has no transport named {scheme!r}"
+    except ImportError as exc:
+        return f"its transport does not import: {exc}"
+    return None
 
 
 def _running_tests() -> bool:

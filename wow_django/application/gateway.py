@@ -419,6 +419,11 @@ class CommandGateway:
         self.hurry = hurry
         self._locks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
+        #: The dispatch tracker of each command of this process whose snapshot step is still pending
+        #: (SNAPSHOT_MODE "inline" or "celery"), by command id: a repeat of the request (the server-sent
+        #: stream's next stage) waits for that step as the first request would have. A tracker leaves when
+        #: its job is done and dropped.
+        self._trackers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     # --- entry points ------------------------------------------------------------
 
@@ -718,6 +723,13 @@ class CommandGateway:
                 if not progress.done:
                     return self._result(message, original.version, WaitStage.PROCESSED, names,
                                         duplicate=duplicate, **_timeout_error(progress, limit, "SNAPSHOT"))
+            else:
+                # The first request's snapshot step, when this process still runs it (inline or queued).
+                tracker = self._trackers.get(message.command_id)
+                if tracker is not None and not tracker.snapshot_done.wait(limit):
+                    return self._result(message, original.version, WaitStage.PROCESSED, names,
+                                        duplicate=duplicate, error_code="RequestTimeout",
+                                        error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
             reached = WaitStage.SNAPSHOT
         if wait in HANDLER_STAGES and self.projections is not None:
             # The first request's followers may not have run yet (its process died after the append).
@@ -890,6 +902,7 @@ class CommandGateway:
         job = self._job(aggregate, stream)
         if job.snapshot is None and not job.queue_snapshot:
             return stream, job.tracker  # nothing to dispatch: no thread hand-off
+        self._trackers[message.command_id] = job.tracker
         self.dispatcher.submit(job)
         return stream, job.tracker
 

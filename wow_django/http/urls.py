@@ -125,6 +125,11 @@ ATTRIBUTION_PREFIXES = (
 )
 
 
+#: Every context alias a ``build_urlpatterns`` call of this process mounted (the OpenAPI document marks the
+#: operations below one: each keeps an operationId of its own).
+MOUNTED_ALIASES: set[str] = set()
+
+
 def build_urlpatterns(view_classes: ViewClasses | None = None, *, context_alias: str | None = ...) -> list:
     """Routes for every registered aggregate — as they are, below Wow's attribution prefixes
     (``tenant/{tenantId}/``, ``owner/{ownerId}/``, both) and, with a context alias (``WOW["CONTEXT_ALIAS"]``
@@ -145,6 +150,7 @@ def build_urlpatterns(view_classes: ViewClasses | None = None, *, context_alias:
     attributed = [*routes, *(path(prefix, include((routes, namespace))) for prefix, namespace in ATTRIBUTION_PREFIXES)]
     patterns = list(attributed)
     if context_alias:
+        MOUNTED_ALIASES.add(context_alias)
         patterns.append(path(f"{context_alias}/", include((attributed, "alias"))))
     # Any character, line breaks included ("." would not match a %0A in an id, and Django's HTML 404 would answer).
     patterns.append(re_path(r"^(?P<path>[\s\S]*)\Z", view_classes.not_found.as_view(), name="not-found"))
