@@ -267,6 +267,41 @@ def test_a_request_id_reused_with_another_body_is_wows_duplicate_request_id(api)
     assert versions(first.json()["aggregateId"]) == [1]
 
 
+@pytest.mark.django_db(databases=["default", "wow_sqlite"], transaction=True)
+def test_a_request_refused_by_a_business_rule_is_refused_again_not_run_again(every_backend):
+    """Issue 25, item 8: a refusal is kept under its request id for COMMAND_STATUS_TTL_S, as a Stripe
+    idempotency key keeps it. The same request again gets the same refusal (marked as a repeat) even once the
+    rule would let it pass; another body under that id is DuplicateRequestId; a new request id runs."""
+    api = APIClient()
+    with override_settings(WOW=every_backend):
+        order = post(api, "order/place_order", ORDER).json()["aggregateId"]  # total 7.00
+        short = {"amount": "1.00", "payment_id": "p-1"}
+        first = assert_error(post(api, f"order/{order}/pay_order", short, request_id="pay-1"), 400, "AMOUNT_MISMATCH")
+        assert first["duplicate"] is False and first["aggregateId"] == order
+        again = assert_error(post(api, f"order/{order}/pay_order", short, request_id="pay-1"), 400, "AMOUNT_MISMATCH")
+        assert again["duplicate"] is True and again["commandId"] == first["commandId"]
+        # The full amount under the refused request's id: another body, refused as Wow's DuplicateRequestId.
+        full = {"amount": "7.00", "payment_id": "p-1"}
+        reused = assert_error(post(api, f"order/{order}/pay_order", full, request_id="pay-1"), 400,
+                              "DuplicateRequestId")
+        assert "was refused (AMOUNT_MISMATCH)" in reused["errorMsg"]
+        # The same request on another order (a client-chosen aggregate) is another request: refused as reused.
+        other = post(api, "order/place_order", ORDER).json()["aggregateId"]
+        assert_error(post(api, f"order/{other}/pay_order", short, request_id="pay-1"), 400, "DuplicateRequestId")
+        assert versions(order) == [1]  # nothing appended by any of them
+        status = api.get("/api/order/request/pay-1/status")
+        assert status.status_code == 200 and status.json()["errorCode"] == "AMOUNT_MISMATCH"
+        paid = post(api, f"order/{order}/pay_order", full, request_id="pay-2")
+        assert paid.status_code == 200 and versions(order) == [1, 2]
+    # After COMMAND_STATUS_TTL_S the request id is free again: the request runs (and may now pass).
+    with override_settings(WOW={**every_backend, "COMMAND_STATUS_TTL_S": 0.3}):
+        again_order = post(api, "order/place_order", ORDER).json()["aggregateId"]
+        assert_error(post(api, f"order/{again_order}/pay_order", short, request_id="pay-3"), 400, "AMOUNT_MISMATCH")
+        assert_error(post(api, f"order/{again_order}/pay_order", full, request_id="pay-3"), 400, "DuplicateRequestId")
+        time.sleep(0.5)
+        assert post(api, f"order/{again_order}/pay_order", full, request_id="pay-3").status_code == 200
+
+
 @pytest.mark.parametrize("request_id", ["x" * 129, "tab\there"])
 def test_request_id_header_is_validated(api, request_id):
     response = post(api, "order/place_order", ORDER, request_id=request_id)

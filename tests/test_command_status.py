@@ -127,3 +127,46 @@ def test_without_a_tenant_the_lookup_uses_the_default_tenant_as_send_does(every_
                  request_id="r-default", wait="SENT")
     assert gateway.status("order", "r-default").succeeded
     assert gateway.status("order", "r-default", tenant_id="t1") is None
+
+
+def test_a_kept_refusal_survives_a_queued_request_that_reuses_its_id(every_backend):
+    """A queued command reusing a refused request's id with another body is refused as DuplicateRequestId without
+    replacing the kept refusal: the first request sent again still gets its refusal, not a second run."""
+    from wow_django.exceptions import DomainError
+
+    gateway = get_runtime().gateway
+    order_id = place().aggregate_id  # total 5.00
+    with pytest.raises(DomainError) as first:
+        gateway.send(PayOrder(amount=Decimal("1.00"), payment_id="p-1"), aggregate_id=order_id, tenant_id="t1",
+                     request_id="r-kept")
+    gateway.send(PayOrder(amount=Decimal("5.00"), payment_id="p-1"), aggregate_id=order_id, tenant_id="t1",
+                 request_id="r-kept", wait="SENT")  # the worker refuses it: RequestIdReused
+    with pytest.raises(DomainError) as again:
+        gateway.send(PayOrder(amount=Decimal("1.00"), payment_id="p-1"), aggregate_id=order_id, tenant_id="t1",
+                     request_id="r-kept")
+    assert again.value.error_code == first.value.error_code == "AMOUNT_MISMATCH"
+    assert again.value.command_result.duplicate
+    status = gateway.status("order", "r-kept", tenant_id="t1")
+    assert status.error_code == "AMOUNT_MISMATCH"
+    key = AggregateId("order", order_id, "order-service", "t1")
+    assert [s.version for s in get_runtime().event_store.load(key)] == [1]
+
+
+def test_events_stored_under_a_refused_request_id_win_over_the_kept_refusal(every_backend):
+    """Two copies of one request raced: one was refused while the other, on a changed state, stored its events.
+    The stored result is the request's answer (and its status), not the refusal."""
+    from wow_django.application.command_status import CommandStatusBook
+    from wow_django.application.gateway import REFUSAL, STATUS_STORE_NAME
+
+    gateway = get_runtime().gateway
+    order_id = place().aggregate_id
+    paid = gateway.send(PayOrder(amount=Decimal("5.00"), payment_id="p-1"), aggregate_id=order_id, tenant_id="t1",
+                        request_id="r-race")
+    # What the refused copy kept, written after the other copy's append (as in the race).
+    book = CommandStatusBook(get_runtime().prepare_key(STATUS_STORE_NAME), gateway._status_book().ttl)
+    book.record({**paid.to_json(), "aggregateVersion": None, "errorCode": "AMOUNT_MISMATCH", "errorMsg": "raced",
+                 REFUSAL: True, "commandDigest": "from-the-refused-copy"})
+    again = gateway.send(PayOrder(amount=Decimal("5.00"), payment_id="p-1"), aggregate_id=order_id, tenant_id="t1",
+                         request_id="r-race")
+    assert again.duplicate and again.succeeded and again.aggregate_version == 2
+    assert gateway.status("order", "r-race", tenant_id="t1", aggregate_id=order_id).succeeded

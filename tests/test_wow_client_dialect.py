@@ -400,3 +400,18 @@ def test_an_aggregate_named_as_a_prefix_or_the_alias_is_refused(monkeypatch):
             urls.build_urlpatterns(context_alias=alias)
     monkeypatch.setattr(urls, "aggregates", lambda: real)
     assert urls.build_urlpatterns(context_alias="sample")  # no clash: routes
+
+
+def test_the_context_alias_names_this_service_in_command_wait_context(every_backend):
+    from django.test import override_settings
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    with override_settings(WOW={**every_backend, "CONTEXT_ALIAS": "sample"}):
+        for context in ("sample", "order-service"):
+            placed = api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_WAIT_STAGE="EVENT_HANDLED",
+                              HTTP_COMMAND_WAIT_CONTEXT=context, HTTP_COMMAND_WAIT_PROCESSOR="order-purchased-relay")
+            assert placed.status_code == 200 and placed.json()["stage"] == "EVENT_HANDLED", placed.content
+        empty = api.post("/api/order/place_order", ORDER, format="json", HTTP_COMMAND_WAIT_STAGE="EVENT_HANDLED",
+                         HTTP_COMMAND_WAIT_PROCESSOR="")
+        assert empty.status_code == 400 and empty.json()["bindingErrors"][0]["name"] == "Command-Wait-Processor"

@@ -116,7 +116,8 @@ def check_settings(app_configs=None, **kwargs):
         problem = _transport_problem(url)
         if problem:
             scheme = url.split("://", 1)[0]
-            extra = "wow-django[redis]" if scheme in ("redis", "rediss") else f"celery[{scheme}]"
+            base = scheme.split("+", 1)[0]
+            extra = "wow-django[redis]" if base in ("redis", "rediss") else f"celery[{base}]"
             messages.append(checks.Error(
                 f"{what} ({scheme}://…): {problem}",
                 hint=f'Install its transport\'s requirements: pip install "{extra}".',
@@ -214,15 +215,21 @@ def _broker_urls() -> list[tuple[str, str]]:
 def _transport_problem(url: str) -> str | None:
     """Why kombu cannot load the transport of ``url`` in this environment (a module its transport imports is not
     installed: Celery's Redis transport needs redis and packaging, which ``celery[redis]`` brings), or None."""
-    from kombu.transport import resolve_transport
+    from kombu import Connection
 
     scheme = url.split("://", 1)[0] if "://" in url else url
+    connection = None
     try:
-        resolve_transport(scheme)  # imports the transport's module
+        connection = Connection(url)
+        connection.transport  # noqa: B018 - imports the transport and builds it (its driver check); no I/O
     except KeyError:
         return f"kombu has no transport named {scheme!r}"
-    except ImportError as exc:
-        return f"its transport does not import: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a module missing shows as ImportError or, in kombu's Redis
+        # transport without redis-py, as an AttributeError while its module is imported
+        return f"its transport does not load ({type(exc).__name__}: {exc})"
+    finally:
+        if connection is not None:
+            connection.release()
     return None
 
 

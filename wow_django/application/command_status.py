@@ -14,9 +14,12 @@ backend keeps it, shared by every process: web workers record SENT, Celery
 workers the outcome), one entry per aggregate type, tenant and request id,
 kept ``COMMAND_STATUS_TTL_S`` (7 days by default). A command that stored events
 is also found in the event store by its request id, whatever wait stage it
-was sent with and however old it is. A command answered synchronously and
-refused was never queued: its caller had the answer, and the lookup does not
-know it (404).
+was sent with and however old it is. A request a business rule refused (a
+``DomainError``), queued or not, is kept here too, with a digest of its
+command and body: the gateway answers the same request with the same refusal
+for ``COMMAND_STATUS_TTL_S`` and another body under its id with
+``RequestIdReused``. Other refusals (validation, version conflicts) of a
+synchronous request are not kept: the lookup does not know them (404).
 """
 
 from __future__ import annotations

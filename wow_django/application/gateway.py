@@ -342,6 +342,8 @@ def check_expected_version(value: Any, name: str = "expected_version") -> int | 
 
 #: The stream header key of :func:`command_digest`: what a repeated request id is compared with.
 COMMAND_DIGEST = "commandDigest"
+#: Marks a recorded status as a business rule's refusal (replayed to the same request, see ``_recorded_refusal``).
+REFUSAL = "refusal"
 
 
 def command_digest(message: CommandMessage) -> str:
@@ -502,6 +504,11 @@ class CommandGateway:
             _refuse_nul(message.body, message.operator, message.owner_id, message.header)
             command = command_type(message.command_name).from_json(message.body)
             result = self._process(cls, command, message, wait, timeout)
+        except DomainError as exc:
+            self._record_refusal(message, exc)
+            raise
+        except RequestIdReused:
+            raise  # about another request than the one recorded under this id: its record stands
         except (CommandError, EventVersionConflict) as exc:
             self._record_status(self._result(
                 message, None, WaitStage.PROCESSED, error_code=exc.error_code, error_msg=str(exc),
@@ -530,7 +537,10 @@ class CommandGateway:
             _check_id(aggregate_id, "aggregate_id")
         book = self._status_book()
         recorded = book.get(cls.aggregate_name, tenant_id, request_id) if book is not None else None
-        if recorded is not None:
+        if recorded is not None and recorded.get(REFUSAL):
+            # A kept refusal, unless a copy of the request stored its events after all (they raced).
+            result = self._stored_status(cls, request_id, tenant_id, aggregate_id) or CommandResult.from_json(recorded)
+        elif recorded is not None:
             result = CommandResult.from_json(recorded)
         else:
             result = self._stored_status(cls, request_id, tenant_id, aggregate_id)
@@ -568,6 +578,48 @@ class CommandGateway:
         book = self._status_book()
         if book is not None:
             book.record(result.to_json())
+
+    def _record_refusal(self, message: CommandMessage, exc: DomainError) -> None:
+        """Keep a business rule's refusal of a request under its request id for ``status_ttl_s``: the same
+        request again gets the same refusal (:meth:`_recorded_refusal`), not a second run that may pass."""
+        result = getattr(exc, "command_result", None)
+        if result is not None and result.duplicate:
+            return  # a replay of a kept refusal: its record stands (and its time to live is not extended)
+        try:
+            book = self._status_book()
+            if book is None:
+                return
+            result = result or self._result(message, None, WaitStage.PROCESSED, error_code=exc.error_code,
+                                            error_msg=str(exc))
+            book.record({**result.to_json(), REFUSAL: True, COMMAND_DIGEST: command_digest(message)})
+        except Exception:  # noqa: BLE001 - the refusal is the answer; keeping it is best effort
+            logger.exception("could not keep the refusal of request %s", message.request_id)
+
+    def _recorded_refusal(self, message: CommandMessage) -> CommandError | None:
+        """The refusal to answer this request with when a business rule refused it before (within
+        ``status_ttl_s``): the same ``DomainError``, its result the first one's marked as a repeat; or
+        ``RequestIdReused`` when that request had another command or body. None otherwise."""
+        try:
+            book = self._status_book()
+            if book is None:
+                return None
+            recorded = book.get(message.aggregate_name, message.tenant_id, message.request_id)
+        except Exception:  # noqa: BLE001 - unreadable: the request runs, as it would without the record
+            logger.warning("could not read the refusals recorded under request %s; sending it",
+                           message.request_id, exc_info=True)
+            return None
+        if recorded is None or not recorded.get(REFUSAL):
+            return None
+        if recorded.get(COMMAND_DIGEST) != command_digest(message) or (
+                message.aggregate_id is not None and recorded.get("aggregateId") != message.aggregate_id):
+            return RequestIdReused(
+                f"request id {message.request_id!r} was already used for a {recorded.get('function', {}).get('name')!r} "
+                f"command that was refused ({recorded.get('errorCode')}): a request id repeats one request, it does "
+                "not name a new one. Send this command with a new request id.")
+        refusal = DomainError(recorded.get("errorCode", "DomainError"), recorded.get("errorMsg", ""))
+        refusal.command_result = dataclasses.replace(CommandResult.from_json(recorded), duplicate=True,
+                                                     signal_time=now_ms(), signal_id=generate_id())
+        return refusal
 
     # --- helpers --------------------------------------------------------------
 
@@ -715,6 +767,7 @@ class CommandGateway:
         limit = self.wait_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + limit
         reached = WaitStage.PROCESSED
+        errors: list[str] = []
         if wait in (WaitStage.SNAPSHOT, WaitStage.PROJECTED):
             if self.snapshot_mode == "follower" and self.projections is not None \
                     and self.snapshot_strategy != "none":
@@ -723,13 +776,16 @@ class CommandGateway:
                 if not progress.done:
                     return self._result(message, original.version, WaitStage.PROCESSED, names,
                                         duplicate=duplicate, **_timeout_error(progress, limit, "SNAPSHOT"))
+                errors.extend(progress.errors)
             else:
                 # The first request's snapshot step, when this process still runs it (inline or queued).
                 tracker = self._trackers.get(message.command_id)
-                if tracker is not None and not tracker.snapshot_done.wait(limit):
-                    return self._result(message, original.version, WaitStage.PROCESSED, names,
-                                        duplicate=duplicate, error_code="RequestTimeout",
-                                        error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
+                if tracker is not None:
+                    if not tracker.snapshot_done.wait(limit):
+                        return self._result(message, original.version, WaitStage.PROCESSED, names,
+                                            duplicate=duplicate, error_code="RequestTimeout",
+                                            error_msg=f"appended, but SNAPSHOT did not finish within {limit}s")
+                    errors.extend(tracker.errors)
             reached = WaitStage.SNAPSHOT
         if wait in HANDLER_STAGES and self.projections is not None:
             # The first request's followers may not have run yet (its process died after the append).
@@ -737,6 +793,10 @@ class CommandGateway:
             if not progress.done:
                 return self._result(message, original.version, reached, names, duplicate=duplicate,
                                     **_timeout_error(progress, limit, wait.value))
+            errors.extend(progress.errors)
+        if errors:  # as a first answer would say it (the stage reached, and what failed on the way)
+            return self._result(message, original.version, wait, names, duplicate=duplicate,
+                                error_code="DispatchFailed", error_msg="appended, but: " + "; ".join(errors))
         return self._result(message, original.version, wait, names, duplicate=duplicate)
 
     def _handlers_passed(self, stream: EventStream, stage: WaitStage, only: WaitFunction, limit: float) -> Progress:
@@ -752,6 +812,15 @@ class CommandGateway:
 
     def _process(self, cls: type[Aggregate], command: Command, message: CommandMessage, wait: WaitStage,
                  timeout: float | None, only: WaitFunction = WaitFunction()) -> CommandResult:
+        if message.request_id_given:
+            refused = self._recorded_refusal(message)
+            if refused is not None:
+                # A copy of this request that ran on a changed state and stored its events wins over the
+                # refusal kept for it (they raced): its result is the request's answer.
+                found = self._find_stored(message)
+                if found is not None:
+                    return self._answer_stored(found, wait, timeout, only)
+                raise refused
         self._started()
         lock = self._lock((cls.aggregate_name, message.aggregate_id))
         attempt = 0
@@ -812,20 +881,23 @@ class CommandGateway:
                     raise  # carried reservations stay: the write may have landed
                 self._backoff(attempt)
                 attempt += 1
-            except CommandError:
+            except CommandError as exc:
                 # Refused in the state loaded (a business rule, CommandExpectVersionConflict): a copy of this
                 # request (another process, another thread of a client retrying) may have been appended
                 # between the request-id lookup and the load, and it is what put the aggregate in that state.
                 # Its result is this request's answer, as on the duplicate path (its reservations are the
                 # stored events': kept). Only then is the refusal this request's own.
+                outcome_known = True
                 if message.request_id_given:
                     try:
                         stored = self._stored(message, wait, timeout, only)
                     except RecoverableStoreError:
-                        stored = None
+                        stored, outcome_known = None, False  # a copy may have landed: the refusal is not kept
                     if stored is not None:
                         return stored
                 give_up(ctx)
+                if isinstance(exc, DomainError) and message.request_id_given and outcome_known:
+                    self._record_refusal(message, exc)
                 raise
             except EventVersionConflict as exc:
                 ctx.compensate()

@@ -199,6 +199,11 @@ def _date_pattern() -> str:
     return f"^yyyy{s}MM{s}dd({s}HH({s}mm({s}ss({s}SSS)?)?)?)?{s}$"
 
 
+#: Every context alias a ``build_urlpatterns`` call of this process mounted (the OpenAPI document marks the
+#: operations below one: each keeps an operationId of its own).
+MOUNTED_ALIASES: set[str] = set()
+
+
 # --- the condition grammar ------------------------------------------------------------------
 
 

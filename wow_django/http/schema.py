@@ -184,11 +184,9 @@ class WowAutoSchema(_Components, AutoSchema):
     def _attribution(self) -> str:
         """The prefix of an operation below an attribution or alias prefix (``alias_``, ``tenant_``,
         ``owner_``), so that every route keeps an operationId of its own."""
-        from wow_django.http.urls import MOUNTED_ALIASES
-
         marks = []
         before = self.path.split(f"/{self._aggregate_name}/")[0] + "/"
-        aliases = {*MOUNTED_ALIASES, wow_settings.CONTEXT_ALIAS} - {None, ""}
+        aliases = {*contract.MOUNTED_ALIASES, wow_settings.CONTEXT_ALIAS} - {None, ""}
         if any(f"/{alias}/" in before for alias in aliases):
             marks.append("alias")
         if "{tenant_id}" in self.path:

@@ -50,6 +50,7 @@ from django.urls import include, path, re_path
 
 from wow_django.domain.aggregate import Aggregate, aggregates
 from wow_django.http import views
+from wow_django.http.contract import MOUNTED_ALIASES
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT
 
 app_name = "wow"
@@ -123,11 +124,6 @@ ATTRIBUTION_PREFIXES = (
     ("owner/<str:owner_id>/", "owner"),
     ("tenant/<str:tenant_id>/owner/<str:owner_id>/", "tenant-owner"),
 )
-
-
-#: Every context alias a ``build_urlpatterns`` call of this process mounted (the OpenAPI document marks the
-#: operations below one: each keeps an operationId of its own).
-MOUNTED_ALIASES: set[str] = set()
 
 
 def build_urlpatterns(view_classes: ViewClasses | None = None, *, context_alias: str | None = ...) -> list:

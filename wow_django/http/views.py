@@ -44,7 +44,6 @@ from wow_django.application.gateway import (
 from wow_django.application.runtime import get_runtime
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import Aggregate, aggregate_type
-from wow_django.domain.ids import generate_id
 from wow_django.domain.messages import Command, DeleteAggregate, RecoverAggregate
 from wow_django.domain.values import stored
 from wow_django.exceptions import (
@@ -252,12 +251,16 @@ class CommandSenderView(WowAPIView):
                     [{"name": name, "msg": "not supported (leave it out)"}])
         only = WaitFunction(*(self.request.headers.get(name, "") for name in
                               (WAIT_CONTEXT_HEADER, WAIT_PROCESSOR_HEADER, WAIT_FUNCTION_HEADER)))
+        for name in (WAIT_CONTEXT_HEADER, WAIT_PROCESSOR_HEADER, WAIT_FUNCTION_HEADER):
+            if self.request.headers.get(name) == "":
+                raise CommandValidationError(f"{name} is empty", [{"name": name, "msg": "must not be empty"}])
         alias = wow_settings.CONTEXT_ALIAS
-        return check_wait_function(
+        checked = check_wait_function(
             self.aggregate.aggregate_name, stage, only, wow_settings.CONTEXT_NAME,
             fields={"context": WAIT_CONTEXT_HEADER, "processor": WAIT_PROCESSOR_HEADER,
                     "function": WAIT_FUNCTION_HEADER},
             aliases=(alias,) if alias else ())
+        return dataclasses.replace(checked, context="")  # this service's (its name or alias): checked
 
     def get_wait_timeout(self) -> float | None:
         """``Command-Wait-Timeout`` (whole milliseconds) in seconds, at most ``COMMAND_WAIT_TIMEOUT_S``; None
@@ -342,7 +345,7 @@ class CommandSenderView(WowAPIView):
         timeout = self.get_wait_timeout()
         deadline = time.monotonic() + (timeout if timeout is not None else wow_settings.COMMAND_WAIT_TIMEOUT_S)
         facts = dict(
-            aggregate_id=aggregate_id, request_id=self.get_request_id() or generate_id(),
+            aggregate_id=aggregate_id, request_id=self.get_request_id(),
             tenant_id=self.get_tenant_id(), owner_id=self.get_owner_id(), operator=self.get_operator(),
             header=self.get_command_header(), expected_version=self.get_expected_version(),
             owner_only=self.owner_only,
@@ -355,10 +358,12 @@ class CommandSenderView(WowAPIView):
             try:
                 for stage in stages:
                     remaining = max(0.0, deadline - time.monotonic())
+                    # The later stages send the first request again (its request id: the client's, or the one
+                    # the gateway gave it), which the gateway answers from what is stored.
+                    again = {"aggregate_id": first.aggregate_id, "request_id": first.request_id} if first else {}
                     result = gateway.send_json(aggregate, command, body, wait=stage, timeout=remaining,
                                                wait_for=wait_for if stage is asked else None,
-                                               **{**facts, "aggregate_id": first.aggregate_id if first else
-                                                  facts["aggregate_id"]})
+                                               **{**facts, **again})
                     if first is None:
                         first = result
                     else:  # the same command, waited for further: not a repeat of the client's

@@ -58,7 +58,7 @@ def parse_time_of_day(raw) -> time:
     if isinstance(raw, int) and not isinstance(raw, bool):
         if 0 <= raw < SECONDS_PER_DAY:
             return time(raw // 3600, raw // 60 % 60, raw % 60)
-    elif isinstance(raw, str) and len(raw) <= 18 and _TIME_OF_DAY.match(raw):
+    elif isinstance(raw, str) and len(raw) <= 18 and _TIME_OF_DAY.fullmatch(raw):
         hours, minutes, *rest = raw.split(":")
         seconds, _, fraction = (rest[0] if rest else "0").partition(".")
         return time(int(hours), int(minutes), int(seconds), int((fraction + "000000")[:6]))
