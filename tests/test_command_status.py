@@ -170,3 +170,19 @@ def test_events_stored_under_a_refused_request_id_win_over_the_kept_refusal(ever
                          request_id="r-race")
     assert again.duplicate and again.succeeded and again.aggregate_version == 2
     assert gateway.status("order", "r-race", tenant_id="t1", aggregate_id=order_id).succeeded
+
+
+def test_a_queued_repeat_of_a_refused_request_leaves_the_kept_refusal_as_it_was(every_backend):
+    from wow_django.exceptions import DomainError
+
+    gateway = get_runtime().gateway
+    order_id = place().aggregate_id
+    short = PayOrder(amount=Decimal("1.00"), payment_id="p-1")
+    with pytest.raises(DomainError):
+        gateway.send(short, aggregate_id=order_id, tenant_id="t1", request_id="r-queued-again")
+    kept = gateway._status_book().get("order", "t1", "r-queued-again")
+    gateway.send(short, aggregate_id=order_id, tenant_id="t1", request_id="r-queued-again", wait="SENT")
+    assert gateway._status_book().get("order", "t1", "r-queued-again") == kept  # not rewritten by the worker
+    with pytest.raises(DomainError) as again:
+        gateway.send(short, aggregate_id=order_id, tenant_id="t1", request_id="r-queued-again")
+    assert again.value.command_result.duplicate and again.value.error_code == "AMOUNT_MISMATCH"

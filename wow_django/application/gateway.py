@@ -504,12 +504,11 @@ class CommandGateway:
             _refuse_nul(message.body, message.operator, message.owner_id, message.header)
             command = command_type(message.command_name).from_json(message.body)
             result = self._process(cls, command, message, wait, timeout)
-        except DomainError as exc:
-            self._record_refusal(message, exc)
-            raise
         except RequestIdReused:
             raise  # about another request than the one recorded under this id: its record stands
         except (CommandError, EventVersionConflict) as exc:
+            if getattr(exc, "refusal_kept", False):
+                raise  # _process kept it as a refusal the same request gets again
             self._record_status(self._result(
                 message, None, WaitStage.PROCESSED, error_code=exc.error_code, error_msg=str(exc),
                 binding_errors=tuple(getattr(exc, "binding_errors", ()) or ())))
@@ -583,7 +582,7 @@ class CommandGateway:
         """Keep a business rule's refusal of a request under its request id for ``status_ttl_s``: the same
         request again gets the same refusal (:meth:`_recorded_refusal`), not a second run that may pass."""
         result = getattr(exc, "command_result", None)
-        if result is not None and result.duplicate:
+        if getattr(exc, "refusal_kept", False):
             return  # a replay of a kept refusal: its record stands (and its time to live is not extended)
         try:
             book = self._status_book()
@@ -592,6 +591,7 @@ class CommandGateway:
             result = result or self._result(message, None, WaitStage.PROCESSED, error_code=exc.error_code,
                                             error_msg=str(exc))
             book.record({**result.to_json(), REFUSAL: True, COMMAND_DIGEST: command_digest(message)})
+            exc.refusal_kept = True
         except Exception:  # noqa: BLE001 - the refusal is the answer; keeping it is best effort
             logger.exception("could not keep the refusal of request %s", message.request_id)
 
@@ -619,6 +619,7 @@ class CommandGateway:
         refusal = DomainError(recorded.get("errorCode", "DomainError"), recorded.get("errorMsg", ""))
         refusal.command_result = dataclasses.replace(CommandResult.from_json(recorded), duplicate=True,
                                                      signal_time=now_ms(), signal_id=generate_id())
+        refusal.refusal_kept = True  # its record stands: nothing to record again (nor its time to live to extend)
         return refusal
 
     # --- helpers --------------------------------------------------------------
