@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("application", ("wow_django.application",)),
     ("edges", ("wow_django.http", "wow_django.tasks", "wow_django.management", "wow_django.testing",
                "wow_django.checks", "wow_django.apps", "wow_django.models", "wow_django.migrations",
-               "wow_django.admin", "wow_django.console",
+               "wow_django.admin", "wow_django.console", "wow_django.templatetags",
                "wow_django.bus.apps", "wow_django.bus.models", "wow_django.bus.checks", "wow_django.bus.migrations")),
 ]
 FOREIGN_TO_DOMAIN = ("django", "pymongo", "bson", "mongomock", "rest_framework", "celery", "kombu", "redis",

@@ -207,6 +207,40 @@ def test_an_unauthenticated_or_foreign_callback_is_refused_and_stores_nothing(bu
     assert bus.store.get_event("evt-deny")["status"] == "SENT"
 
 
+def test_failed_for_some_consumer_is_one_filter_and_the_event_names_the_consumers_error(bus_http_env, viewer):
+    """``status=FAILED,PARTIAL`` lists both (by page and by cursor); an event a consumer failed carries that
+    failure in ``lastError`` and ``consumption.lastFailure`` though nothing went wrong sending it."""
+    bus = get_bus()
+    for event_id in ("evt-all-fail", "evt-one-fail", "evt-fine", "evt-retrying"):
+        bus.send("order.purchased", {}, event_id=event_id)
+    bus.record_feedback("evt-all-fail", "member-service", False, "KeyError: 'sku'\n\nTraceback ...",
+                        dead_lettered=True)
+    bus.record_feedback("evt-all-fail", "message-service", False, "boom", dead_lettered=True)
+    bus.record_feedback("evt-one-fail", "member-service", True)
+    bus.record_feedback("evt-one-fail", "message-service", False, "ValueError: no", dead_lettered=True)
+    for consumer_id in CONSUMERS:
+        bus.record_feedback("evt-fine", consumer_id, True)
+    bus.record_feedback("evt-retrying", "member-service", False, "TimeoutError: slow", retrying=True)
+    statuses = {e: bus.store.get_event(e)["status"] for e in ("evt-all-fail", "evt-one-fail", "evt-fine")}
+    assert statuses == {"evt-all-fail": "FAILED", "evt-one-fail": "PARTIAL", "evt-fine": "CONSUMED"}
+
+    listed = viewer.get("/bus/events/", {"status": "FAILED,PARTIAL"}).json()
+    assert listed["total"] == 2 and {e["eventId"] for e in listed["list"]} == {"evt-all-fail", "evt-one-fail"}
+    by_cursor = viewer.get("/bus/events/", {"status": "PARTIAL, FAILED", "cursor": ""}).json()
+    assert {e["eventId"] for e in by_cursor["list"]} == {"evt-all-fail", "evt-one-fail"}
+    assert viewer.get("/bus/events/", {"status": "FAILED"}).json()["total"] == 1
+
+    one = viewer.get("/bus/events/evt-one-fail/").json()["event"]
+    assert one["lastError"] == "consumer message-service, attempt 1: ValueError: no"
+    assert one["consumption"]["lastFailure"]["consumerId"] == "message-service"
+    assert one["consumption"]["lastFailure"]["at"].endswith("Z")
+    retrying = viewer.get("/bus/events/evt-retrying/").json()["event"]
+    assert retrying["status"] == "SENT" and retrying["lastError"] == "consumer member-service, attempt 1: " \
+        "TimeoutError: slow"
+    fine = viewer.get("/bus/events/evt-fine/").json()["event"]
+    assert fine["lastError"] is None and fine["consumption"]["lastFailure"] is None
+
+
 def test_token_lookup_checks_every_token():
     with override_settings(WOW={"BUS_CALLBACK_TOKENS": TOKENS}):
         assert consumer_for_token(TOKENS["message-service"]) == "message-service"
@@ -252,7 +286,8 @@ def test_an_oversized_body_is_a_json_413(bus_http_env, operator, settings):
 
 
 @pytest.mark.parametrize("params", [{"page": "99999999999999999999"}, {"since": "0001-01-01T00:00:00+01:00"},
-                                    {"until": "9999-12-31T23:59:59-01:00"}])
+                                    {"until": "9999-12-31T23:59:59-01:00"}, {"status": "FAILED,NOPE"},
+                                    {"status": "FAILED,"}, {"status": "failed"}])
 def test_listing_parameters_out_of_range_are_a_400(bus_http_env, viewer, params):
     response = viewer.get("/bus/events/", params)
     assert response.status_code == 400 and error(response)["errorCode"] == "BusValidation"

@@ -16,7 +16,9 @@ from django.test import override_settings
 
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
+from wow_django.bus.consumer import describe_failure
 from wow_django.bus.inbox import Inbox
+from wow_django.bus.service import MAX_ERROR_LENGTH
 from wow_django.testing.bus import ConsumerRecorder, delete_amqp_entities, unique_exchange, wait_for
 from wow_django.testing.bus import RunningConsumers as Running
 from wow_django.testing.bus import event_status as status
@@ -76,7 +78,13 @@ def test_retries_with_backoff_then_a_dead_letter_visible_as_failed(bus_env, reco
     rows = attempts("evt-dead", ALPHA)
     assert [(r["attemptNo"], r["success"], r["retrying"], r["deadLettered"]) for r in rows[1:]] == [
         (1, False, True, False), (2, False, True, False), (3, False, False, True)]
-    assert rows[-1]["error"] == "RuntimeError: t-alpha is down"
+    # the exception's line, then its traceback down to the line that raised it
+    head, _, trace = rows[-1]["error"].partition("\n\n")
+    assert head == "RuntimeError: t-alpha is down"
+    assert trace.startswith("Traceback (most recent call last):") and 'raise RuntimeError(f"{consumer_id} is down")' \
+        in trace and trace.endswith("RuntimeError: t-alpha is down")
+    event = get_bus().event_detail("evt-dead")["event"]
+    assert event["lastError"] in {f"consumer {c}, attempt 3: RuntimeError: {c} is down" for c in (ALPHA, BETA)}
     gaps = [(b["consumedAt"] - a["consumedAt"]).total_seconds() for a, b in zip(rows[1:], rows[2:], strict=False)]
     assert gaps[0] >= 0.045 and gaps[1] >= 0.095  # 0.05 s, then doubled
     assert Inbox(get_bus().store, ALPHA).state("evt-dead") is None  # released: a re-push can claim it
@@ -479,3 +487,45 @@ def test_of_two_messages_of_one_partition_handled_at_once_the_older_is_dropped(b
         assert applied == [5] and sum(w.stats.stale for w in workers) == 1
     finally:
         release.set()
+
+
+def _nested(depth: int, message: str):
+    if depth == 0:
+        raise ValueError(message)
+    _nested(depth - 1, message)
+
+
+def _caught(call) -> BaseException:
+    try:
+        call()
+    except Exception as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_a_failure_keeps_its_message_and_the_innermost_frames_within_the_limit():
+    short = describe_failure(_caught(lambda: _nested(2, "bad sku")))
+    head, _, trace = short.partition("\n\n")
+    assert head == "ValueError: bad sku" and trace.startswith("Traceback (most recent call last):")
+    assert "left out" not in trace and trace.count("in _nested") == 3
+
+    deep = describe_failure(_caught(lambda: _nested(200, "deep")), limit=400)
+    head, _, trace = deep.partition("\n\n")
+    assert len(deep) <= 400 and head == "ValueError: deep"
+    assert trace.startswith("Traceback (most recent call last): [") and "earlier lines left out]" in trace.splitlines()[0]
+    assert trace.endswith('raise ValueError(message)\nValueError: deep')  # where it broke is kept
+
+    long = describe_failure(_caught(lambda: _nested(0, "x" * 5000)))
+    assert len(long) <= MAX_ERROR_LENGTH and long.startswith("ValueError: " + "x" * 900)
+    assert long.partition("\n")[0].endswith("…")
+
+    def chained():
+        try:
+            {}["sku"]
+        except KeyError as exc:
+            raise RuntimeError("cannot price") from exc
+
+    text = describe_failure(_caught(chained))
+    assert text.startswith("RuntimeError: cannot price\n\n") and "KeyError: 'sku'" in text  # the cause is kept
+    assert describe_failure(_caught(lambda: _nested(0, ""))).startswith("ValueError\n\n")
+    assert describe_failure(_caught(lambda: _nested(0, "tiny")), limit=30) == "ValueError: tiny"  # no room left

@@ -10,7 +10,7 @@ from django.test import override_settings
 
 from wow_django.bus import EnvelopeValidationError, EventStatus, bus_context, current_context, is_stale
 from wow_django.bus.envelope import Envelope, build_envelope, iso, parse_time
-from wow_django.bus.rollup import compute_status, consumed_summary, latest_by_consumer
+from wow_django.bus.rollup import compute_status, consumed_summary, last_error, latest_by_consumer
 from wow_django.bus.trace import build_tree, render_tree
 from wow_django.http.errors import error_response
 
@@ -131,9 +131,26 @@ def test_status_from_the_latest_row_per_consumer(rows, current, expected):
 
 def test_consumed_summary_counts_expected_consumers_only():
     latest = latest_by_consumer([row("a", 1, True), row("b", 1, False), row("x", 1, True)])
-    assert consumed_summary(["a", "b"], latest) == {"consumed": 1, "expected": 2, "failed": 1,
-                                                    "text": "1/2 consumed"}
+    assert consumed_summary(["a", "b"], latest) == {
+        "consumed": 1, "expected": 2, "failed": 1, "text": "1/2 consumed",
+        "lastFailure": {"consumerId": "b", "attemptNo": 1, "error": "failed", "at": None}}
     assert consumed_summary(["a", "b", "c"], {})["text"] == "0/3 consumed"
+    assert consumed_summary(["a", "b", "c"], {})["lastFailure"] is None
+
+
+def test_the_last_failure_is_the_latest_failed_attempt_and_names_its_first_line():
+    early, late = datetime(2026, 1, 1, 10), datetime(2026, 1, 1, 11)
+    latest = latest_by_consumer([
+        row("a", 2, False, retrying=True, consumedAt=late, error="KeyError: 'sku'\n\nTraceback ..."),
+        row("b", 3, False, deadLettered=True, consumedAt=early, error="ValueError: bad"),
+        row("c", 1, False, consumedAt=early, error="old"), row("c", 2, True, consumedAt=late)])
+    summary = consumed_summary(["a", "b", "c"], latest)
+    # a retried failure counts too (the event is still SENT, yet a consumer is failing); a consumer that
+    # failed and then succeeded does not
+    assert summary["lastFailure"] == {"consumerId": "a", "attemptNo": 2, "error": "KeyError: 'sku'", "at": late}
+    assert last_error({"lastError": None}, summary) == "consumer a, attempt 2: KeyError: 'sku'"
+    assert last_error({"lastError": "broker down"}, summary) == "broker down"  # the send error comes first
+    assert last_error({"lastError": None}, consumed_summary(["c"], latest)) is None
 
 
 def ev(event_id, parent=None):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from zoneinfo import ZoneInfo
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -9,6 +13,8 @@ from django.test import Client, override_settings
 
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
+from wow_django.bus.consumer import describe_failure
+from wow_django.bus.envelope import Envelope
 from wow_django.console.models import PERMISSIONS, ConsoleAudit
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
@@ -118,6 +124,12 @@ def test_the_event_list_filters_searches_and_shows_what_was_consumed(console_bus
         return [e["eventId"] for e in response.context["events"]]
 
     assert ids(status="PARTIAL") == ["evt-failed"]
+    assert ids(status="FAILED") == []
+    failing = client.get("/admin/wow/events/", {"status": "FAILED,PARTIAL"})
+    assert [e["eventId"] for e in failing.context["events"]] == ["evt-failed"]
+    assert b'<option value="FAILED,PARTIAL" selected>failed for some consumer' in failing.content
+    # a consumer's failure is the event's last error, in the list too
+    assert b"consumer member-service, attempt 1: points store down" in failing.content
     assert ids(topic="points.added") == ["evt-child"]
     assert ids(service="member-service") == ["evt-child"]
     assert ids(since="2024-01-01T10:30:00Z") == ["evt-child", "evt-sent"]
@@ -162,10 +174,30 @@ def test_the_event_detail_shows_envelope_feedback_history_parent_and_children(co
     assert consumers["member-service"]["state"] == "FAILED"
     assert [a["error"] for a in consumers["member-service"]["attempts"]] == [None, "points store down"]
     assert b"points store down" in failed.content and b"&quot;traceId&quot;: &quot;trace-1&quot;" in failed.content
+    assert b'id="last-error">Last error: <span class="wow-last-error">consumer member-service, attempt 1: ' \
+           b'points store down' in failed.content
     parent = client.get("/admin/wow/events/evt-sent/")
-    assert b"/admin/wow/events/evt-child/" in parent.content
+    assert b"/admin/wow/events/evt-child/" in parent.content and b'id="last-error"' not in parent.content
     child = client.get("/admin/wow/events/evt-child/")
     assert child.context["detail"]["parent"]["eventId"] == "evt-sent"
+
+
+def test_a_consumers_traceback_is_kept_and_shown_folded_under_its_first_line(console_bus):
+    bus = get_bus()
+    bus.send("order.purchased", {"amount": "12,50"}, event_id="evt-bad-amount")
+
+    def handle(event, ctx):
+        return Decimal(event.payload["amount"])  # decimal.InvalidOperation, whose message says little
+
+    try:
+        handle(Envelope.from_document(bus.store.get_event("evt-bad-amount")), None)
+    except InvalidOperation as exc:
+        error = describe_failure(exc)
+    bus.record_feedback("evt-bad-amount", "member-service", False, error, dead_lettered=True)
+    page = user_with("view_bus_events").get("/admin/wow/events/evt-bad-amount/")
+    assert b"<details class=\"wow-error\"><summary>InvalidOperation: [&lt;class &#x27;decimal.ConversionSyntax&#x27;&gt;]" \
+           b"</summary><pre>InvalidOperation" in page.content
+    assert b"return Decimal(event.payload[&quot;amount&quot;])" in page.content  # the line that broke
 
 
 def test_unknown_events_are_404(console_bus):
@@ -393,6 +425,33 @@ def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
     assert '"display_name": "Annie"' in detail.context["state_at"]
     assert ['"Ann"' in s["state"] for s in detail.context["states"]] == [True, False, False]
     assert '"display_name": "Anna"' in detail.context["states"][-1]["state"] and detail.context["snapshot"]
+
+
+def test_times_read_as_dates_with_their_zone_and_bodies_as_json(customers, settings):
+    """No epoch milliseconds in a column and no Python repr in a body: times in the site's zone, named, with
+    the UTC instant and the milliseconds a query takes in the element; decimals as JSON numbers."""
+    from sample_project.orders.aggregates import PlaceOrder
+    from wow_django.application import WaitStage, send
+
+    settings.TIME_ZONE = "Asia/Shanghai"
+    order = send(PlaceOrder(customer_id="c-1", items=[{"sku": "A-1", "quantity": 2, "unit_price": "6.25"}]),
+                 tenant_id="acme", wait=WaitStage.SNAPSHOT)
+    client = user_with("view_aggregates")
+    for url, column in (("/admin/wow/aggregates/order/events/", b'<th scope="col">Created</th>'),
+                        ("/admin/wow/aggregates/order/snapshots/", b'<th scope="col">Snapshot time</th>')):
+        page = client.get(url)
+        [document] = page.context["streams" if "events" in url else "rows"]
+        moment = document["createTime" if "events" in url else "snapshotTime"]
+        shown = datetime.fromtimestamp(moment / 1000, ZoneInfo("Asia/Shanghai"))
+        assert column in page.content and b"(ms)" not in page.content
+        element = (f'<time datetime="{datetime.fromtimestamp(moment / 1000, UTC):%Y-%m-%dT%H:%M:%S}.'
+                   f'{moment % 1000:03d}Z" title="{moment} ms since 1970-01-01 UTC">'
+                   f'{shown:%Y-%m-%d %H:%M:%S}.{moment % 1000:03d} CST</time>')
+        assert element.encode() in page.content, url
+        assert f">{moment}<".encode() not in page.content
+    detail = client.get(f"/admin/wow/aggregates/order/id/{order.aggregate_id}").content.decode()
+    assert "Decimal(" not in detail and '&quot;total_amount&quot;: 12.50' in detail  # exact digits, a number
+    assert '<pre class="wow-json">{\n  &quot;currency&quot;: &quot;CNY&quot;' in detail
 
 
 @pytest.mark.parametrize("url, params, named", [

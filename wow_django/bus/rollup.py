@@ -49,9 +49,37 @@ def compute_status(expected: list[str], latest: dict[str, dict], current: str) -
 
 
 def consumed_summary(expected: list[str], latest: dict[str, dict]) -> dict:
-    """``{"consumed": 1, "expected": 2, "failed": 1, "text": "1/2 consumed"}``."""
+    """``{"consumed": 1, "expected": 2, "failed": 1, "text": "1/2 consumed", "lastFailure": {...}}``.
+
+    ``lastFailure`` is the most recent of the expected consumers' latest rows that report a failure (dead-lettered
+    or being retried): ``consumerId``, ``attemptNo``, ``error`` (its first line), ``at``; None when no
+    consumer's latest attempt failed.
+    """
     outcomes = [outcome(latest.get(consumer)) for consumer in expected]
     consumed = sum(1 for o in outcomes if o is True)
     failed = sum(1 for o in outcomes if o is False)
+    failures = [latest[consumer] for consumer in expected
+                if consumer in latest and latest[consumer].get("success") is False]
+    last = max(failures, key=lambda row: (row.get("consumedAt") is not None, row.get("consumedAt") or 0,
+                                          row["consumerId"]), default=None)
     return {"consumed": consumed, "expected": len(expected), "failed": failed,
-            "text": f"{consumed}/{len(expected)} consumed"}
+            "text": f"{consumed}/{len(expected)} consumed",
+            "lastFailure": None if last is None else {
+                "consumerId": last["consumerId"], "attemptNo": last.get("attemptNo"),
+                "error": first_line(last.get("error") or "failed"), "at": last.get("consumedAt")}}
+
+
+def first_line(text: str) -> str:
+    """The first line of a failure's text (what a list shows; the rest is its traceback)."""
+    return text.partition("\n")[0]
+
+
+def last_error(event: dict, summary: dict | None) -> str | None:
+    """The event's ``lastError``: the last send error, else the failure of the consumer that failed last
+    (``"consumer <id>, attempt <n>: <error>"``), else None."""
+    if event.get("lastError"):
+        return event["lastError"]
+    failure = (summary or {}).get("lastFailure")
+    if not failure:
+        return None
+    return f"consumer {failure['consumerId']}, attempt {failure['attemptNo']}: {failure['error']}"

@@ -36,7 +36,14 @@ from wow_django.bus.envelope import (
     parse_time,
     utcnow,
 )
-from wow_django.bus.rollup import compute_status, consumed_summary, expected_consumers, latest_by_consumer, outcome
+from wow_django.bus.rollup import (
+    compute_status,
+    consumed_summary,
+    expected_consumers,
+    last_error,
+    latest_by_consumer,
+    outcome,
+)
 from wow_django.bus.trace import build_tree
 from wow_django.bus.transport import BusTransport
 from wow_django.exceptions import (
@@ -107,7 +114,10 @@ def document_to_json(doc: dict, summary: dict | None = None) -> dict:
     out = {key: iso(value) if isinstance(value, datetime) else value
            for key, value in doc.items() if key not in INTERNAL_FIELDS}
     if summary is not None:
-        out["consumption"] = summary
+        out["consumption"] = {**summary, "lastFailure": summary["lastFailure"] and {
+            key: iso(value) if isinstance(value, datetime) else value for key, value in summary["lastFailure"].items()}}
+        if "lastError" in out or summary["lastFailure"]:
+            out["lastError"] = last_error(doc, summary)
     return out
 
 
@@ -592,10 +602,13 @@ class EventBus:
             "tree": [node.to_json(render) for node in build_tree(events)],
         }
 
-    def query_of(self, *, status: str | None = None, topic: str | None = None, service: str | None = None,
+    def query_of(self, *, status: str | Iterable[str] | None = None, topic: str | None = None, service: str | None = None,
                  since: datetime | str | None = None, until: datetime | str | None = None,
                  trace_id: str | None = None) -> EventQuery:
-        """The :class:`EventQuery` of these filters; EnvelopeValidationError naming each bad one."""
+        """The :class:`EventQuery` of these filters; EnvelopeValidationError naming each bad one.
+
+        ``status``: one status, several (``"FAILED,PARTIAL"`` or a list: any of them), or None/"" for any.
+        """
         query, errors = self._query_and_errors(status, topic, service, since, until, trace_id)
         if errors:
             raise EnvelopeValidationError.from_errors("event query", errors)
@@ -605,8 +618,12 @@ class EventBus:
     def _query_and_errors(status, topic, service, since, until, trace_id) -> tuple[EventQuery | None, list[dict]]:
         """The filters as an :class:`EventQuery` (None when one is bad) and the binding error of each bad one."""
         errors: list[dict] = []
-        if status and status not in EventStatus.__members__:
-            errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}"})
+        if isinstance(status, str):
+            status = status.split(",") if status else ()
+        statuses = tuple(dict.fromkeys(part.strip() for part in status or ()))
+        if any(part not in EventStatus.__members__ for part in statuses):
+            errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}, or "
+                           "several of them separated by commas (FAILED,PARTIAL: failed for some consumer)"})
         if topic:
             try:
                 check_topic(topic)
@@ -621,7 +638,7 @@ class EventBus:
                     errors.append({"name": name, "msg": str(exc)})
         if errors:
             return None, errors
-        return EventQuery(status=status or None, topic=topic or None, service=service or None,
+        return EventQuery(status=(statuses[0] if len(statuses) == 1 else statuses) or None, topic=topic or None, service=service or None,
                           trace_id=trace_id or None, since=window["since"], until=window["until"]), errors
 
     def events_page(self, query: EventQuery, *, cursor: str | None = None, size: int = 20) -> dict:

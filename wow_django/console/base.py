@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
+from wow_django.bus.envelope import parse_time
 from wow_django.console.models import PERMISSIONS, ConsoleAudit
+from wow_django.domain.values import decimal_text
 from wow_django.exceptions import RecoverableStoreError, TransportUnavailable
 
 APP = "wow_django"
@@ -65,8 +71,49 @@ def audit(request, action: str, target: str, **detail: Any) -> ConsoleAudit:
 
 
 def pretty(value: Any) -> str:
-    """A value as indented JSON for a <pre> block (times as ISO text)."""
+    """A value as indented JSON for a <pre> block: decimals as numbers with their exact digits (never
+    ``Decimal('12.50')``), times as ISO text, anything else as its text."""
+    token = uuid.uuid4().hex  # marks where a decimal's digits go; no value holds it
+
     def default(item: Any) -> str:
+        if isinstance(item, Decimal) and item.is_finite():
+            return f"{token}{decimal_text(item)}{token}"
         return item.isoformat() if isinstance(item, datetime) else str(item)
 
-    return json.dumps(value, indent=2, sort_keys=True, default=default, ensure_ascii=False)
+    text = json.dumps(value, indent=2, sort_keys=True, default=default, ensure_ascii=False)
+    return re.sub(f'"{token}([^"]*){token}"', r"\1", text)
+
+
+#: Epoch milliseconds this far from 1970 and beyond are taken as such (≈ 2001-09-09 up to 5138); smaller
+#: numbers are not times.
+MIN_EPOCH_MS = 1_000_000_000_000
+MAX_EPOCH_MS = 100_000_000_000_000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def moment(value: Any) -> dict | None:
+    """``{"text", "iso", "ms"}`` of a time (epoch milliseconds, a datetime — naive ones are UTC — or ISO
+    text): ``text`` in the current time zone with its name (``2024-01-01 18:00:00.000 CST``), ``iso`` in
+    UTC, ``ms`` since the epoch; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if not MIN_EPOCH_MS <= abs(value) < MAX_EPOCH_MS:
+            return None
+        at = datetime.fromtimestamp(value / 1000, UTC)
+    elif isinstance(value, datetime):
+        at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    elif isinstance(value, str) and value:
+        try:
+            at = parse_time(value).replace(tzinfo=UTC)
+        except ValueError:
+            return None
+    else:
+        return None
+    utc = at.astimezone(UTC)
+    local = timezone.localtime(utc)
+    millis = utc.microsecond // 1000
+    zone = local.tzname() or local.strftime("%z")
+    return {"text": f"{local:%Y-%m-%d %H:%M:%S}.{millis:03d} {zone}",
+            "iso": f"{utc:%Y-%m-%dT%H:%M:%S}.{millis:03d}Z",
+            "ms": (utc - EPOCH) // timedelta(milliseconds=1)}

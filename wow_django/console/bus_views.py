@@ -11,11 +11,16 @@ from django.views.decorators.http import require_http_methods
 
 from wow_django.bus import get_bus
 from wow_django.bus.envelope import EventStatus, check_consumer_id
+from wow_django.bus.rollup import first_line
 from wow_django.bus.service import document_to_json
 from wow_django.console.base import allowed, audit, page, pretty, requires
 from wow_django.exceptions import EnvelopeValidationError, EventNotFound, RepushRefused, TransportUnavailable
 
 PAGE_SIZE = 25
+#: The status filter's choices: each status, and the one an incident starts from.
+FAILED_FOR_SOME = "FAILED,PARTIAL"
+STATUS_CHOICES = [(FAILED_FOR_SOME, "failed for some consumer (FAILED or PARTIAL)"),
+                  *((status, status) for status in EventStatus.__members__)]
 FILTERS = ("status", "topic", "service", "since", "until", "q")
 ENVELOPE_HIDDEN = ("payload",)
 
@@ -56,7 +61,7 @@ def event_list(request):
         messages.error(request, problem)
     kept = {key: value for key, value in filters.items() if value}
     return page(request, "events.html", "Bus events", events=rows, filters=filters,
-                statuses=list(EventStatus.__members__), first_page=cursor is not None,
+                statuses=STATUS_CHOICES, first_page=cursor is not None,
                 first_url=f"?{urlencode(kept)}",
                 next_url=f"?{urlencode({**kept, 'cursor': next_cursor})}" if next_cursor else None)
 
@@ -78,6 +83,8 @@ def event_detail(request, event_id: str):
     can_repush = allowed(request.user, "repush_bus_events")
     refusal = bus.repush_refusal(stored) if can_repush and stored else None
     for consumer in detail["consumers"]:
+        for attempt in consumer["attempts"]:
+            attempt["errorHead"] = first_line(attempt["error"]) if attempt.get("error") else None
         consumer["refusal"] = bus.repush_refusal(stored, consumer["consumerId"]) if can_repush and stored else None
     return page(request, "event_detail.html", f"Bus event {event_id}", detail=detail, event=detail["event"],
                 envelope=pretty(envelope), payload=pretty(detail["event"].get("payload")),

@@ -496,6 +496,11 @@ BUS_ERRORS = {
 }
 
 
+_ONE_STATUS = "(" + "|".join(s.value for s in EventStatus) + ")"
+#: The ``status`` filter of the bus event list: statuses separated by commas.
+STATUS_LIST = f"^{_ONE_STATUS}(,{_ONE_STATUS})*$"
+
+
 class WowBusSchema(_Components, AutoSchema):
     """Describes the bus endpoints (:mod:`wow_django.http.bus_views`): parameters, bodies, answers, errors."""
 
@@ -529,8 +534,10 @@ class WowBusSchema(_Components, AutoSchema):
             self._wow("WowBusTime")
             blank = {"const": ""}
             parameters += [
-                OpenApiParameter("status", contract.choice(["", *(s.value for s in EventStatus)]),
-                                 OpenApiParameter.QUERY),
+                OpenApiParameter("status", {"anyOf": [blank, {"type": "string", "pattern": STATUS_LIST}]},
+                                 OpenApiParameter.QUERY,
+                                 description="One status, or several separated by commas (any of them): "
+                                 "FAILED,PARTIAL is every event that failed for some consumer."),
                 OpenApiParameter("topic", {"anyOf": [blank, _ref("WowTopic")]}, OpenApiParameter.QUERY),
                 OpenApiParameter("service", {"type": "string"}, OpenApiParameter.QUERY,
                                  description="initiator.service"),

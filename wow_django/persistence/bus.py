@@ -89,18 +89,27 @@ ATTEMPT_RETRIES = 64
 class EventQuery:
     """A filter of ``events``: every given field must match (``None`` = any).
 
-    ``service`` is ``initiator.service``; ``since`` ≤ ``occurredAt`` < ``until``.
+    ``status`` is one status or a tuple of them (any of them matches: ``("FAILED", "PARTIAL")`` is
+    "failed for some consumer"); ``service`` is ``initiator.service``; ``since`` ≤ ``occurredAt`` < ``until``.
     """
 
-    status: str | None = None
+    status: str | tuple[str, ...] | None = None
     topic: str | None = None
     service: str | None = None
     trace_id: str | None = None
     since: datetime | None = None
     until: datetime | None = None
 
+    @property
+    def statuses(self) -> tuple[str, ...] | None:
+        """The statuses that match (None: any)."""
+        if self.status is None:
+            return None
+        return (self.status,) if isinstance(self.status, str) else tuple(self.status)
+
     def matches(self, event: dict) -> bool:
-        if self.status is not None and event.get("status") != self.status:
+        statuses = self.statuses
+        if statuses is not None and event.get("status") not in statuses:
             return False
         if self.topic is not None and event.get("topic") != self.topic:
             return False

@@ -382,6 +382,13 @@ class EventRecordsContract(BusStoreCase):
         self.listing_events()
         self.assertEqual(self.find(), ["evt-4", "evt-5", "evt-3", "evt-2", "evt-1"])  # newest first, then eventId
         self.assertEqual(self.find(status="FAILED"), ["evt-3"])
+        # several statuses: any of them, in the listing's order, each event once
+        self.assertEqual(self.find(status=("FAILED", "PENDING")), ["evt-4", "evt-5", "evt-3", "evt-2"])
+        self.assertEqual(self.find(status=("FAILED", "PENDING", "FAILED")), ["evt-4", "evt-5", "evt-3", "evt-2"])
+        self.assertEqual(self.find(status=("FAILED", "PARTIAL"), trace_id="trace-B"), ["evt-3"])
+        self.assertEqual(self.find(status=("PARTIAL", "CONSUMED")), ["evt-1"])
+        self.assertEqual(self.find(status=("PARTIAL", "RETRYING")), [])
+        self.assertEqual(self.total(status=("FAILED", "PENDING")), 4)
         self.assertEqual(self.find(topic="points.added"), ["evt-5", "evt-2"])
         self.assertEqual(self.find(service="member-service"), ["evt-5", "evt-2"])
         self.assertEqual(self.find(service="order-service"), ["evt-4", "evt-3", "evt-1"])
@@ -455,6 +462,7 @@ class EventRecordsContract(BusStoreCase):
         self.assertEqual(counts, {"PENDING": 1, "SENT": 1, "CONSUMED": 1, "FAILED": 0, "RETRYING": 1})
         self.assertEqual(self.find(status="RETRYING"), ["evt-1"])
         self.assertEqual(self.find(status="PENDING"), ["evt-3"])
+        self.assertEqual(self.find(status=("RETRYING", "CONSUMED")), ["evt-2", "evt-1"])  # the index, moved
         self.assertEqual(self.store.stale_pending(T0 + timedelta(minutes=1), 10), ["evt-3"])
         self.assertEqual(self.total(status="SENT", since=T0 + timedelta(seconds=1)), 0)
 

@@ -267,8 +267,10 @@ def revision_is(revision: int) -> Q:
 def event_filter(query: EventQuery) -> Q:
     """The condition of an :class:`EventQuery`."""
     found = Q()
-    if query.status is not None:
-        found &= Q(status=text(query.status, "status"))
+    statuses = query.statuses
+    if statuses is not None:
+        found &= (Q(status=text(statuses[0], "status")) if len(statuses) == 1
+                  else Q(status__in=[text(status, "status") for status in statuses]))
     if query.topic is not None:
         found &= Q(topic=query.topic)
     if query.service is not None:

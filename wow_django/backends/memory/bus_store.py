@@ -255,15 +255,16 @@ class InMemoryBusStore(BusStore):
         event[STATUS_REVISION] = status_revision(event) + 1
 
     def _matching(self, query: EventQuery) -> list[dict]:
-        if query == EventQuery(status=query.status) and query.status is not None:  # the status index answers
-            return [self._events[i] for i in self._by_status.get(query.status, {})]
+        statuses = query.statuses
+        if query == EventQuery(status=query.status) and statuses is not None:  # the status index answers
+            return [self._events[i] for status in dict.fromkeys(statuses) for i in self._by_status.get(status, {})]
         query = EventQuery(query.status, query.topic, query.service, query.trace_id, _time(query.since),
                            _time(query.until))
         ids: Iterable[str] | None = None
         if query.trace_id is not None:
             ids = self._by_trace.get(query.trace_id, ())
-        if query.status is not None:
-            by_status = self._by_status.get(query.status, {})
+        if statuses is not None:
+            by_status = [i for status in dict.fromkeys(statuses) for i in self._by_status.get(status, {})]
             if ids is None or len(by_status) < len(ids):
                 ids = by_status
         candidates = self._events.values() if ids is None else (self._events[i] for i in ids)

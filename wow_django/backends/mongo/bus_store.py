@@ -58,8 +58,9 @@ def revision_filter(revision: int) -> Any:
 def event_filter(query: EventQuery) -> dict:
     """The MongoDB filter of an :class:`EventQuery`."""
     found: dict = {}
-    if query.status is not None:
-        found["status"] = query.status
+    statuses = query.statuses
+    if statuses is not None:
+        found["status"] = statuses[0] if len(statuses) == 1 else {"$in": list(statuses)}
     if query.topic is not None:
         found["topic"] = query.topic
     if query.service is not None:
