@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 import wow_django
+from wow_django.application.runtime import get_runtime
 from wow_django.backends.mongo.bus_store import MongoBusStore
 from wow_django.exceptions import EventVersionConflict
+from wow_django.persistence.followers import PoisonEvent
 
 
 def fresh_wow(storage: str, **extra) -> dict:
@@ -168,3 +171,16 @@ class RivalReads:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+def poisoned_follower(name: str = "order-summaries", position: int = 4):
+    """A follower stopped on a poison event at ``position`` (checkpoint just before it)."""
+    store = get_runtime().follower_store
+    now = datetime.now(UTC)
+    store.acquire(name, "test-owner", 30, now=now)
+    store.advance(name, "test-owner", position - 1, now=now)
+    error = "InvalidOperation: [<class 'decimal.ConversionSyntax'>]\n\nTraceback (most recent call last):\n  x"
+    store.set_poison(name, "test-owner", PoisonEvent(position=position, stream_id="s-4", aggregate="order/o-4",
+                                                     error=error, at=now), now=now)
+    store.release(name, "test-owner")
+    return store

@@ -16,9 +16,9 @@ from django.test import override_settings
 
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
-from wow_django.bus.consumer import describe_failure
 from wow_django.bus.inbox import Inbox
 from wow_django.bus.service import MAX_ERROR_LENGTH
+from wow_django.log import describe_failure
 from wow_django.testing.bus import ConsumerRecorder, delete_amqp_entities, unique_exchange, wait_for
 from wow_django.testing.bus import RunningConsumers as Running
 from wow_django.testing.bus import event_status as status

@@ -13,12 +13,12 @@ from django.test import Client, override_settings
 
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
-from wow_django.bus.consumer import describe_failure
 from wow_django.bus.envelope import Envelope
 from wow_django.console.models import PERMISSIONS, ConsoleAudit
+from wow_django.log import describe_failure
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
-from .support import CONSUMERS, fresh_wow
+from .support import CONSUMERS, fresh_wow, poisoned_follower
 
 pytestmark = pytest.mark.django_db
 
@@ -356,6 +356,46 @@ def test_followers_are_listed_paused_resumed_and_rewound_with_a_preview(console_
         "follower.pause", "follower.resume", "follower.rewind", "follower.rewind"]
 
 
+def test_a_follower_stopped_on_poison_says_so_and_is_retried_or_skipped_from_the_console(console_bus):
+    store = poisoned_follower()
+    client = user_with("manage_followers")
+    listed = client.get("/admin/wow/followers/").content.decode()
+    row = listed[listed.index('id="follower-order-summaries"'):]
+    row = row[:row.index("</tr>")]
+    assert "stopped on a poison event at position 4" in row and ">running<" not in row
+    assert "<summary class=\"wow-status-FAILED\">at 4 (order/o-4): InvalidOperation: [&lt;class" in row
+    assert "/admin/wow/followers/order-summaries/retry/" in row and "/admin/wow/followers/order-summaries/skip/" in row
+
+    # retry: a confirmation that shows the event and its error, then a POST that clears the stop
+    confirm = client.get("/admin/wow/followers/order-summaries/retry/")
+    assert confirm.status_code == 200 and b"order/o-4" in confirm.content and b'id="poison-error"' in confirm.content
+    assert store.get("order-summaries").poison is not None  # a confirmation page changes nothing
+    stale = client.post("/admin/wow/followers/order-summaries/retry/", {"position": "3"}, follow=True)
+    assert store.get("order-summaries").poison is not None  # not the one shown
+    assert any("no longer stopped at the position the page showed" in m for m in messages_of(stale))
+    assert client.post("/admin/wow/followers/order-summaries/retry/", {"position": "4"}).status_code == 302
+    state = store.get("order-summaries")
+    assert state.poison is None and state.position == 3  # it handles position 4 again
+    again = client.get("/admin/wow/followers/order-summaries/retry/", follow=True)
+    assert any("not stopped on a poison event" in m for m in messages_of(again)), messages_of(again)
+
+    # skip: a reason is required, then the checkpoint passes the event and the store keeps who and why
+    poisoned_follower()
+    no_reason = client.post("/admin/wow/followers/order-summaries/skip/", {"position": "4", "reason": "  "})
+    assert no_reason.status_code == 200 and messages_of(no_reason)[0].startswith("reason:")
+    assert store.get("order-summaries").poison is not None
+    done = client.post("/admin/wow/followers/order-summaries/skip/", {"position": "4", "reason": "bad amount, refunded"})
+    assert done.status_code == 302
+    state = store.get("order-summaries")
+    assert state.poison is None and state.position == 4
+    [skipped] = store.skipped("order-summaries")
+    assert (skipped["by"], skipped["reason"], skipped["position"]) == ("operator", "bad amount, refunded", 4)
+    assert list(ConsoleAudit.objects.order_by("id").values_list("action", "detail__position")) == [
+        ("follower.retry", 4), ("follower.skip", 4)]
+    assert user_with("view_bus_events", name="viewer").post(
+        "/admin/wow/followers/order-summaries/skip/", {"position": "4", "reason": "x"}).status_code == 403
+
+
 def test_bad_follower_input_is_a_message_or_404(console_bus):
     started_follower()
     client = user_with("manage_followers")
@@ -425,6 +465,33 @@ def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
     assert '"display_name": "Annie"' in detail.context["state_at"]
     assert ['"Ann"' in s["state"] for s in detail.context["states"]] == [True, False, False]
     assert '"display_name": "Anna"' in detail.context["states"][-1]["state"] and detail.context["snapshot"]
+    assert b"rewind-here" not in detail.content  # rewinding is for those who manage followers
+
+
+def test_a_follower_is_rewound_to_a_stream_from_its_row(customers):
+    from wow_django.application.runtime import get_runtime
+
+    ann, _ = customers
+    started_follower("customer-names")
+    store, feed = get_runtime().follower_store, get_runtime().stream_feed
+    head = feed.head()
+    store.acquire("customer-names", "test-owner", 30, now=datetime.now(UTC))
+    store.advance("customer-names", "test-owner", head, now=datetime.now(UTC))
+    client = user_with("view_aggregates", "manage_followers")
+    detail = client.get(f"/admin/wow/aggregates/customer/id/{ann}")
+    assert detail.content.count(b'class="rewind-here"') == 3 and b"<option>customer-names</option>" in detail.content
+    chosen = client.get("/admin/wow/followers/rewind-to-stream/", {"follower": "customer-names", "aggregate": "customer",
+                                                                   "aggregate_id": ann, "version": "2"}, follow=True)
+    position = feed.position_of("customer", ann, 2)
+    assert chosen.context["target"] == position - 1 and b'id="stream-target"' in chosen.content
+    assert chosen.context["replay"] == feed.count_between(position - 1, head)
+    assert store.get("customer-names").position == head  # a preview changes nothing
+    assert client.post("/admin/wow/followers/customer-names/rewind/", {"to_position": str(position - 1)}).status_code == 302
+    assert store.get("customer-names").position == position - 1
+    missing = client.get("/admin/wow/followers/customer-names/rewind/", {"aggregate": "customer", "aggregate_id": ann,
+                                                                         "version": "9"})
+    assert any(m.startswith("aggregate: no stream") for m in messages_of(missing)) and missing.context["target"] is None
+    assert client.get("/admin/wow/followers/rewind-to-stream/", {"follower": "nobody", "version": "1"}).status_code == 404
 
 
 def test_times_read_as_dates_with_their_zone_and_bodies_as_json(customers, settings):

@@ -16,11 +16,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import override_settings
 
+from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus
 from wow_django.console.models import PERMISSIONS
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
-from .support import CONSUMERS, fresh_wow
+from .support import CONSUMERS, fresh_wow, poisoned_follower
 
 CHROMIUM = os.environ.get("WOW_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -62,6 +63,10 @@ def scenario(monkeypatch):
                  parent_event_id="evt-o-2", initiator={"service": "member-service"})
         yield bus
         delete_amqp_entities("memory://", settings["BUS_EXCHANGE"], CONSUMERS)
+
+
+def scenario_followers():
+    return get_runtime().follower_store
 
 
 def make_user(name: str, *codenames: str) -> None:
@@ -115,9 +120,10 @@ def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario
     rows = page.locator("#events tbody tr")
     assert rows.count() == 3 and "1/2 consumed" in page.inner_text("#events")
     shot(page, "events")
-    page.select_option("select[name=status]", "PARTIAL")
+    page.select_option("select[name=status]", "FAILED,PARTIAL")  # "failed for some consumer"
     follow(page, "#event-filters input[type=submit]")
     assert page.locator("#events tbody tr").count() == 1
+    assert "consumer member-service, attempt 1: points store unavailable" in page.inner_text("#events")
     page.fill("input[name=q]", "trace-o-2")
     page.select_option("select[name=status]", "")
     follow(page, "#event-filters input[type=submit]")
@@ -127,6 +133,7 @@ def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario
     follow(page, "#events >> text=evt-o-1")
     assert page.inner_text("#event-status") == "PARTIAL"
     assert "points store unavailable" in page.content() and "199.00" in page.inner_text("#payload")
+    assert page.inner_text("#last-error").startswith("Last error: consumer member-service, attempt 1:")
     shot(page, "event")
     follow(page, "a.repush-one")
     assert "member-service only" in page.content() and "evt-o-1" in page.inner_text("#sent")
@@ -160,9 +167,19 @@ def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario
     assert scenario.store.enabled_consumers("points.added") == []
     shot(page, "topic-consumers")
 
+    poisoned_follower("customer-names", position=2)  # its handler failed on the second customer stream
     follow(page, "nav.wow-nav >> text=Followers")
-    assert page.locator("#followers").is_visible()
+    row = "#follower-customer-names"
+    assert page.inner_text(f"{row} .state").startswith("stopped on a poison event at position 2")
     shot(page, "followers")
+    follow(page, f"{row} a.skip")
+    assert "order/o-4" in page.content() and "ConversionSyntax" in page.inner_text("#poison-error")
+    page.fill("#reason", "amount fixed by hand in the ledger")
+    follow(page, "#confirm")
+    assert page.url == f"{base}/admin/wow/followers/"
+    assert "Skipped position 2" in page.inner_text(".messagelist")
+    assert page.inner_text(f"{row} .state") == "running" and page.locator(f"{row} a.skip").count() == 0
+    assert scenario_followers().skipped("customer-names")[0]["by"] == "operator"
     follow(page, "nav.wow-nav >> text=Aggregates")
     follow(page, "a[href='/admin/wow/aggregates/customer/events/']")
     assert page.locator("#streams tbody tr").count() == 2
@@ -175,10 +192,17 @@ def test_an_operator_walks_the_console_re_pushes_and_toggles_a_consumer(scenario
     assert '"display_name": "Ann"' in page.inner_text("#state-at")
     assert '"display_name": "Annie"' in page.inner_text("#aggregate-streams")
     shot(page, "aggregate")
+    page.select_option("#aggregate-streams tbody tr:first-child select[name=follower]", "customer-names")
+    follow(page, "#aggregate-streams tbody tr:first-child .rewind-here")
+    assert "at version 1 is at position 1" in page.inner_text("#stream-target")
+    assert "replays 2 stream(s)" in page.inner_text("#preview")
+    follow(page, "#confirm")
+    assert scenario_followers().get("customer-names").position == 0
 
     follow(page, "nav.wow-nav >> text=Audit")
     audit = page.inner_text("#audit")
     assert "event:evt-o-1 consumer:member-service" in audit and "topic_consumer.disable" in audit
+    assert "follower.skip" in audit and "follower.rewind" in audit
     shot(page, "audit")
 
 

@@ -54,7 +54,6 @@ import os
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from wow_django.conf import wow_settings
 from wow_django.domain import registry as domain_registry
 from wow_django.domain.registry import Current, EventHandler, check_name
 from wow_django.exceptions import CheckpointFenced, LeaseLost, RecoverableStoreError
+from wow_django.log import describe_failure
 from wow_django.persistence.followers import (
     AppendNotifier,
     FollowerStore,
@@ -437,9 +437,9 @@ class FollowerRunner:
             if failure is not None:
                 item, exc = failure
                 agg = item.stream.aggregate_id
-                error = "".join(traceback.format_exception_only(exc)).strip()
+                error = describe_failure(exc)
                 logger.error("follower %r stopped on position %s (%s/%s): %s", self.name, item.position,
-                             agg.aggregate_name, agg.id, error)
+                             agg.aggregate_name, agg.id, error.partition("\n")[0], exc_info=exc)
                 self.store.set_poison(self.name, self.owner, PoisonEvent(
                     position=item.position, stream_id=item.stream.id, aggregate=f"{agg.aggregate_name}/{agg.id}",
                     error=error, at=self.clock()), now=self.clock(), generation=self._generation)
@@ -921,7 +921,7 @@ class ProjectionWaiter:
                 continue
             if state is not None and state.poison is not None and state.poison.position <= position:
                 errors.append(f"{what} {name!r} is stopped on position {state.poison.position} "
-                              f"({state.poison.aggregate}): {state.poison.error}")
+                              f"({state.poison.aggregate}): {state.poison.error.partition(chr(10))[0]}")
                 continue
             pending.append(name)
         return errors, pending

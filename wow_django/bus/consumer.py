@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,48 +49,14 @@ from wow_django.bus.envelope import Envelope, build_envelope, check_consumer_id,
 from wow_django.bus.inbox import BUSY, DONE, Inbox
 from wow_django.bus.ordering import SequenceTracker
 from wow_django.bus.rollup import outcome
-from wow_django.bus.service import MAX_ERROR_LENGTH
 from wow_django.conf import wow_settings
 from wow_django.domain.registry import Current
 from wow_django.exceptions import EnvelopeValidationError
+from wow_django.log import describe_failure
 
 logger = logging.getLogger("wow_django.bus.consumer")
 
 CHILD_ID_NAMESPACE = uuid.UUID("8f0c3a52-4f5e-4c8e-9a7d-2b1f6d0e9c11")
-MAX_MESSAGE_LENGTH = 1000  # of the exception's own message, the first line of a failure's text
-TRACEBACK_HEADING = "Traceback (most recent call last):"
-
-
-def describe_failure(exc: BaseException, limit: int = MAX_ERROR_LENGTH) -> str:
-    """What a feedback row keeps of a handler's exception, at most ``limit`` characters.
-
-    The first line is ``Type: message`` (the message cut to ``MAX_MESSAGE_LENGTH``), what a list shows;
-    then the traceback, chained exceptions included, with the frames nearest the failure kept when it is
-    too long (the line where it broke matters more than how the worker got there). An exception whose
-    message is bare (``InvalidOperation: [<class 'decimal.ConversionSyntax'>]``) is explained by its
-    last frame.
-    """
-    message = str(exc)
-    if len(message) > MAX_MESSAGE_LENGTH:
-        message = message[:MAX_MESSAGE_LENGTH - 1] + "…"
-    first = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    first = first[:limit]
-    lines = "".join(traceback.format_exception(exc)).rstrip("\n").splitlines()
-    room = limit - len(first) - 2  # the blank line between
-    if room <= len(TRACEBACK_HEADING) + 40 or not lines:
-        return first
-    kept: list[str] = []
-    used = 0
-    for line in reversed(lines):  # innermost first, until the room is used up
-        if used + len(line) + 1 > room - 60:  # keeps room for the note of what was left out
-            break
-        kept.append(line)
-        used += len(line) + 1
-    kept.reverse()
-    left_out = len(lines) - len(kept)
-    if left_out:
-        kept.insert(0, f"{TRACEBACK_HEADING} [{left_out} earlier lines left out]")
-    return f"{first}\n\n" + "\n".join(kept)
 
 
 @dataclass(frozen=True)

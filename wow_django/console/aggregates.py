@@ -14,7 +14,7 @@ from wow_django.application.repository import apply_stream
 from wow_django.application.runtime import get_runtime
 from wow_django.bus.envelope import parse_time
 from wow_django.conf import wow_settings
-from wow_django.console.base import page, pretty, requires
+from wow_django.console.base import allowed, page, pretty, requires
 from wow_django.domain import registry
 from wow_django.persistence.documents import snapshot_to_document, stream_to_document
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
@@ -174,7 +174,14 @@ def aggregate_detail(request, name: str, aggregate_id: str):
             loaded = repository.load(cls, aggregate_id, tenant_id=key.tenant_id, tail_version=at)
             state_at = pretty(loaded.state.model_dump(mode="json")) if loaded is not None else None
     snapshot = runtime.snapshot_store.load(key)
+    followers = []
+    if allowed(request.user, "manage_followers"):
+        try:
+            followers = sorted(state.name for state in runtime.follower_store.all())
+        except NotImplementedError:  # no followers on this runtime
+            followers = []
     return page(request, "aggregate_detail.html", f"{name} {aggregate_id}", name=name, aggregate_id=aggregate_id,
+                followers=followers,
                 head=head, states=states, truncated=head > len(streams), at=at, state_at=state_at,
                 snapshot=pretty(snapshot_document(snapshot)) if snapshot is not None else None,
                 tenant=streams[0].aggregate_id.tenant_id)

@@ -9,11 +9,13 @@ from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
+from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
 from wow_django.application.followers import declared_followers
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus
+from wow_django.bus.rollup import first_line
 from wow_django.console.base import allowed, audit, page, requires
 from wow_django.exceptions import EnvelopeValidationError, UnknownFollower
 from wow_django.management.commands.wow_followers import status as follower_status
@@ -137,6 +139,9 @@ def followers(request):
     declared = declared_followers()
     now = datetime.now(UTC)
     rows = [follower_status(states.get(name), name, feed, now, declared) for name in sorted(set(states) | set(declared))]
+    for row in rows:
+        if row["error"]:
+            row["error"]["summary"] = first_line(row["error"]["error"])
     return page(request, "followers.html", "Followers", rows=rows)
 
 
@@ -158,9 +163,95 @@ def follower_pause(request, name: str, pause: bool):
                 state=state)
 
 
+def _poisoned_or_message(request, store, name: str):
+    """The follower's state when it is stopped on a poison event, and — on a POST — still on the one the
+    confirmation page showed (``position``); else None after saying why."""
+    state = _follower_or_404(store, name)
+    if state.poison is None:
+        messages.error(request, f"{name} is not stopped on a poison event (any more): nothing to do.")
+        return None
+    if request.method == "POST" and request.POST.get("position") != str(state.poison.position):
+        messages.error(request, f"{name} is no longer stopped at the position the page showed (now at "
+                                f"{state.poison.position}): look again before acting.")
+        return None
+    return state
+
+
+@requires("manage_followers")
+@require_http_methods(["GET", "POST"])
+def follower_retry(request, name: str):
+    """GET: what retrying the poison event does; POST: clear it (the follower handles that stream again),
+    audit, redirect. What ``wow_followers retry`` does."""
+    store, _ = _follower_parts()
+    state = _poisoned_or_message(request, store, name)
+    if state is None:
+        return redirect("wow_console:followers")
+    poison = state.poison
+    if request.method == "POST":
+        store.rewind(name, state.position, now=datetime.now(UTC))
+        audit(request, "follower.retry", f"follower:{name}", position=poison.position, streamId=poison.stream_id,
+              aggregate=poison.aggregate, error=poison.error[:500])
+        messages.success(request, f"Cleared the poison event of {name} at position {poison.position}: "
+                                  "it handles that stream again.")
+        return redirect("wow_console:followers")
+    return page(request, "follower_poison.html", f"Retry {name}?", name=name, state=state, poison=poison,
+                action="retry")
+
+
+MAX_REASON = 500
+
+
+@requires("manage_followers")
+@require_http_methods(["GET", "POST"])
+def follower_skip(request, name: str):
+    """GET: the poison event and a reason to give; POST (with ``reason``): pass it, audited by the store
+    (who, why, what) and the console, redirect. What ``wow_followers skip`` does."""
+    store, _ = _follower_parts()
+    state = _poisoned_or_message(request, store, name)
+    if state is None:
+        return redirect("wow_console:followers")
+    poison = state.poison
+    reason = (request.POST.get("reason") or "").strip() if request.method == "POST" else ""
+    if request.method == "POST":
+        if not reason or len(reason) > MAX_REASON:
+            messages.error(request, f"reason: say why the event is skipped (1 to {MAX_REASON} characters); "
+                                    "it is kept with the skip")
+        else:
+            try:
+                skipped = store.skip_poison(name, by=request.user.get_username(), reason=reason,
+                                            now=datetime.now(UTC))
+            except ValueError as exc:  # it was retried or skipped by someone else meanwhile
+                messages.error(request, f"Not skipped: {exc}")
+                return redirect("wow_console:followers")
+            audit(request, "follower.skip", f"follower:{name}", position=skipped.position,
+                  streamId=skipped.stream_id, aggregate=skipped.aggregate, reason=reason)
+            messages.success(request, f"Skipped position {skipped.position} ({skipped.aggregate}) of {name}.")
+            return redirect("wow_console:followers")
+    return page(request, "follower_poison.html", f"Skip the poison event of {name}?", name=name, state=state,
+                poison=poison, action="skip", reason=request.POST.get("reason", "")[:MAX_REASON])
+
+
+def _stream_target(data, feed) -> tuple[int | None, str | None]:
+    """The position just before the stream ``aggregate``/``aggregate_id`` at ``version`` (a rewind there
+    replays that stream first), or a problem."""
+    name, aggregate_id = (data.get("aggregate") or "").strip(), (data.get("aggregate_id") or "").strip()
+    version = (data.get("version") or "").strip()
+    if not version.isdecimal() or not 1 <= int(version) <= MAX_POSITION:
+        return None, f"version: must be a whole number from 1, got {version!r}"
+    if not name or not aggregate_id or len(name) > 200 or len(aggregate_id) > 500:
+        return None, "aggregate: name the stream's aggregate and aggregate id"
+    position = feed.position_of(name, aggregate_id, int(version))
+    if position is None:
+        return None, f"aggregate: no stream {name}/{aggregate_id} at version {version} is stored"
+    return position - 1, None
+
+
 def _rewind_target(data, feed) -> tuple[int | None, str | None]:
-    """(position, None) from ``to_position`` or ``to_time``; (None, problem) for bad input; (None, None) for none."""
+    """(position, None) from ``to_position``, ``to_time`` or a stream (``aggregate``, ``aggregate_id``,
+    ``version``); (None, problem) for bad input; (None, None) for none."""
     position, moment = (data.get("to_position") or "").strip(), (data.get("to_time") or "").strip()
+    if data.get("version"):
+        return _stream_target(data, feed)
     if position:
         if not position.isdecimal() or int(position) > MAX_POSITION:
             return None, f"to_position: must be an integer from 0 to {MAX_POSITION}, got {position!r}"
@@ -189,6 +280,18 @@ def follower_rewind(request, name: str):
         messages.success(request, f"Rewound {name} from position {state.position} to {target}.")
         return redirect("wow_console:followers")
     replay = feed.count_between(target, state.position) if target is not None and target < state.position else 0
+    stream = {key: data.get(key, "") for key in ("aggregate", "aggregate_id", "version")} if data.get("version") \
+        else None
     return page(request, "follower_rewind.html", f"Rewind {name}", name=name, state=state, target=target,
                 replay=replay, to_position=data.get("to_position", ""), to_time=data.get("to_time", ""),
-                back=reverse("wow_console:followers"))
+                stream=stream, back=reverse("wow_console:followers"))
+
+
+@requires("manage_followers")
+def rewind_to_stream(request):
+    """From a stream's row: the rewind page of the chosen ``follower``, with that stream as the target."""
+    store, _ = _follower_parts()
+    name = request.GET.get("follower", "")
+    _follower_or_404(store, name)
+    query = urlencode({key: request.GET.get(key, "") for key in ("aggregate", "aggregate_id", "version")})
+    return redirect(f"{reverse('wow_console:follower_rewind', args=[name])}?{query}")

@@ -42,5 +42,8 @@ urlpatterns = [
     path("followers/<str:name>/pause/", _admin(operations.follower_pause), {"pause": True}, name="follower_pause"),
     path("followers/<str:name>/resume/", _admin(operations.follower_pause), {"pause": False},
          name="follower_resume"),
+    path("followers/rewind-to-stream/", _admin(operations.rewind_to_stream), name="rewind_to_stream"),
     path("followers/<str:name>/rewind/", _admin(operations.follower_rewind), name="follower_rewind"),
+    path("followers/<str:name>/retry/", _admin(operations.follower_retry), name="follower_retry"),
+    path("followers/<str:name>/skip/", _admin(operations.follower_skip), name="follower_skip"),
 ]

@@ -174,7 +174,7 @@ class Command(BaseCommand):
                 flags.append("PAUSED")
             if row["error"]:
                 flags.append(f"STOPPED at {row['error']['position']} ({row['error']['aggregate']}): "
-                             f"{row['error']['error']}")
+                             f"{row['error']['error'].partition(chr(10))[0]}")
             if not row["declared"]:
                 flags.append("not declared in this project")
             self.stdout.write(
