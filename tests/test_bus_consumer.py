@@ -313,6 +313,7 @@ def test_an_unknown_consumer_id_is_a_clear_error(bus_env):
         call_command("wow_consume", ALPHA, "--idle-timeout", "0")
 
 
+@pytest.mark.django_db  # the command closes stale database connections around each message
 def test_wow_consume_stops_gracefully_on_sigterm(bus_env, recorder):
     assert threading.current_thread() is threading.main_thread()
     bus = get_bus()
@@ -339,6 +340,7 @@ def test_wow_consume_stops_gracefully_on_sigterm(bus_env, recorder):
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+@pytest.mark.django_db  # the command closes stale database connections around each message
 def test_wow_consume_stops_after_max_messages(bus_env, recorder):
     bus = get_bus()
     for n in range(3):
