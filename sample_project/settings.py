@@ -16,14 +16,18 @@ Environment variables switch to real servers:
 - ``WOW_MONGO_URI``: events, snapshots and bus records on MongoDB instead
   (``mongodb://localhost:27017/order_service``).
 - ``CELERY_BROKER_URL``: the Celery broker (default ``redis://127.0.0.1:6379/0``).
-- ``CELERY_REDIS_KEY_PREFIX``: a prefix for every key Celery writes to Redis,
-  so that several projects (or test runs) can share one Redis database.
+- ``SAMPLE_BROKER_NAMESPACE`` (default ``wow-demo``): the demo's names on the
+  shared brokers, so that it never takes another project's messages nor leaves
+  its own among theirs: Celery's default queue ``<ns>.celery``, the bus's
+  exchange ``<ns>.bus`` (its consumer queues ``<ns>.bus.<consumer>``), the
+  rollup queue ``<ns>.bus.rollup``, and ``<ns>:`` before every key Celery
+  writes to Redis. ``python manage.py wow_demo --clean-brokers`` deletes them.
+- ``CELERY_REDIS_KEY_PREFIX``: that key prefix alone (default ``<ns>:``).
 - ``CELERY_EAGER``: ``1`` runs tasks inline in the process that queues them,
   ``0`` sends them to the broker for a worker.
 - ``WOW_BUS_TRANSPORT_URL``: the integration-event bus's broker
   (``amqp://user:password@host:5672//``); ``WOW_BUS_EXCHANGE`` its topic
-  exchange (default ``wow.bus``; a name of its own keeps several projects
-  on one broker apart).
+  exchange alone (default ``<ns>.bus``).
 
 **Probing what runs on this machine.** A demo should work on a fresh machine
 with nothing else started, and use a broker when there is one. So when
@@ -214,6 +218,8 @@ def _next_redis_database(url: str) -> str:
 
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+# The demo's own names on brokers it shares with the machine's other projects (see the module docstring).
+BROKER_NAMESPACE = os.environ.get("SAMPLE_BROKER_NAMESPACE", "wow-demo")
 SAMPLE_AMQP_URL = os.environ.get("SAMPLE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 if os.environ.get("CELERY_EAGER") in ("0", "1"):
     CELERY_TASK_ALWAYS_EAGER = os.environ["CELERY_EAGER"] == "1"
@@ -234,7 +240,8 @@ WOW = {
     "SERVICE_NAME": "order-service",
     "SNAPSHOT_STRATEGY": "all",
     "BUS_TRANSPORT_URL": BUS_TRANSPORT_URL,
-    "BUS_EXCHANGE": os.environ.get("WOW_BUS_EXCHANGE", "wow.bus"),
+    "BUS_EXCHANGE": os.environ.get("WOW_BUS_EXCHANGE", f"{BROKER_NAMESPACE}.bus"),
+    "BUS_ROLLUP_QUEUE": f"{BROKER_NAMESPACE}.bus.rollup",
 }
 if os.environ.get("WOW_MONGO_URI"):
     WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]
@@ -257,17 +264,20 @@ if os.environ.get("WOW_FOLLOWERS_RUN"):
 # --- Celery ----------------------------------------------------------------------
 # Redis is the broker (and keeps the results); eager or not: see above.
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", CELERY_BROKER_URL)
-if os.environ.get("CELERY_REDIS_KEY_PREFIX"):  # several projects (or test runs) sharing one Redis database
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": os.environ["CELERY_REDIS_KEY_PREFIX"]}
-    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = CELERY_BROKER_TRANSPORT_OPTIONS
+# Every key Celery writes to Redis (queues, results) starts with the demo's prefix: several projects (or test
+# runs) can share one Redis database, and --clean-brokers finds the demo's keys.
+CELERY_REDIS_KEY_PREFIX = os.environ.get("CELERY_REDIS_KEY_PREFIX") or f"{BROKER_NAMESPACE}:"
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": CELERY_REDIS_KEY_PREFIX}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = CELERY_BROKER_TRANSPORT_OPTIONS
+CELERY_TASK_DEFAULT_QUEUE = f"{BROKER_NAMESPACE}.celery"
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The bus: rollups go to their own queue (run it with one serial worker:
-# celery -A sample_project worker -Q wow.bus.rollup -c 1); the relay
+# celery -A sample_project worker -Q wow-demo.bus.rollup -c 1); the relay
 # republishes PENDING events every 30 s (celery -A sample_project beat).
-CELERY_TASK_ROUTES = {"wow_django.bus.rollup": {"queue": "wow.bus.rollup"}}
+CELERY_TASK_ROUTES = {"wow_django.bus.rollup": {"queue": WOW["BUS_ROLLUP_QUEUE"]}}
 CELERY_BEAT_SCHEDULE = {
     "wow-bus-relay-pending": {"task": "wow_django.bus.relay_pending", "schedule": 30.0},
 }

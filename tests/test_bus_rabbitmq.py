@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import get_bus
 from wow_django.bus.envelope import Envelope
-from wow_django.bus.transport import queue_name
+from wow_django.bus.transport import BusTransport, queue_name
 from wow_django.persistence.bus import EventQuery
 from wow_django.testing.bus import (
     ConsumerRecorder,
@@ -305,3 +305,32 @@ def test_the_first_send_after_a_broker_restart_is_published(recorder, proxied):
         assert result.status == "SENT", result.error
         ids = {m.payload["eventId"] for m in take_messages(amqp_url(), settings["BUS_EXCHANGE"], ALPHA)}
         assert ids == {"evt-before", "evt-after"}
+
+
+@pytest.mark.parametrize("url", ["amqp", "redis://127.0.0.1:6379/13", "memory://"])
+def test_delete_entities_removes_the_queues_and_exchange_it_declared_and_nothing_else(url):
+    """What a project taken down leaves on the broker: each consumer's durable queue (with its messages) and
+    the exchange; names it never declared are not reported, other exchanges' queues stay."""
+    url = amqp_url() if url == "amqp" else url
+    name, other = unique_exchange("wow.it.teardown"), unique_exchange("wow.it.keep")
+    ours, theirs = BusTransport(url, name), BusTransport(url, other)
+    try:
+        ours.publish({"eventId": "e-1"}, topic=TOPIC, consumers=[ALPHA, BETA])
+        theirs.publish({"eventId": "e-2"}, topic=TOPIC, consumers=[ALPHA])
+        assert ours.delete_entities([ALPHA, BETA, "never-declared"]) == [
+            f"{name}.{ALPHA}", f"{name}.{BETA}", name]
+        assert ours.delete_entities([ALPHA, BETA]) == []  # nothing left to delete
+        if url.startswith("redis://"):
+            import redis
+
+            client = redis.Redis.from_url(url)
+            assert [k for k in client.scan_iter("*") if name.encode() in k] == []  # no list, no binding left
+            client.close()
+        if not url.startswith("memory://"):  # (memory:// keeps its queues per connection's process state)
+            with Connection(url) as connection:
+                with connection.SimpleQueue(f"{other}.{ALPHA}", no_ack=False) as kept:
+                    assert kept.get(timeout=5).payload["eventId"] == "e-2"
+    finally:
+        theirs.delete_entities([ALPHA])
+        ours.close()
+        theirs.close()

@@ -20,7 +20,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from wow_django.testing.bus import amqp_url, delete_amqp_entities, unique_exchange
+from wow_django.testing.bus import amqp_url, delete_amqp_entities
 
 from .support import fresh_wow, wait_for
 
@@ -90,11 +90,12 @@ def sample_env(tmp_path):
     machine share the Redis and the RabbitMQ, and must not take this one's messages.
     What it declared there is deleted afterwards.
     """
-    exchange = unique_exchange("wow.sample-test")
-    prefix = f"wow-sample-test-{uuid.uuid4().hex[:10]}:"
+    namespace = f"wow-sample-test-{uuid.uuid4().hex[:10]}"
+    exchange, prefix = f"{namespace}.bus", f"{namespace}:"  # what the settings derive from the namespace
     env = {**os.environ, "SAMPLE_SQLITE_PATH": str(tmp_path / "sample.sqlite3"), "PYTHONUNBUFFERED": "1",
-           "WOW_BUS_EXCHANGE": exchange, "CELERY_REDIS_KEY_PREFIX": prefix, "SAMPLE_AMQP_URL": amqp_url()}
-    for name in ("DJANGO_SETTINGS_MODULE", "CELERY_EAGER", "WOW_BUS_TRANSPORT_URL", "RUN_MAIN"):
+           "SAMPLE_BROKER_NAMESPACE": namespace, "SAMPLE_AMQP_URL": amqp_url()}
+    for name in ("DJANGO_SETTINGS_MODULE", "CELERY_EAGER", "WOW_BUS_TRANSPORT_URL", "RUN_MAIN", "WOW_BUS_EXCHANGE",
+                 "CELERY_REDIS_KEY_PREFIX"):
         env.pop(name, None)
     yield env
     if reachable("127.0.0.1", 5672):
@@ -272,6 +273,66 @@ def test_rerunning_the_demo_adds_nothing(sample_env):
     assert "Bus demo: 3 paid orders published order.purchased" in again.stdout
     assert "did not settle" not in again.stdout
     assert counts(sample_env) == before
+
+
+NAMES = ("from django.conf import settings; print(settings.CELERY_TASK_DEFAULT_QUEUE, settings.WOW['BUS_EXCHANGE'], "
+         "settings.WOW['BUS_ROLLUP_QUEUE'], settings.CELERY_REDIS_KEY_PREFIX, "
+         "settings.CELERY_TASK_ROUTES['wow_django.bus.rollup']['queue'])")
+
+
+def test_the_demo_has_broker_names_of_its_own_by_default(sample_env):
+    bare = {k: v for k, v in sample_env.items() if k != "SAMPLE_BROKER_NAMESPACE"}
+    shown = manage({**bare, "CELERY_EAGER": "1", "WOW_BUS_TRANSPORT_URL": "memory://"}, "shell", "-v", "0", "-c", NAMES)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == ["wow-demo.celery", "wow-demo.bus", "wow-demo.bus.rollup", "wow-demo:",
+                                    "wow-demo.bus.rollup"]
+
+
+@pytest.mark.integration
+def test_the_demo_keeps_to_its_names_on_the_brokers_and_cleans_them_up(sample_env):
+    """Filled with Redis and RabbitMQ and no worker running, the demo leaves its consumers' durable queues and
+    Celery's keys behind, under its own names only; ``wow_demo --clean-brokers`` deletes them, and nothing
+    else."""
+    import redis
+    from kombu import Connection
+
+    from wow_django.testing.bus import queue_depth
+
+    require_redis_and_rabbitmq()
+    namespace = sample_env["SAMPLE_BROKER_NAMESPACE"]
+    shown = manage(sample_env, "shell", "-v", "0", "-c", NAMES)
+    assert shown.stdout.split() == [f"{namespace}.celery", f"{namespace}.bus", f"{namespace}.bus.rollup",
+                                    f"{namespace}:", f"{namespace}.bus.rollup"], shown.stderr
+    other = Connection(amqp_url())  # someone else's queue on the same broker, bound to the same topic
+    other_queue = f"{namespace}-other.member-service"
+    other.channel().queue_declare(other_queue, durable=True)
+    try:
+        filled = manage(sample_env, "wow_demo", "--orders", "2")
+        assert filled.returncode == 0, filled.stderr
+        for consumer_id in SAMPLE_CONSUMERS:  # durable: they outlive the demo (a passive declare finds them)
+            assert queue_depth(amqp_url(), f"{namespace}.bus", consumer_id) >= 0
+        client = redis.Redis(host="127.0.0.1", port=6379, db=0)
+        assert list(client.scan_iter(f"{namespace}:*"))  # Celery's queues and bindings
+        assert not [k for k in client.scan_iter("*") if namespace.encode() in k and not k.startswith(
+            f"{namespace}:".encode())]  # nothing of the demo outside its prefix
+
+        cleaned = manage(sample_env, "wow_demo", "--clean-brokers")
+        assert cleaned.returncode == 0, cleaned.stderr + cleaned.stdout
+        assert f"deleted {namespace}.bus.member-service, {namespace}.bus.message-service, {namespace}.bus" \
+            in cleaned.stdout
+        assert f"deleted the queues {namespace}.celery, {namespace}.bus.rollup" in cleaned.stdout
+        for consumer_id in SAMPLE_CONSUMERS:
+            with pytest.raises(Exception, match="NOT_FOUND|404"):
+                queue_depth(amqp_url(), f"{namespace}.bus", consumer_id)
+        assert list(client.scan_iter(f"{namespace}:*")) == []
+        assert other.channel().queue_declare(other_queue, passive=True).queue == other_queue  # left alone
+        again = manage(sample_env, "wow_demo", "--clean-brokers")
+        assert again.returncode == 0 and "deleted nothing (nothing was there)" in again.stdout
+        client.close()
+    finally:
+        with contextlib.suppress(Exception):
+            other.channel().queue_delete(other_queue)
+        other.release()
 
 
 def test_a_second_process_sees_the_demo_orders_over_the_api(sample_env):

@@ -22,6 +22,7 @@ also gets SIGTERM from the kernel should the demo die without cleaning up
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -29,12 +30,18 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import redis
 from django.conf import settings
+from django.db import DatabaseError
+from kombu import Connection
+from kombu.exceptions import OperationalError
 
 from wow_django.bus import ConsumerWorker, get_bus, run_in_thread
 from wow_django.bus.consumer import consumers
 from wow_django.conf import wow_settings
+from wow_django.exceptions import TransportUnavailable
 
 MANAGE_PY = Path(__file__).resolve().parents[2] / "manage.py"
 DEFAULT_QUEUE = "celery"  # Celery's task_default_queue
@@ -85,6 +92,71 @@ def follower_parts() -> list[Part]:
     if wow_settings.FOLLOWERS_RUN == "threads":
         return []
     return [Part("followers", (sys.executable, str(MANAGE_PY), "wow_follow"))]
+
+
+def clean(write, style) -> bool:
+    """Delete what the demo keeps on the brokers it shares with the machine's other projects (its names:
+    ``SAMPLE_BROKER_NAMESPACE``): the bus's exchange and consumer queues, the Celery queues, every Redis key
+    under the demo's prefix. Says what it deleted; False when a broker did not answer."""
+    done = True
+    bus = get_bus()
+    consumer_ids = set(consumers().consumer_ids())
+    try:
+        consumer_ids |= {row["consumerId"] for row in bus.topic_consumers()}
+    except DatabaseError:  # never migrated: the declared consumers are all there can be
+        pass
+    if bus_crosses_processes():
+        try:
+            names = bus.transport.delete_entities(consumer_ids)
+            write(f"The bus ({_without_password(wow_settings.BUS_TRANSPORT_URL)}): deleted "
+                  f"{', '.join(names) or 'nothing (nothing was there)'}")
+        except TransportUnavailable as exc:
+            write(style.ERROR(f"The bus: {exc}"))
+            done = False
+    broker = settings.CELERY_BROKER_URL
+    queues = [getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", DEFAULT_QUEUE), wow_settings.BUS_ROLLUP_QUEUE]
+    try:
+        with Connection(broker, connect_timeout=3,
+                        transport_options=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})) as connection:
+            connection.ensure_connection(max_retries=0)
+            channel = connection.channel()
+            for name in queues:
+                with contextlib.suppress(*connection.channel_errors):
+                    channel.queue_delete(name)
+            write(f"Celery ({_without_password(broker)}): deleted the queues {', '.join(queues)}")
+    except (OSError, OperationalError) as exc:
+        write(style.WARNING(f"Celery's broker ({_without_password(broker)}) does not answer ({exc}): its queues "
+                            "stay"))
+        done = False
+    prefix = getattr(settings, "CELERY_REDIS_KEY_PREFIX", "")
+    urls = {url for url in (broker, getattr(settings, "CELERY_RESULT_BACKEND", "")) if url.startswith("redis://")}
+    for url in sorted(urls):
+        if not prefix:
+            break
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=3)
+            keys = list(client.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000))
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start:start + 500])
+            client.close()
+            write(f"Redis ({_without_password(url)}): deleted {len(keys)} key(s) under {prefix!r}")
+        except redis.RedisError as exc:
+            write(style.WARNING(f"Redis ({_without_password(url)}) does not answer ({exc}): its keys stay"))
+            done = False
+    return done
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally in a Redis SCAN pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def separately() -> list[str]:

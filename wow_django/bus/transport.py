@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -25,6 +26,7 @@ import threading
 from collections.abc import Iterable
 
 from kombu import Connection, Exchange, Producer, Queue, binding
+from kombu.exceptions import OperationalError
 
 from wow_django.exceptions import TransportUnavailable
 
@@ -39,6 +41,11 @@ DEFAULT_EXCHANGE = Exchange("")
 
 def queue_name(exchange: str, consumer_id: str) -> str:
     return f"{exchange}.{consumer_id}"
+
+
+def connection_errors_of(url: str) -> tuple[type[BaseException], ...]:
+    """The errors a kombu connection to ``url`` raises when the broker does not answer."""
+    return (OSError, OperationalError, *Connection(url).connection_errors)
 
 
 class _Publisher:
@@ -167,6 +174,75 @@ class BusTransport:
             self._idle.put(publisher)
         else:
             publisher.close()
+
+    # --- tearing down ------------------------------------------------------------------
+
+    def delete_entities(self, consumer_ids: Iterable[str]) -> list[str]:
+        """Delete the queues of ``consumer_ids`` and this bus's exchange from the broker, messages included:
+        what a project (or a demo) that is taken down leaves behind. Returns the names it found and deleted.
+        :class:`~wow_django.exceptions.TransportUnavailable` when the broker does not answer."""
+        names = [queue_name(self.exchange_name, c) for c in sorted(set(consumer_ids))]
+        try:
+            with self.new_connection() as connection:
+                connection.ensure_connection(max_retries=0, timeout=self.timeout)
+                if self.is_amqp:
+                    return self._delete_amqp(connection, names)
+                return self._delete_virtual(connection, names)
+        except connection_errors_of(self.url) as exc:
+            raise TransportUnavailable(f"cannot reach the bus broker to delete its queues ({type(exc).__name__}: "
+                                       f"{exc})") from exc
+
+    def _delete_amqp(self, connection: Connection, names: list[str]) -> list[str]:
+        deleted = []
+        for name in names:
+            if self._exists(connection, lambda channel, n=name: channel.queue_declare(n, passive=True)):
+                channel = connection.channel()
+                channel.queue_delete(name)
+                channel.close()
+                deleted.append(name)
+        if self._exists(connection, lambda channel: channel.exchange_declare(self.exchange_name, "topic",
+                                                                             passive=True)):
+            channel = connection.channel()
+            channel.exchange_delete(self.exchange_name)
+            channel.close()
+            deleted.append(self.exchange_name)
+        return deleted
+
+    @staticmethod
+    def _exists(connection: Connection, declare) -> bool:
+        """Whether a passive declare finds the entity (a refusal closes its channel: one of its own)."""
+        channel = connection.channel()
+        try:
+            declare(channel)
+            return True
+        except connection.channel_errors:  # 404 NOT_FOUND
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+
+    def _delete_virtual(self, connection: Connection, names: list[str]) -> list[str]:
+        """kombu's virtual transports (Redis, memory): the bindings are kept by the transport (in Redis, or in
+        this process), so they are read back and bound on this channel, which then deletes queue and
+        bindings together."""
+        channel = connection.channel()
+        channel.exchange_declare(self.exchange_name, type="topic", durable=True)
+        table = channel.get_table(self.exchange_name)
+        wanted = set(names)
+        for routing_key, _, bound_queue in table:
+            if bound_queue in wanted:
+                channel.queue_bind(bound_queue, self.exchange_name, routing_key)
+        bound = {bound_queue for _, _, bound_queue in table}
+        deleted = []
+        for name in names:
+            held = channel.queue_purge(name) or 0  # the messages of a queue that has no binding any more
+            channel.queue_delete(name)
+            if held or name in bound:
+                deleted.append(name)
+        channel.exchange_delete(self.exchange_name)
+        if table:
+            deleted.append(self.exchange_name)
+        return deleted
 
     def close(self) -> None:
         with self._lock:

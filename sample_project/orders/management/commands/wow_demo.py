@@ -44,6 +44,7 @@ from sample_project.orders.demo_processes import (
     bus_crosses_processes,
     celery_is_eager,
     celery_parts,
+    clean,
     consume_in_threads,
     consumer_parts,
     end_with_parent,
@@ -80,9 +81,17 @@ class Command(BaseCommand):
                             help="with --serve: start no Celery worker or consumer process (run them yourself)")
         parser.add_argument("--noreload", action="store_true",
                             help="with --serve: run the server without Django's autoreloader")
+        parser.add_argument("--clean-brokers", action="store_true",
+                            help="delete what the demo keeps on the brokers (the bus's exchange and queues, the "
+                                 "Celery queues, every Redis key under the demo's prefix), then exit; stop the "
+                                 "demo first")
 
     def handle(self, *args, orders=12, seed=7, serve=False, addrport="127.0.0.1:8000", no_workers=False,
-               noreload=False, **options):
+               noreload=False, clean_brokers=False, **options):
+        if clean_brokers:
+            if not clean(self.stdout.write, self.style):
+                raise CommandError("some brokers could not be cleaned (see above); run it again once they answer")
+            return
         if orders < 1:
             raise CommandError("--orders must be ≥ 1")
         if serve and not noreload and os.environ.get(DJANGO_AUTORELOAD_ENV) == "true":
