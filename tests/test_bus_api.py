@@ -3,12 +3,15 @@ listing, detail, send, re-push, trace, topic consumers and the consumers' token 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import override_settings
 from rest_framework.test import APIClient
 
 from wow_django.bus import get_bus
+from wow_django.exceptions import EnvelopeValidationError
 from wow_django.http.bus_authentication import consumer_for_token
 
 from .support import CONSUMERS, TOKENS, callback, client_with, stored_counts
@@ -239,6 +242,30 @@ def test_failed_for_some_consumer_is_one_filter_and_the_event_names_the_consumer
         "TimeoutError: slow"
     fine = viewer.get("/bus/events/evt-fine/").json()["event"]
     assert fine["lastError"] is None and fine["consumption"]["lastFailure"] is None
+    # a parent and its children say the same as each on its own page
+    bus.send("order.purchased", {}, event_id="evt-kid", parent_event_id="evt-one-fail")
+    bus.record_feedback("evt-kid", "member-service", False, "boom", dead_lettered=True)
+    family = viewer.get("/bus/events/evt-kid/").json()
+    assert family["parent"]["lastError"] == one["lastError"]
+    assert viewer.get("/bus/events/evt-one-fail/").json()["children"][0]["lastError"] == \
+        "consumer member-service, attempt 1: boom"
+
+
+def test_the_status_filters_schema_takes_what_the_server_takes():
+    from wow_django.http.schema import STATUS_LIST
+    from wow_django.persistence.bus import EventQuery
+
+    pattern = re.compile(STATUS_LIST)
+    for taken in ("FAILED", "FAILED,PARTIAL", "PARTIAL, FAILED", "SENT,PENDING,RETRYING"):
+        assert pattern.match(taken), taken
+    for refused in ("failed", "FAILED,", ",FAILED", "FAILED;PARTIAL", "NOPE", "FAILED,NOPE"):
+        assert not pattern.match(refused), refused
+    assert EventQuery(status=["FAILED", "PARTIAL"]) == EventQuery(status=("FAILED", "PARTIAL"))
+    assert hash(EventQuery(status=["FAILED"])) == hash(EventQuery(status=("FAILED",)))
+    with pytest.raises(TypeError, match="EventQuery.status"):
+        EventQuery(status=["FAILED", None])
+    with pytest.raises(EnvelopeValidationError, match="status"):
+        get_bus().query_of(status=["FAILED", None])
 
 
 def test_token_lookup_checks_every_token():

@@ -74,7 +74,8 @@ def test_retries_with_backoff_then_a_dead_letter_visible_as_failed(bus_env, reco
         get_bus().send(TOPIC, {}, event_id="evt-dead")
         wait_for(lambda: all(attempts("evt-dead", c)[-1].get("deadLettered") for c in (ALPHA, BETA)),
                  what="both dead-lettered")
-        assert status("evt-dead") == "FAILED"
+        # the rollup runs once the burst that wrote the last row is over
+        wait_for(lambda: status("evt-dead") == "FAILED", what="FAILED")
     rows = attempts("evt-dead", ALPHA)
     assert [(r["attemptNo"], r["success"], r["retrying"], r["deadLettered"]) for r in rows[1:]] == [
         (1, False, True, False), (2, False, True, False), (3, False, False, True)]
@@ -531,3 +532,9 @@ def test_a_failure_keeps_its_message_and_the_innermost_frames_within_the_limit()
     assert text.startswith("RuntimeError: cannot price\n\n") and "KeyError: 'sku'" in text  # the cause is kept
     assert describe_failure(_caught(lambda: _nested(0, ""))).startswith("ValueError\n\n")
     assert describe_failure(_caught(lambda: _nested(0, "tiny")), limit=30) == "ValueError: tiny"  # no room left
+    for limit in range(60, 2000, 7):  # never past its limit, whatever the room left for the note
+        assert len(describe_failure(_caught(lambda: _nested(30, "x" * 50)), limit=limit)) <= limit
+    several = describe_failure(_caught(lambda: _nested(0, "first\n\nsecond")))
+    assert several.startswith("ValueError: first  second\n\nTraceback")  # one first line, one blank line
+    huge = describe_failure(_caught(lambda: _nested(3, "z" * 4000)))
+    assert huge.count("in _nested") == 4  # a long message does not crowd the frames out

@@ -125,9 +125,12 @@ def test_the_event_list_filters_searches_and_shows_what_was_consumed(console_bus
 
     assert ids(status="PARTIAL") == ["evt-failed"]
     assert ids(status="FAILED") == []
-    failing = client.get("/admin/wow/events/", {"status": "FAILED,PARTIAL"})
-    assert [e["eventId"] for e in failing.context["events"]] == ["evt-failed"]
-    assert b'<option value="FAILED,PARTIAL" selected>failed for some consumer' in failing.content
+    for typed in ("FAILED,PARTIAL", "PARTIAL, FAILED"):
+        failing = client.get("/admin/wow/events/", {"status": typed})
+        assert [e["eventId"] for e in failing.context["events"]] == ["evt-failed"]
+        assert b'<option value="FAILED,PARTIAL" selected>failed for some consumer' in failing.content
+    other = client.get("/admin/wow/events/", {"status": "SENT,PARTIAL"})
+    assert b'<option value="PARTIAL,SENT" selected>PARTIAL,SENT</option>' in other.content
     # a consumer's failure is the event's last error, in the list too
     assert b"consumer member-service, attempt 1: points store down" in failing.content
     assert ids(topic="points.added") == ["evt-child"]
@@ -254,6 +257,33 @@ def test_a_re_push_refused_between_the_page_and_the_post_is_a_message(console_bu
     response = client.post("/admin/wow/events/evt-sent/repush/", follow=True)
     assert response.status_code == 200 and any("Not re-pushed" in m for m in messages_of(response))
     assert ConsoleAudit.objects.get().detail["outcome"] == "refused"
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_audit_shows_when_in_the_sites_zone_with_or_without_time_zone_support(console_bus, settings, use_tz):
+    """A model's time is aware under USE_TZ, naive local time without it: both read the same, in the zone."""
+    settings.USE_TZ, settings.TIME_ZONE = use_tz, "Asia/Shanghai"
+    client = user_with("view_bus_events", "repush_bus_events", "view_console_audit")
+    client.post("/admin/wow/events/evt-failed/repush/", {"consumer": "member-service"})
+    entry = ConsoleAudit.objects.get()
+    at = entry.at if use_tz else entry.at.replace(tzinfo=ZoneInfo("Asia/Shanghai"))
+    local = at.astimezone(ZoneInfo("Asia/Shanghai"))
+    page = client.get("/admin/wow/audit/").content.decode()
+    assert f">{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} CST</time>" in page
+    assert "<pre class=\"wow-json\">{\n  &quot;consumer&quot;: &quot;member-service&quot;" in page  # not a repr
+
+
+def test_a_time_the_zone_cannot_show_is_shown_as_it_is_not_an_error(console_bus, settings):
+    settings.TIME_ZONE = "Asia/Shanghai"  # 9999-12-31T23:00Z is past the year 9999 there
+    console_bus.send("order.purchased", {}, event_id="evt-far", occurred_at="9999-12-31T23:00:00Z")
+    listed = user_with("view_bus_events").get("/admin/wow/events/")
+    assert listed.status_code == 200 and [e["eventId"] for e in listed.context["events"]][0] == "evt-far"
+    from wow_django.console.base import moment
+
+    assert moment(-10**14 + 1) is None and moment(10**14) is None and moment(True) is None
+    assert moment(1704103200123)["ms"] == 1704103200123 and moment(99_999_999_999_999)["ms"] == 99_999_999_999_999
+    settings.TIME_ZONE = "UTC"
+    assert moment("0500-01-01T00:00:00Z")["iso"] == "0500-01-01T00:00:00.000Z"
 
 
 def test_the_audit_page_takes_any_page_number(console_bus):
@@ -563,6 +593,11 @@ def test_the_trace_shows_the_tree_with_each_consumers_state_and_the_time_line(co
     assert [item["offset_ms"] for item in response.context["timeline"]] == [0, 1000]
     failed = client.get("/admin/wow/traces/trace-1/").context["rows"][0]["consumers"]
     assert failed["member-service"] == {"state": "FAILED", "error": "points store down", "attempts": 1}
+    get_bus().record_feedback("evt-child", "message-service", False, "KeyError: 'points'\n\nTraceback (most "
+                              "recent call last):\n  File ...", dead_lettered=True)
+    traced = client.get("/admin/wow/traces/trace-2/")
+    assert traced.context["rows"][1]["consumers"]["message-service"]["error"] == "KeyError: 'points'"
+    assert b"Traceback" not in traced.content  # a trace shows what failed, the event page shows where
     assert client.get("/admin/wow/traces/no-such-trace/").status_code == 404
     assert client.get("/admin/wow/traces/bad%20id/").status_code == 404
     assert user_with(name="staff").get("/admin/wow/traces/trace-2/").status_code == 403

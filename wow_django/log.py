@@ -29,7 +29,8 @@ def describe_failure(exc: BaseException, limit: int = FAILURE_TEXT_LIMIT) -> str
     message is bare (``InvalidOperation: [<class 'decimal.ConversionSyntax'>]``) is explained by its
     last frame. NUL characters are written out as ``\\u0000``.
     """
-    message = str(exc).replace("\x00", "\\u0000")  # no SQL store takes a NUL
+    # one line (what a list shows, and the text up to the first blank line), no NUL (no SQL store takes one)
+    message = " ".join(str(exc).replace("\x00", "\\u0000").split("\n"))
     if len(message) > MAX_MESSAGE_LENGTH:
         message = message[:MAX_MESSAGE_LENGTH - 1] + "…"
     first = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
@@ -39,10 +40,11 @@ def describe_failure(exc: BaseException, limit: int = FAILURE_TEXT_LIMIT) -> str
     room = limit - len(first) - 2  # the blank line between
     if room <= len(TRACEBACK_HEADING) + 40 or not lines:
         return first
+    note = len(f"{TRACEBACK_HEADING} [{len(lines)} earlier lines left out]") + 1  # at most this long
     kept: list[str] = []
     used = 0
     for line in reversed(lines):  # innermost first, until the room is used up
-        if used + len(line) + 1 > room - 60:  # keeps room for the note of what was left out
+        if used + len(line) + 1 > room - note:  # keeps room for the note of what was left out
             break
         kept.append(line)
         used += len(line) + 1

@@ -572,11 +572,12 @@ class EventBus:
             })
         parent = self.store.get_event(event["parentEventId"]) if event.get("parentEventId") else None
         children = self.store.children(event_id, MAX_CHILDREN)
+        related = self.summaries([*([parent] if parent else []), *children])  # one read: their lastError too
         return {
             "event": document_to_json(event, consumed_summary(expected, latest)),
             "consumers": consumers,
-            "parent": document_to_json(parent) if parent else None,
-            "children": [document_to_json(child) for child in children],
+            "parent": document_to_json(parent, related[parent["eventId"]]) if parent else None,
+            "children": [document_to_json(child, related[child["eventId"]]) for child in children],
             "repushes": [document_to_json(r) for r in self.store.repush_history(event_id)],
         }
 
@@ -620,8 +621,8 @@ class EventBus:
         errors: list[dict] = []
         if isinstance(status, str):
             status = status.split(",") if status else ()
-        statuses = tuple(dict.fromkeys(part.strip() for part in status or ()))
-        if any(part not in EventStatus.__members__ for part in statuses):
+        statuses = tuple(dict.fromkeys(part.strip() if isinstance(part, str) else part for part in status or ()))
+        if any(not isinstance(part, str) or part not in EventStatus.__members__ for part in statuses):
             errors.append({"name": "status", "msg": f"must be one of {', '.join(EventStatus.__members__)}, or "
                            "several of them separated by commas (FAILED,PARTIAL: failed for some consumer)"})
         if topic:

@@ -91,29 +91,38 @@ MAX_EPOCH_MS = 100_000_000_000_000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def moment(value: Any) -> dict | None:
-    """``{"text", "iso", "ms"}`` of a time (epoch milliseconds, a datetime — naive ones are UTC — or ISO
-    text): ``text`` in the current time zone with its name (``2024-01-01 18:00:00.000 CST``), ``iso`` in
-    UTC, ``ms`` since the epoch; None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        if not MIN_EPOCH_MS <= abs(value) < MAX_EPOCH_MS:
+def moment(value: Any, *, naive_is_local: bool = False) -> dict | None:
+    """``{"text", "iso", "ms"}`` of a time (epoch milliseconds, a datetime, or ISO text): ``text`` in the
+    current time zone with its name (``2024-01-01 18:00:00.000 CST``), ``iso`` in UTC, ``ms`` since the
+    epoch; None for anything else, and for a time the current zone cannot show (past the years 1 to 9999).
+
+    A naive datetime is UTC (what the stores keep), or with ``naive_is_local`` — a Django model's field
+    under ``USE_TZ = False`` — in the default time zone.
+    """
+    try:
+        if isinstance(value, bool):
             return None
-        at = datetime.fromtimestamp(value / 1000, UTC)
-    elif isinstance(value, datetime):
-        at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-    elif isinstance(value, str) and value:
-        try:
+        if isinstance(value, int):
+            if not MIN_EPOCH_MS <= value < MAX_EPOCH_MS:
+                return None
+            at = EPOCH + timedelta(milliseconds=value)
+        elif isinstance(value, datetime):
+            if value.tzinfo is not None:
+                at = value
+            elif naive_is_local:
+                at = timezone.make_aware(value, timezone.get_default_timezone())
+            else:
+                at = value.replace(tzinfo=UTC)
+        elif isinstance(value, str) and value:
             at = parse_time(value).replace(tzinfo=UTC)
-        except ValueError:
+        else:
             return None
-    else:
+        utc = at.astimezone(UTC)
+        local = timezone.localtime(utc)
+    except (ValueError, OverflowError):
         return None
-    utc = at.astimezone(UTC)
-    local = timezone.localtime(utc)
     millis = utc.microsecond // 1000
     zone = local.tzname() or local.strftime("%z")
-    return {"text": f"{local:%Y-%m-%d %H:%M:%S}.{millis:03d} {zone}",
-            "iso": f"{utc:%Y-%m-%dT%H:%M:%S}.{millis:03d}Z",
+    return {"text": f"{local.year:04d}-{local:%m-%d %H:%M:%S}.{millis:03d} {zone}",
+            "iso": f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S}.{millis:03d}Z",
             "ms": (utc - EPOCH) // timedelta(milliseconds=1)}

@@ -25,6 +25,13 @@ FILTERS = ("status", "topic", "service", "since", "until", "q")
 ENVELOPE_HIDDEN = ("payload",)
 
 
+def _canonical_statuses(text: str) -> str:
+    """Several statuses in one order (``PARTIAL, FAILED`` → ``FAILED,PARTIAL``): the filter shows as chosen and
+    its page links keep it. Anything else is left for the bus to refuse."""
+    parts = {part.strip() for part in text.split(",")}
+    return ",".join(sorted(parts)) if text and parts <= set(EventStatus.__members__) else text
+
+
 def _errors(exc: EnvelopeValidationError) -> list[str]:
     return [f"{e['name']}: {e['msg']}" for e in exc.binding_errors] or [str(exc)]
 
@@ -34,6 +41,10 @@ def event_list(request):
     """Events newest first: filters status, topic, initiator service, time range; search by eventId or traceId."""
     bus = get_bus()
     filters = {key: request.GET.get(key, "").strip() for key in FILTERS}
+    filters["status"] = _canonical_statuses(filters["status"])
+    choices = list(STATUS_CHOICES)
+    if filters["status"] and filters["status"] not in dict(choices):  # several statuses typed in the URL
+        choices.append((filters["status"], filters["status"]))
     cursor = request.GET.get("cursor") or None
     rows, next_cursor, problems = [], None, []
     try:
@@ -61,7 +72,7 @@ def event_list(request):
         messages.error(request, problem)
     kept = {key: value for key, value in filters.items() if value}
     return page(request, "events.html", "Bus events", events=rows, filters=filters,
-                statuses=STATUS_CHOICES, first_page=cursor is not None,
+                statuses=choices, first_page=cursor is not None,
                 first_url=f"?{urlencode(kept)}",
                 next_url=f"?{urlencode({**kept, 'cursor': next_cursor})}" if next_cursor else None)
 

@@ -14,7 +14,7 @@ from wow_django.application.followers import declared_followers
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus
 from wow_django.bus.envelope import EventStatus, check_consumer_id, utcnow
-from wow_django.bus.rollup import latest_by_consumer, outcome
+from wow_django.bus.rollup import first_line, latest_by_consumer, outcome
 from wow_django.bus.service import document_to_json
 from wow_django.console.base import allowed, audit, page, requires
 from wow_django.console.charts import horizontal_bars, stacked_bars
@@ -38,7 +38,7 @@ def _consumer_states(bus, events: list[dict]) -> dict[str, dict[str, dict]]:
         expected = list(event.get("consumers") or sorted(latest))
         out[event["eventId"]] = {
             consumer: {"state": {True: "CONSUMED", False: "FAILED", None: "WAITING"}[outcome(latest.get(consumer))],
-                       "error": (latest.get(consumer) or {}).get("error"),
+                       "error": first_line((latest.get(consumer) or {}).get("error") or "") or None,
                        "attempts": (latest.get(consumer) or {}).get("attemptNo", 0)}
             for consumer in sorted(set(expected) | set(latest))}
     return out

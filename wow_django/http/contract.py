@@ -762,7 +762,19 @@ def bus_components(max_page_size: int) -> dict[str, dict]:
                 "sequence": {"type": ["integer", "null"]}, "status": choice(statuses),
                 "statusAt": nullable_string, "retryCount": {"type": "integer"}, "lastSentAt": nullable_string,
                 "lastError": nullable_string, "consumers": {"type": "array", "items": string},
-                "consumption": {"type": "object", "description": "n of m expected consumers consumed it."},
+                "consumption": {
+                    "type": "object", "description": "n of m expected consumers consumed it.",
+                    "required": ["consumed", "expected", "failed", "text", "lastFailure"],
+                    "properties": {
+                        "consumed": {"type": "integer", "minimum": 0}, "expected": {"type": "integer", "minimum": 0},
+                        "failed": {"type": "integer", "minimum": 0}, "text": string,
+                        "lastFailure": {"anyOf": [{"type": "null"}, {
+                            "type": "object", "required": ["consumerId", "attemptNo", "error", "at"],
+                            "description": "The latest failed attempt of an expected consumer (its first line).",
+                            "properties": {"consumerId": string, "attemptNo": {"type": ["integer", "null"]},
+                                           "error": string, "at": nullable_string}}]},
+                    },
+                },
             },
         },
         "WowBusEventPage": {"anyOf": [

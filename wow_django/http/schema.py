@@ -498,7 +498,7 @@ BUS_ERRORS = {
 
 _ONE_STATUS = "(" + "|".join(s.value for s in EventStatus) + ")"
 #: The ``status`` filter of the bus event list: statuses separated by commas.
-STATUS_LIST = f"^{_ONE_STATUS}(,{_ONE_STATUS})*$"
+STATUS_LIST = f"^ *{_ONE_STATUS} *(, *{_ONE_STATUS} *)*$"
 
 
 class WowBusSchema(_Components, AutoSchema):

@@ -100,6 +100,13 @@ class EventQuery:
     since: datetime | None = None
     until: datetime | None = None
 
+    def __post_init__(self) -> None:
+        if self.status is not None and not isinstance(self.status, str):
+            statuses = tuple(self.status)
+            if not all(isinstance(status, str) for status in statuses):
+                raise TypeError(f"EventQuery.status: a status or a sequence of them, got {self.status!r}")
+            object.__setattr__(self, "status", statuses)  # hashable, and equal to the same statuses given otherwise
+
     @property
     def statuses(self) -> tuple[str, ...] | None:
         """The statuses that match (None: any)."""

@@ -20,8 +20,17 @@ register = template.Library()
 def when(value: Any) -> str:
     """A ``<time>`` element: the moment in the current time zone, with the zone's name, to the millisecond;
     its ``datetime`` attribute is ISO 8601 in UTC and its title the epoch milliseconds (what queries take).
-    Anything that is not a time is shown as it is."""
-    found = moment(value)
+    A naive datetime is UTC (the stores' times). Anything that is not a time is shown as it is."""
+    return _time_element(value, moment(value))
+
+
+@register.filter
+def when_local(value: Any) -> str:
+    """:func:`when` for a Django model's datetime field: naive (``USE_TZ = False``) means the default zone."""
+    return _time_element(value, moment(value, naive_is_local=True))
+
+
+def _time_element(value: Any, found: dict | None) -> str:
     if found is None:
         return "" if value is None else str(value)
     return format_html('<time datetime="{}" title="{} ms since 1970-01-01 UTC">{}</time>',

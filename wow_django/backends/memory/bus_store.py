@@ -264,9 +264,9 @@ class InMemoryBusStore(BusStore):
         if query.trace_id is not None:
             ids = self._by_trace.get(query.trace_id, ())
         if statuses is not None:
-            by_status = [i for status in dict.fromkeys(statuses) for i in self._by_status.get(status, {})]
-            if ids is None or len(by_status) < len(ids):
-                ids = by_status
+            buckets = [self._by_status.get(status, {}) for status in dict.fromkeys(statuses)]
+            if ids is None or sum(map(len, buckets)) < len(ids):
+                ids = [i for bucket in buckets for i in bucket]
         candidates = self._events.values() if ids is None else (self._events[i] for i in ids)
         return [event for event in candidates if query.matches(event)]
 
