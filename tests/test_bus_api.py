@@ -251,6 +251,19 @@ def test_failed_for_some_consumer_is_one_filter_and_the_event_names_the_consumer
         "consumer member-service, attempt 1: boom"
 
 
+def test_events_are_found_by_their_initiators_user_and_request(bus_http_env, operator, viewer):
+    operator.post("/bus/events/", {"topic": "order.purchased", "payload": {}, "eventId": "evt-req-a"}, format="json",
+                  HTTP_X_REQUEST_ID="req-a")
+    operator.post("/bus/events/", {"topic": "order.purchased", "payload": {}, "eventId": "evt-req-b",
+                                   "initiator": {"userId": "u-7", "clientRequestId": "req-b"}}, format="json")
+    by_request = viewer.get("/bus/events/", {"clientRequestId": "req-a"}).json()
+    assert [e["eventId"] for e in by_request["list"]] == ["evt-req-a"] and by_request["total"] == 1
+    assert [e["eventId"] for e in viewer.get("/bus/events/", {"userId": "operator"}).json()["list"]] == ["evt-req-a"]
+    by_cursor = viewer.get("/bus/events/", {"userId": "u-7", "clientRequestId": "req-b", "cursor": ""}).json()
+    assert [e["eventId"] for e in by_cursor["list"]] == ["evt-req-b"]
+    assert viewer.get("/bus/events/", {"userId": "u-7", "clientRequestId": "req-a"}).json()["total"] == 0
+
+
 def test_the_status_filters_schema_takes_what_the_server_takes():
     from wow_django.http.schema import STATUS_LIST
     from wow_django.persistence.bus import EventQuery

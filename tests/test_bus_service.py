@@ -650,6 +650,9 @@ BUS_INDEXES = {
         "status_1_occurredAt_-1_eventId_1": {"status": 1, "occurredAt": -1, "eventId": 1},
         "topic_1_occurredAt_-1_eventId_1": {"topic": 1, "occurredAt": -1, "eventId": 1},
         "initiator.service_1_occurredAt_-1_eventId_1": {"initiator.service": 1, "occurredAt": -1, "eventId": 1},
+        "initiator.userId_1_occurredAt_-1_eventId_1": {"initiator.userId": 1, "occurredAt": -1, "eventId": 1},
+        "initiator.clientRequestId_1_occurredAt_-1_eventId_1": {"initiator.clientRequestId": 1, "occurredAt": -1,
+                                                                "eventId": 1},
     },
     "topic_consumers": {
         "_id_": {"_id": 1},

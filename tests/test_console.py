@@ -41,7 +41,8 @@ def console_bus(request):
         bus.record_feedback("evt-failed", "member-service", False, "points store down")
         bus.record_feedback("evt-failed", "message-service", True)
         bus.send("order.purchased", {"orderId": "o-2"}, event_id="evt-sent", trace_id="trace-2",
-                 occurred_at="2024-01-01T11:00:00Z")
+                 occurred_at="2024-01-01T11:00:00Z", span_id="span-sent",
+                 initiator={"service": "order-service", "userId": "u-1", "clientRequestId": "req-9"})
         bus.send("points.added", {"points": 5}, event_id="evt-child", trace_id="trace-2",
                  parent_event_id="evt-sent", initiator={"service": "member-service"},
                  occurred_at="2024-01-01T11:00:01Z")
@@ -135,6 +136,8 @@ def test_the_event_list_filters_searches_and_shows_what_was_consumed(console_bus
     assert b"consumer member-service, attempt 1: points store down" in failing.content
     assert ids(topic="points.added") == ["evt-child"]
     assert ids(service="member-service") == ["evt-child"]
+    assert ids(user="u-1") == ["evt-sent"] and ids(request="req-9") == ["evt-sent"] and ids(user="nobody") == []
+    assert b'<a href="?user=u-1" class="wow-user"' in listed.content  # a user's other events, one click away
     assert ids(since="2024-01-01T10:30:00Z") == ["evt-child", "evt-sent"]
     assert ids(until="2024-01-01T10:30") == ["evt-failed"]
     assert ids(q="evt-sent") == ["evt-sent"]  # an eventId
@@ -591,6 +594,8 @@ def test_the_trace_shows_the_tree_with_each_consumers_state_and_the_time_line(co
     assert [(r["event"]["eventId"], r["depth"]) for r in rows] == [("evt-sent", 0), ("evt-child", 1)]
     assert {c: s["state"] for c, s in rows[0]["consumers"].items()} == {c: "WAITING" for c in CONSUMERS}
     assert [item["offset_ms"] for item in response.context["timeline"]] == [0, 1000]
+    assert b'<td class="span"><code>span-sent</code></td>' in response.content  # span ids in the trace
+    assert b"order-service, user u-1, request req-9" in response.content
     failed = client.get("/admin/wow/traces/trace-1/").context["rows"][0]["consumers"]
     assert failed["member-service"] == {"state": "FAILED", "error": "points store down", "attempts": 1}
     get_bus().record_feedback("evt-child", "message-service", False, "KeyError: 'points'\n\nTraceback (most "

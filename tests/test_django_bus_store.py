@@ -166,7 +166,8 @@ class ValuesAndTables:
                                   "wow_bus_sequence", "wow_bus_repush"})
         self.assertLessEqual({"wow_bus_event_id_uniq", "wow_bus_event_status_at", "wow_bus_event_status_occ",
                               "wow_bus_event_topic_occ", "wow_bus_event_trace_occ", "wow_bus_event_service_occ",
-                              "wow_bus_event_parent_occ", "wow_bus_event_occ"}, names["wow_bus_event"])
+                              "wow_bus_event_parent_occ", "wow_bus_event_occ", "wow_bus_event_user_occ",
+                              "wow_bus_event_request_occ"}, names["wow_bus_event"])
         self.assertIn("wow_bus_topic_consumer_uniq", names["wow_bus_topic_consumer"])
         self.assertLessEqual({"wow_bus_attempt_uniq", "wow_bus_consumer_consumed"}, names["wow_bus_consumption"])
         self.assertIn("wow_bus_inbox_uniq", names["wow_bus_inbox"])

@@ -91,6 +91,36 @@ def test_unapplied_migrations_are_missing_then_applied(alias):
         call_command("migrate", "wow_bus", database=alias, verbosity=0)
 
 
+def test_the_initiator_columns_migration_fills_existing_events(alias):
+    """Events stored before migration 0004 are found by their initiator's user and request id after it."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    connection = connections[alias]
+    executor = MigrationExecutor(connection)
+    executor.migrate([("wow_bus", "0003_purge_indexes")])
+    try:
+        old = executor.loader.project_state([("wow_bus", "0003_purge_indexes")]).apps.get_model("wow_bus", "EventRecord")
+        rows = [old(eventId=f"evt-old-{n}", initiator=initiator, occurredAt=None) for n, initiator in enumerate([
+            {"service": "s", "userId": "ann", "clientRequestId": "req-1"}, {"service": "s", "userId": "bob"},
+            {"service": "s"}, None])]
+        old.objects.using(alias).bulk_create(rows)
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes("wow_bus"))
+        from wow_django.backends.django.bus_models import EventRecord
+
+        filled = {r.eventId: (r.initiatorUserId, r.initiatorRequestId) for r in EventRecord.objects.using(alias)
+                  .filter(eventId__startswith="evt-old-")}
+        assert filled == {"evt-old-0": ("ann", "req-1"), "evt-old-1": ("bob", None), "evt-old-2": (None, None),
+                          "evt-old-3": (None, None)}
+        assert {"wow_bus_event_user_occ", "wow_bus_event_request_occ"} <= _constraint_names(alias, "wow_bus_event")
+    finally:
+        from wow_django.backends.django.bus_models import EventRecord
+
+        EventRecord.objects.using(alias).filter(eventId__startswith="evt-old-").delete()
+        call_command("migrate", "wow_bus", database=alias, verbosity=0)
+
+
 def test_a_table_dropped_behind_the_migrations_back_is_a_conflict(alias):
     connection = connections[alias]
     with connection.schema_editor() as editor:

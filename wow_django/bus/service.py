@@ -603,22 +603,30 @@ class EventBus:
             "tree": [node.to_json(render) for node in build_tree(events)],
         }
 
-    def query_of(self, *, status: str | Iterable[str] | None = None, topic: str | None = None, service: str | None = None,
-                 since: datetime | str | None = None, until: datetime | str | None = None,
-                 trace_id: str | None = None) -> EventQuery:
+    def query_of(self, *, status: str | Iterable[str] | None = None, topic: str | None = None,
+                 service: str | None = None, since: datetime | str | None = None, until: datetime | str | None = None,
+                 trace_id: str | None = None, user_id: str | None = None,
+                 client_request_id: str | None = None) -> EventQuery:
         """The :class:`EventQuery` of these filters; EnvelopeValidationError naming each bad one.
 
         ``status``: one status, several (``"FAILED,PARTIAL"`` or a list: any of them), or None/"" for any.
+        ``service``, ``user_id``, ``client_request_id``: the initiator's.
         """
-        query, errors = self._query_and_errors(status, topic, service, since, until, trace_id)
+        query, errors = self._query_and_errors(status, topic, service, since, until, trace_id, user_id,
+                                               client_request_id)
         if errors:
             raise EnvelopeValidationError.from_errors("event query", errors)
         return query
 
     @staticmethod
-    def _query_and_errors(status, topic, service, since, until, trace_id) -> tuple[EventQuery | None, list[dict]]:
+    def _query_and_errors(status, topic, service, since, until, trace_id, user_id=None,
+                          client_request_id=None) -> tuple[EventQuery | None, list[dict]]:
         """The filters as an :class:`EventQuery` (None when one is bad) and the binding error of each bad one."""
         errors: list[dict] = []
+        for name, value in (("service", service), ("traceId", trace_id), ("userId", user_id),
+                            ("clientRequestId", client_request_id)):
+            if value is not None and not isinstance(value, str):
+                errors.append({"name": name, "msg": "must be text"})
         if isinstance(status, str):
             status = status.split(",") if status else ()
         statuses = tuple(dict.fromkeys(part.strip() if isinstance(part, str) else part for part in status or ()))
@@ -639,8 +647,10 @@ class EventBus:
                     errors.append({"name": name, "msg": str(exc)})
         if errors:
             return None, errors
-        return EventQuery(status=(statuses[0] if len(statuses) == 1 else statuses) or None, topic=topic or None, service=service or None,
-                          trace_id=trace_id or None, since=window["since"], until=window["until"]), errors
+        return EventQuery(status=(statuses[0] if len(statuses) == 1 else statuses) or None, topic=topic or None,
+                          service=service or None, trace_id=trace_id or None, since=window["since"],
+                          until=window["until"], user_id=user_id or None,
+                          client_request_id=client_request_id or None), errors
 
     def events_page(self, query: EventQuery, *, cursor: str | None = None, size: int = 20) -> dict:
         """``{list, next}``: a page of events newest first after ``cursor`` (None: the first page), each
@@ -662,9 +672,11 @@ class EventBus:
 
     def list_events(self, *, status: str | None = None, topic: str | None = None, service: str | None = None,
                     since: datetime | str | None = None, until: datetime | str | None = None,
-                    trace_id: str | None = None, page: int = 1, size: int = 20) -> dict:
+                    trace_id: str | None = None, user_id: str | None = None, client_request_id: str | None = None,
+                    page: int = 1, size: int = 20) -> dict:
         """``{total, page, size, list}`` of events, newest first, filtered by any of the arguments."""
-        query, errors = self._query_and_errors(status, topic, service, since, until, trace_id)
+        query, errors = self._query_and_errors(status, topic, service, since, until, trace_id, user_id,
+                                               client_request_id)
         max_size = self.max_page_size
         if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_PAGE:
             errors.append({"name": "page", "msg": f"must be an integer from 1 to {MAX_PAGE}"})

@@ -21,8 +21,15 @@ PAGE_SIZE = 25
 FAILED_FOR_SOME = "FAILED,PARTIAL"
 STATUS_CHOICES = [(FAILED_FOR_SOME, "failed for some consumer (FAILED or PARTIAL)"),
                   *((status, status) for status in EventStatus.__members__)]
-FILTERS = ("status", "topic", "service", "since", "until", "q")
+FILTERS = ("status", "topic", "service", "user", "request", "since", "until", "q")
 ENVELOPE_HIDDEN = ("payload",)
+
+
+def _query_filters(filters: dict) -> dict:
+    """The bus's query arguments of the console's filters."""
+    return {"status": filters["status"], "topic": filters["topic"], "service": filters["service"],
+            "user_id": filters["user"], "client_request_id": filters["request"], "since": filters["since"],
+            "until": filters["until"]}
 
 
 def _canonical_statuses(text: str) -> str:
@@ -38,7 +45,8 @@ def _errors(exc: EnvelopeValidationError) -> list[str]:
 
 @requires("view_bus_events")
 def event_list(request):
-    """Events newest first: filters status, topic, initiator service, time range; search by eventId or traceId."""
+    """Events newest first: filters status, topic, the initiator's service, user and request id, time range;
+    search by eventId or traceId."""
     bus = get_bus()
     filters = {key: request.GET.get(key, "").strip() for key in FILTERS}
     filters["status"] = _canonical_statuses(filters["status"])
@@ -48,8 +56,7 @@ def event_list(request):
     cursor = request.GET.get("cursor") or None
     rows, next_cursor, problems = [], None, []
     try:
-        query = bus.query_of(status=filters["status"], topic=filters["topic"], service=filters["service"],
-                             since=filters["since"], until=filters["until"])
+        query = bus.query_of(**_query_filters(filters))
     except EnvelopeValidationError as exc:
         problems, query = _errors(exc), None
     if query is not None and filters["q"]:
@@ -58,8 +65,7 @@ def event_list(request):
             rows = [document_to_json(found, bus.summaries([found])[found["eventId"]])]
             query = None
         else:  # otherwise a traceId
-            query = bus.query_of(status=filters["status"], topic=filters["topic"], service=filters["service"],
-                                 since=filters["since"], until=filters["until"], trace_id=filters["q"])
+            query = bus.query_of(**_query_filters(filters), trace_id=filters["q"])
     if query is not None:
         try:
             result = bus.events_page(query, cursor=cursor, size=PAGE_SIZE)

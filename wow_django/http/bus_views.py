@@ -91,7 +91,8 @@ class EventListView(BusView):
                 self.conform("event query", params[name], component, name=name)
         filters = {"status": params.get("status") or None, "topic": params.get("topic") or None,
                    "service": params.get("service") or None, "since": params.get("since") or None,
-                   "until": params.get("until") or None, "trace_id": params.get("traceId") or None}
+                   "until": params.get("until") or None, "trace_id": params.get("traceId") or None,
+                   "user_id": params.get("userId") or None, "client_request_id": params.get("clientRequestId") or None}
         size = self.int_param(request, "size", 20)
         if "cursor" not in params:
             return Response(self.bus.list_events(**filters, page=self.int_param(request, "page", 1), size=size))

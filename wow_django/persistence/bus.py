@@ -90,7 +90,7 @@ class EventQuery:
     """A filter of ``events``: every given field must match (``None`` = any).
 
     ``status`` is one status or a tuple of them (any of them matches: ``("FAILED", "PARTIAL")`` is
-    "failed for some consumer"); ``service`` is ``initiator.service``; ``since`` ≤ ``occurredAt`` < ``until``.
+    "failed for some consumer"); ``service``, ``user_id`` and ``client_request_id`` are the initiator's; ``since`` ≤ ``occurredAt`` < ``until``.
     """
 
     status: str | tuple[str, ...] | None = None
@@ -99,6 +99,8 @@ class EventQuery:
     trace_id: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    user_id: str | None = None
+    client_request_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and not isinstance(self.status, str):
@@ -123,6 +125,11 @@ class EventQuery:
         if self.service is not None and (event.get("initiator") or {}).get("service") != self.service:
             return False
         if self.trace_id is not None and event.get("traceId") != self.trace_id:
+            return False
+        initiator = event.get("initiator") or {}
+        if self.user_id is not None and initiator.get("userId") != self.user_id:
+            return False
+        if self.client_request_id is not None and initiator.get("clientRequestId") != self.client_request_id:
             return False
         if self.since is not None or self.until is not None:
             occurred = event.get("occurredAt")

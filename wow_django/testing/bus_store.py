@@ -399,6 +399,26 @@ class EventRecordsContract(BusStoreCase):
                                    since=T0 + timedelta(seconds=1), until=T0 + timedelta(seconds=4)), ["evt-4"])
         self.assertEqual(self.find(trace_id="trace-none"), [])
 
+    def test_find_events_by_the_initiators_user_and_request(self):
+        def initiator(user, request):
+            return {"service": "order-service", "operation": "pay", "userId": user, "clientRequestId": request}
+
+        self.insert(
+            make_event("evt-u1", occurred_at=T0, initiator=initiator("ann", "req-1")),
+            make_event("evt-u2", occurred_at=T0 + timedelta(seconds=1), initiator=initiator("ann", "req-2")),
+            make_event("evt-u3", occurred_at=T0 + timedelta(seconds=2), initiator=initiator("bob", "req-2")),
+            make_event("evt-u4", occurred_at=T0 + timedelta(seconds=3), initiator={"service": "order-service"}),
+            make_event("evt-u5", occurred_at=T0 + timedelta(seconds=4), initiator=None),
+        )
+        self.assertEqual(self.find(user_id="ann"), ["evt-u2", "evt-u1"])
+        self.assertEqual(self.find(client_request_id="req-2"), ["evt-u3", "evt-u2"])
+        self.assertEqual(self.find(user_id="ann", client_request_id="req-2"), ["evt-u2"])
+        self.assertEqual(self.find(user_id="nobody"), [])
+        self.assertEqual(self.total(user_id="bob", service="order-service"), 1)
+        self.assertEqual(self.ids(self.store.events_after(EventQuery(user_id="ann"), after=(T0 + timedelta(seconds=1),
+                                                                                           "evt-u2"), limit=5)),
+                         ["evt-u1"])
+
     def test_find_events_pages_with_the_total(self):
         self.listing_events()
         total, page = self.store.find_events(EventQuery(), skip=1, limit=2)

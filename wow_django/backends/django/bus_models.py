@@ -60,6 +60,9 @@ class EventRecord(RecordFields):
     initiator = models.JSONField(null=True, db_column="initiator")
     # initiator.service, copied on insert (the initiator never changes): what the listing filters on.
     initiatorService = models.CharField(max_length=ID_LENGTH, null=True, db_column="initiator_service")
+    # initiator.userId and .clientRequestId, copied the same way: what an operator searches by.
+    initiatorUserId = models.CharField(max_length=ID_LENGTH, null=True, db_column="initiator_user_id")
+    initiatorRequestId = models.CharField(max_length=ID_LENGTH, null=True, db_column="initiator_request_id")
     occurredAt = models.DateTimeField(null=True, db_column="occurred_at")
     sentAt = models.DateTimeField(null=True, db_column="sent_at")
     contractVersion = models.BigIntegerField(null=True, db_column="contract_version")

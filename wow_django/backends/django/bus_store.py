@@ -275,6 +275,10 @@ def event_filter(query: EventQuery) -> Q:
         found &= Q(topic=query.topic)
     if query.service is not None:
         found &= Q(initiatorService=query.service)
+    if query.user_id is not None:
+        found &= Q(initiatorUserId=query.user_id)
+    if query.client_request_id is not None:
+        found &= Q(initiatorRequestId=query.client_request_id)
     if query.trace_id is not None:
         found &= Q(traceId=query.trace_id)
     if query.since is not None:
@@ -282,6 +286,18 @@ def event_filter(query: EventQuery) -> Q:
     if query.until is not None:
         found &= Q(occurredAt__lt=db_time(query.until))
     return found
+
+
+#: The initiator's fields the listing filters on, each copied into a column of its own on insert.
+INITIATOR_COLUMNS = {"initiatorService": "service", "initiatorUserId": "userId",
+                     "initiatorRequestId": "clientRequestId"}
+
+
+def initiator_columns(initiator: object) -> dict:
+    """The initiator columns of an event (None where the initiator has no text for one)."""
+    fields = initiator if isinstance(initiator, dict) else {}
+    return {column: str.__str__(fields[key]) if isinstance(fields.get(key), str) else None
+            for column, key in INITIATOR_COLUMNS.items()}
 
 
 def _topic_consumer(row: dict) -> dict:
@@ -388,9 +404,7 @@ class DjangoBusStore(BusStore):
 
     def insert_event(self, document: dict) -> bool:
         values = EVENTS.columns(document)
-        initiator = document.get("initiator")
-        service = initiator.get("service") if isinstance(initiator, dict) else None
-        values["initiatorService"] = str.__str__(service) if isinstance(service, str) else None
+        values.update(initiator_columns(document.get("initiator")))
         event_id = values["eventId"]
         with self.errors(f"storing event {event_id}"):
             return self.insert_unique(EventRecord, values, {"eventId": event_id})

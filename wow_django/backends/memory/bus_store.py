@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -258,8 +259,7 @@ class InMemoryBusStore(BusStore):
         statuses = query.statuses
         if query == EventQuery(status=query.status) and statuses is not None:  # the status index answers
             return [self._events[i] for status in dict.fromkeys(statuses) for i in self._by_status.get(status, {})]
-        query = EventQuery(query.status, query.topic, query.service, query.trace_id, _time(query.since),
-                           _time(query.until))
+        query = replace(query, since=_time(query.since), until=_time(query.until))
         ids: Iterable[str] | None = None
         if query.trace_id is not None:
             ids = self._by_trace.get(query.trace_id, ())

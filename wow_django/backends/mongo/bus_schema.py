@@ -57,6 +57,11 @@ EVENTS_SPEC = CollectionSpec(EVENTS, (
     IndexSpec("topic_1_occurredAt_-1_eventId_1", (("topic", 1), ("occurredAt", -1), ("eventId", 1))),
     IndexSpec("initiator.service_1_occurredAt_-1_eventId_1",
               (("initiator.service", 1), ("occurredAt", -1), ("eventId", 1))),
+    # What an operator knows of a request: who made it and its request id.
+    IndexSpec("initiator.userId_1_occurredAt_-1_eventId_1",
+              (("initiator.userId", 1), ("occurredAt", -1), ("eventId", 1))),
+    IndexSpec("initiator.clientRequestId_1_occurredAt_-1_eventId_1",
+              (("initiator.clientRequestId", 1), ("occurredAt", -1), ("eventId", 1))),
 ))
 TOPIC_CONSUMERS_SPEC = CollectionSpec(TOPIC_CONSUMERS, (
     TOPIC_CONSUMER_UNIQUE,

@@ -65,6 +65,10 @@ def event_filter(query: EventQuery) -> dict:
         found["topic"] = query.topic
     if query.service is not None:
         found["initiator.service"] = query.service
+    if query.user_id is not None:
+        found["initiator.userId"] = query.user_id
+    if query.client_request_id is not None:
+        found["initiator.clientRequestId"] = query.client_request_id
     if query.trace_id is not None:
         found["traceId"] = query.trace_id
     window: dict = {}
