@@ -68,9 +68,12 @@ needed: the per-process default cache is enough (``wow_django.W003`` is about
 """
 
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -220,18 +223,23 @@ def _next_redis_database(url: str) -> str:
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 # The demo's own names on brokers it shares with the machine's other projects (see the module docstring).
 BROKER_NAMESPACE = os.environ.get("SAMPLE_BROKER_NAMESPACE", "wow-demo")
+if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,59}", BROKER_NAMESPACE):
+    raise ImproperlyConfigured(f"SAMPLE_BROKER_NAMESPACE={BROKER_NAMESPACE!r}: 1 to 60 letters, digits, '_', '.' "
+                               "or '-', starting with a letter or digit (it begins every name the demo uses)")
 SAMPLE_AMQP_URL = os.environ.get("SAMPLE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 if os.environ.get("CELERY_EAGER") in ("0", "1"):
     CELERY_TASK_ALWAYS_EAGER = os.environ["CELERY_EAGER"] == "1"
 else:
     CELERY_TASK_ALWAYS_EAGER = not _reachable(CELERY_BROKER_URL, 6379)
 
+# Where the bus goes on Redis (the broker's next database); --clean-brokers looks there too.
+SAMPLE_REDIS_BUS_URL = _next_redis_database(CELERY_BROKER_URL) if CELERY_BROKER_URL.startswith("redis://") else ""
 if os.environ.get("WOW_BUS_TRANSPORT_URL"):
     BUS_TRANSPORT_URL = os.environ["WOW_BUS_TRANSPORT_URL"]
 elif _reachable(SAMPLE_AMQP_URL, 5672):
     BUS_TRANSPORT_URL = SAMPLE_AMQP_URL
 elif CELERY_BROKER_URL.startswith("redis://") and _reachable(CELERY_BROKER_URL, 6379):
-    BUS_TRANSPORT_URL = _next_redis_database(CELERY_BROKER_URL)
+    BUS_TRANSPORT_URL = SAMPLE_REDIS_BUS_URL
 else:
     BUS_TRANSPORT_URL = "memory://"
 
@@ -267,6 +275,10 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", CELERY_BROKER_UR
 # Every key Celery writes to Redis (queues, results) starts with the demo's prefix: several projects (or test
 # runs) can share one Redis database, and --clean-brokers finds the demo's keys.
 CELERY_REDIS_KEY_PREFIX = os.environ.get("CELERY_REDIS_KEY_PREFIX") or f"{BROKER_NAMESPACE}:"
+if not CELERY_REDIS_KEY_PREFIX.endswith(":"):  # --clean-brokers deletes every key that starts with it
+    raise ImproperlyConfigured(f"CELERY_REDIS_KEY_PREFIX={CELERY_REDIS_KEY_PREFIX!r} must end with ':' (e.g. "
+                               f"{CELERY_REDIS_KEY_PREFIX + ':'!r}): a prefix without a separator would take in "
+                               "other projects' keys")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": CELERY_REDIS_KEY_PREFIX}
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = CELERY_BROKER_TRANSPORT_OPTIONS
 CELERY_TASK_DEFAULT_QUEUE = f"{BROKER_NAMESPACE}.celery"

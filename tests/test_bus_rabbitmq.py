@@ -317,8 +317,10 @@ def test_delete_entities_removes_the_queues_and_exchange_it_declared_and_nothing
     try:
         ours.publish({"eventId": "e-1"}, topic=TOPIC, consumers=[ALPHA, BETA])
         theirs.publish({"eventId": "e-2"}, topic=TOPIC, consumers=[ALPHA])
-        assert ours.delete_entities([ALPHA, BETA, "never-declared"]) == [
-            f"{name}.{ALPHA}", f"{name}.{BETA}", name]
+        ours.publish({"eventId": "e-3"}, topic=TOPIC, consumers=["foreign"])  # a queue we are not told of
+        # the exchange stays while another queue is bound to it (it would lose what is published for it)
+        assert ours.delete_entities([ALPHA, BETA, "never-declared"]) == [f"{name}.{ALPHA}", f"{name}.{BETA}"]
+        assert ours.delete_entities(["foreign"]) == [f"{name}.foreign", name]
         assert ours.delete_entities([ALPHA, BETA]) == []  # nothing left to delete
         if url.startswith("redis://"):
             import redis

@@ -102,7 +102,7 @@ def test_the_initiator_columns_migration_fills_existing_events(alias):
         old = executor.loader.project_state([("wow_bus", "0003_purge_indexes")]).apps.get_model("wow_bus", "EventRecord")
         rows = [old(eventId=f"evt-old-{n}", initiator=initiator, occurredAt=None) for n, initiator in enumerate([
             {"service": "s", "userId": "ann", "clientRequestId": "req-1"}, {"service": "s", "userId": "bob"},
-            {"service": "s"}, None])]
+            {"service": "s"}, None, "not an object", {"userId": 5, "clientRequestId": "r" * 256}])]
         old.objects.using(alias).bulk_create(rows)
         executor = MigrationExecutor(connection)
         executor.loader.build_graph()
@@ -112,7 +112,8 @@ def test_the_initiator_columns_migration_fills_existing_events(alias):
         filled = {r.eventId: (r.initiatorUserId, r.initiatorRequestId) for r in EventRecord.objects.using(alias)
                   .filter(eventId__startswith="evt-old-")}
         assert filled == {"evt-old-0": ("ann", "req-1"), "evt-old-1": ("bob", None), "evt-old-2": (None, None),
-                          "evt-old-3": (None, None)}
+                          "evt-old-3": (None, None), "evt-old-4": (None, None),
+                          "evt-old-5": (None, None)}  # no text, or more than the column holds: the JSON keeps it
         assert {"wow_bus_event_user_occ", "wow_bus_event_request_occ"} <= _constraint_names(alias, "wow_bus_event")
     finally:
         from wow_django.backends.django.bus_models import EventRecord

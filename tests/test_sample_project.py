@@ -286,6 +286,10 @@ def test_the_demo_has_broker_names_of_its_own_by_default(sample_env):
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == ["wow-demo.celery", "wow-demo.bus", "wow-demo.bus.rollup", "wow-demo:",
                                     "wow-demo.bus.rollup"]
+    for name, value in (("SAMPLE_BROKER_NAMESPACE", ""), ("SAMPLE_BROKER_NAMESPACE", "a b"),
+                        ("CELERY_REDIS_KEY_PREFIX", "wow")):  # "wow*" would take in other projects' keys
+        refused = manage({**bare, "CELERY_EAGER": "1", name: value}, "check")
+        assert refused.returncode != 0 and f"{name}={value!r}" in refused.stderr
 
 
 @pytest.mark.integration

@@ -34,14 +34,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from wow_django.bus import ConsumerWorker, get_bus, run_in_thread
 from wow_django.bus.consumer import consumers
+from wow_django.bus.transport import BusTransport
 from wow_django.conf import wow_settings
-from wow_django.exceptions import TransportUnavailable
+from wow_django.exceptions import RecoverableStoreError, TransportUnavailable
 
 MANAGE_PY = Path(__file__).resolve().parents[2] / "manage.py"
 DEFAULT_QUEUE = "celery"  # Celery's task_default_queue
@@ -103,16 +105,25 @@ def clean(write, style) -> bool:
     consumer_ids = set(consumers().consumer_ids())
     try:
         consumer_ids |= {row["consumerId"] for row in bus.topic_consumers()}
-    except DatabaseError:  # never migrated: the declared consumers are all there can be
+    except (DatabaseError, ImproperlyConfigured, RecoverableStoreError):  # never migrated, or locked
         pass
-    if bus_crosses_processes():
+    # Every broker the demo may have used for the bus: which one the probes pick depends on what answered
+    # when it ran, not on what answers now.
+    configured = wow_settings.BUS_TRANSPORT_URL
+    candidates = dict.fromkeys(url for url in (configured, settings.SAMPLE_AMQP_URL,
+                                               settings.SAMPLE_REDIS_BUS_URL) if url and not url.startswith("memory"))
+    for url in candidates:
+        shown = _without_password(url)
         try:
-            names = bus.transport.delete_entities(consumer_ids)
-            write(f"The bus ({_without_password(wow_settings.BUS_TRANSPORT_URL)}): deleted "
-                  f"{', '.join(names) or 'nothing (nothing was there)'}")
+            names = BusTransport(url, wow_settings.BUS_EXCHANGE, timeout=3).delete_entities(consumer_ids)
+            write(f"The bus ({shown}): deleted {', '.join(names) or 'nothing (nothing was there)'}")
         except TransportUnavailable as exc:
-            write(style.ERROR(f"The bus: {exc}"))
-            done = False
+            if url == configured:
+                write(style.ERROR(f"The bus ({shown}): {exc}"))
+                done = False
+            else:
+                write(style.WARNING(f"The bus ({shown}) does not answer: if the demo ran on it, run this again "
+                                    "once it does"))
     broker = settings.CELERY_BROKER_URL
     queues = [getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", DEFAULT_QUEUE), wow_settings.BUS_ROLLUP_QUEUE]
     try:
@@ -123,7 +134,7 @@ def clean(write, style) -> bool:
             for name in queues:
                 with contextlib.suppress(*connection.channel_errors):
                     channel.queue_delete(name)
-            write(f"Celery ({_without_password(broker)}): deleted the queues {', '.join(queues)}")
+            write(f"Celery ({_without_password(broker)}): deleted the queues {', '.join(queues)} where they were")
     except (OSError, OperationalError) as exc:
         write(style.WARNING(f"Celery's broker ({_without_password(broker)}) does not answer ({exc}): its queues "
                             "stay"))

@@ -64,6 +64,7 @@ MAX_PAGE = 100_000
 logger = logging.getLogger("wow_django.bus")
 
 MAX_ERROR_LENGTH = 4000
+MAX_FILTER_LENGTH = 200  # a text filter of the event list: as long as the envelope's texts
 MAX_TRACE_EVENTS = 1000
 MAX_CHILDREN = 200
 ROLLUP_ROUNDS = 16
@@ -625,8 +626,11 @@ class EventBus:
         errors: list[dict] = []
         for name, value in (("service", service), ("traceId", trace_id), ("userId", user_id),
                             ("clientRequestId", client_request_id)):
-            if value is not None and not isinstance(value, str):
-                errors.append({"name": name, "msg": "must be text"})
+            if value is not None and (not isinstance(value, str) or len(value) > MAX_FILTER_LENGTH
+                                      or "\x00" in value):
+                # no stored text is longer; a NUL, which no SQL store takes, is a 400, not a 500
+                errors.append({"name": name, "msg": f"must be text of at most {MAX_FILTER_LENGTH} characters "
+                                                    "without NUL"})
         if isinstance(status, str):
             status = status.split(",") if status else ()
         statuses = tuple(dict.fromkeys(part.strip() if isinstance(part, str) else part for part in status or ()))

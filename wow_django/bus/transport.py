@@ -179,7 +179,8 @@ class BusTransport:
 
     def delete_entities(self, consumer_ids: Iterable[str]) -> list[str]:
         """Delete the queues of ``consumer_ids`` and this bus's exchange from the broker, messages included:
-        what a project (or a demo) that is taken down leaves behind. Returns the names it found and deleted.
+        what a project (or a demo) that is taken down leaves behind. The exchange stays while queues of other
+        consumers are bound to it. Returns the names it found and deleted.
         :class:`~wow_django.exceptions.TransportUnavailable` when the broker does not answer."""
         names = [queue_name(self.exchange_name, c) for c in sorted(set(consumer_ids))]
         try:
@@ -202,15 +203,16 @@ class BusTransport:
                 deleted.append(name)
         if self._exists(connection, lambda channel: channel.exchange_declare(self.exchange_name, "topic",
                                                                              passive=True)):
-            channel = connection.channel()
-            channel.exchange_delete(self.exchange_name)
-            channel.close()
-            deleted.append(self.exchange_name)
+            # if_unused: an exchange another project's queues are still bound to stays (RabbitMQ would
+            # otherwise drop what is published for them): 406 PRECONDITION_FAILED
+            if self._exists(connection, lambda channel: channel.exchange_delete(self.exchange_name, if_unused=True)):
+                deleted.append(self.exchange_name)
         return deleted
 
     @staticmethod
     def _exists(connection: Connection, declare) -> bool:
-        """Whether a passive declare finds the entity (a refusal closes its channel: one of its own)."""
+        """Whether ``declare(channel)`` succeeds (a passive declare finds the entity, a conditional delete
+        deletes it); a refusal closes its channel, so it gets one of its own."""
         channel = connection.channel()
         try:
             declare(channel)
@@ -239,8 +241,11 @@ class BusTransport:
             channel.queue_delete(name)
             if held or name in bound:
                 deleted.append(name)
-        channel.exchange_delete(self.exchange_name)
-        if table:
+        others = {q for _, _, q in channel.get_table(self.exchange_name)} - wanted
+        if self.url.startswith("memory://"):  # its table keeps the bindings of deleted queues: are they there?
+            others = {q for q in others if self._exists(connection, lambda ch, q=q: ch.queue_declare(q, passive=True))}
+        if table and not others:  # another consumer's queue still bound to it: it stays
+            channel.exchange_delete(self.exchange_name)
             deleted.append(self.exchange_name)
         return deleted
 

@@ -26,7 +26,7 @@ from drf_spectacular.utils import OpenApiParameter
 
 from wow_django.application.followers import STAGE_KINDS, stage_candidates
 from wow_django.application.gateway import WaitStage
-from wow_django.bus.service import MAX_PAGE
+from wow_django.bus.service import MAX_FILTER_LENGTH, MAX_PAGE
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import aggregates
 from wow_django.domain.messages import RecoverAggregate
@@ -533,22 +533,23 @@ class WowBusSchema(_Components, AutoSchema):
         if operation == "bus_events_list":
             self._wow("WowBusTime")
             blank = {"const": ""}
+            text_filter = {"type": "string", "maxLength": MAX_FILTER_LENGTH, "pattern": "^[^\\u0000]*$"}
             parameters += [
                 OpenApiParameter("status", {"anyOf": [blank, {"type": "string", "pattern": STATUS_LIST}]},
                                  OpenApiParameter.QUERY,
                                  description="One status, or several separated by commas (any of them): "
                                  "FAILED,PARTIAL is every event that failed for some consumer."),
                 OpenApiParameter("topic", {"anyOf": [blank, _ref("WowTopic")]}, OpenApiParameter.QUERY),
-                OpenApiParameter("service", {"type": "string"}, OpenApiParameter.QUERY,
+                OpenApiParameter("service", text_filter, OpenApiParameter.QUERY,
                                  description="initiator.service"),
                 OpenApiParameter("since", {"anyOf": [blank, _ref("WowBusTime")]}, OpenApiParameter.QUERY,
                                  description="occurredAt at or after (ISO 8601)."),
                 OpenApiParameter("until", {"anyOf": [blank, _ref("WowBusTime")]}, OpenApiParameter.QUERY,
                                  description="occurredAt before (ISO 8601)."),
-                OpenApiParameter("traceId", {"type": "string"}, OpenApiParameter.QUERY),
-                OpenApiParameter("userId", {"type": "string"}, OpenApiParameter.QUERY,
+                OpenApiParameter("traceId", text_filter, OpenApiParameter.QUERY),
+                OpenApiParameter("userId", text_filter, OpenApiParameter.QUERY,
                                  description="initiator.userId: the events a user's requests sent."),
-                OpenApiParameter("clientRequestId", {"type": "string"}, OpenApiParameter.QUERY,
+                OpenApiParameter("clientRequestId", text_filter, OpenApiParameter.QUERY,
                                  description="initiator.clientRequestId: the events one request sent."),
                 OpenApiParameter("page", _integer(1, MAX_PAGE), OpenApiParameter.QUERY,
                                  description="Page number, from 1 (default 1; not with cursor)."),

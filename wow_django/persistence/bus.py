@@ -103,6 +103,10 @@ class EventQuery:
     client_request_id: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("topic", "service", "trace_id", "user_id", "client_request_id"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):  # a dict would be a query operator on MongoDB
+                raise TypeError(f"EventQuery.{name}: text or None, got {value!r}")
         if self.status is not None and not isinstance(self.status, str):
             statuses = tuple(self.status)
             if not all(isinstance(status, str) for status in statuses):

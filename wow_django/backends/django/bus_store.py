@@ -45,6 +45,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce, Collate
 
 from wow_django.backends.django.bus_models import (
+    ID_LENGTH,
     ConsumptionRecord,
     EventRecord,
     InboxEntry,
@@ -294,10 +295,11 @@ INITIATOR_COLUMNS = {"initiatorService": "service", "initiatorUserId": "userId",
 
 
 def initiator_columns(initiator: object) -> dict:
-    """The initiator columns of an event (None where the initiator has no text for one)."""
+    """The initiator columns of an event: None where the initiator has no text for one, or text longer than
+    the column (the JSON keeps it; the filter cannot find it)."""
     fields = initiator if isinstance(initiator, dict) else {}
-    return {column: str.__str__(fields[key]) if isinstance(fields.get(key), str) else None
-            for column, key in INITIATOR_COLUMNS.items()}
+    return {column: str.__str__(fields[key]) if isinstance(fields.get(key), str) and len(fields[key]) <= ID_LENGTH
+            else None for column, key in INITIATOR_COLUMNS.items()}
 
 
 def _topic_consumer(row: dict) -> dict:
