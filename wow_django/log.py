@@ -55,6 +55,12 @@ def describe_failure(exc: BaseException, limit: int = FAILURE_TEXT_LIMIT) -> str
     return f"{first}\n\n" + "\n".join(kept)
 
 
+def first_line(text: str) -> str:
+    """The first line of a :func:`describe_failure` text: what lists, logs and clients are shown (the rest
+    is its traceback)."""
+    return text.partition("\n")[0]
+
+
 #: The headers a request id is read from, in order (``request.META`` keys).
 REQUEST_ID_HEADERS = ("HTTP_COMMAND_REQUEST_ID", "HTTP_X_REQUEST_ID")
 

@@ -69,7 +69,7 @@ from wow_django.conf import wow_settings
 from wow_django.domain import registry as domain_registry
 from wow_django.domain.registry import Current, EventHandler, check_name
 from wow_django.exceptions import CheckpointFenced, LeaseLost, RecoverableStoreError
-from wow_django.log import describe_failure
+from wow_django.log import describe_failure, first_line
 from wow_django.persistence.followers import (
     AppendNotifier,
     FollowerStore,
@@ -439,7 +439,7 @@ class FollowerRunner:
                 agg = item.stream.aggregate_id
                 error = describe_failure(exc)
                 logger.error("follower %r stopped on position %s (%s/%s): %s", self.name, item.position,
-                             agg.aggregate_name, agg.id, error.partition("\n")[0], exc_info=exc)
+                             agg.aggregate_name, agg.id, first_line(error), exc_info=exc)
                 self.store.set_poison(self.name, self.owner, PoisonEvent(
                     position=item.position, stream_id=item.stream.id, aggregate=f"{agg.aggregate_name}/{agg.id}",
                     error=error, at=self.clock()), now=self.clock(), generation=self._generation)
@@ -921,7 +921,7 @@ class ProjectionWaiter:
                 continue
             if state is not None and state.poison is not None and state.poison.position <= position:
                 errors.append(f"{what} {name!r} is stopped on position {state.poison.position} "
-                              f"({state.poison.aggregate}): {state.poison.error.partition(chr(10))[0]}")
+                              f"({state.poison.aggregate}): {first_line(state.poison.error)}")
                 continue
             pending.append(name)
         return errors, pending

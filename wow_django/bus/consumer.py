@@ -52,7 +52,7 @@ from wow_django.bus.rollup import outcome
 from wow_django.conf import wow_settings
 from wow_django.domain.registry import Current
 from wow_django.exceptions import EnvelopeValidationError
-from wow_django.log import describe_failure
+from wow_django.log import describe_failure, first_line
 
 logger = logging.getLogger("wow_django.bus.consumer")
 
@@ -428,7 +428,7 @@ class ConsumerWorker:
             except Exception as exc:
                 error = describe_failure(exc)
                 logger.warning("consumer %s: %s failed on %s (attempt %d of %d): %s", self.consumer_id,
-                               handler.label, event_id, attempt, self.max_attempts, error.partition("\n")[0],
+                               handler.label, event_id, attempt, self.max_attempts, first_line(error),
                                exc_info=attempt == self.max_attempts)
                 if attempt == self.max_attempts:
                     break
@@ -451,7 +451,7 @@ class ConsumerWorker:
         self.stats.failed += 1
         feedback(False, error, dead_lettered=True)
         logger.error("consumer %s: %s dead-lettered after %d attempts: %s", self.consumer_id, event_id,
-                     self.max_attempts, error.partition("\n")[0])
+                     self.max_attempts, first_line(error))
         return ACK
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from wow_django.bus.envelope import FEEDBACK_STATUSES, EventStatus
+from wow_django.log import first_line
 
 
 def latest_by_consumer(rows: Iterable[dict]) -> dict[str, dict]:
@@ -67,11 +68,6 @@ def consumed_summary(expected: list[str], latest: dict[str, dict]) -> dict:
             "lastFailure": None if last is None else {
                 "consumerId": last["consumerId"], "attemptNo": last.get("attemptNo"),
                 "error": first_line(last.get("error") or "failed"), "at": last.get("consumedAt")}}
-
-
-def first_line(text: str) -> str:
-    """The first line of a failure's text (what a list shows; the rest is its traceback)."""
-    return text.partition("\n")[0]
 
 
 def last_error(event: dict, summary: dict | None) -> str | None:

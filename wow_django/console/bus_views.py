@@ -11,10 +11,10 @@ from django.views.decorators.http import require_http_methods
 
 from wow_django.bus import get_bus
 from wow_django.bus.envelope import EventStatus, check_consumer_id
-from wow_django.bus.rollup import first_line
 from wow_django.bus.service import document_to_json
 from wow_django.console.base import allowed, audit, page, pretty, requires
 from wow_django.exceptions import EnvelopeValidationError, EventNotFound, RepushRefused, TransportUnavailable
+from wow_django.log import first_line
 
 PAGE_SIZE = 25
 #: The status filter's choices: each status, and the one an incident starts from.

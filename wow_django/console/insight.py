@@ -14,12 +14,13 @@ from wow_django.application.followers import declared_followers
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus
 from wow_django.bus.envelope import EventStatus, check_consumer_id, utcnow
-from wow_django.bus.rollup import first_line, latest_by_consumer, outcome
+from wow_django.bus.rollup import latest_by_consumer, outcome
 from wow_django.bus.service import document_to_json
 from wow_django.console.base import allowed, audit, page, requires
 from wow_django.console.charts import horizontal_bars, stacked_bars
 from wow_django.console.models import FailureNote
 from wow_django.exceptions import EnvelopeValidationError, RepushRefused, TraceNotFound, TransportUnavailable
+from wow_django.log import first_line
 from wow_django.management.commands.wow_followers import status as follower_status
 from wow_django.persistence.bus import EventQuery
 

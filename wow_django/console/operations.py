@@ -15,9 +15,9 @@ from django.views.decorators.http import require_http_methods
 from wow_django.application.followers import declared_followers
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import get_bus
-from wow_django.bus.rollup import first_line
 from wow_django.console.base import allowed, audit, page, requires
 from wow_django.exceptions import EnvelopeValidationError, UnknownFollower
+from wow_django.log import first_line
 from wow_django.management.commands.wow_followers import status as follower_status
 
 MAX_POSITION = 2**63 - 1  # what a position column holds

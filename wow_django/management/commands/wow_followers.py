@@ -20,6 +20,7 @@ from django.utils.dateparse import parse_datetime
 from wow_django.application.followers import declared_followers
 from wow_django.application.runtime import get_runtime
 from wow_django.exceptions import UnknownFollower
+from wow_django.log import first_line
 from wow_django.persistence.followers import FollowerState, FollowerStore, StreamFeed
 
 
@@ -174,7 +175,7 @@ class Command(BaseCommand):
                 flags.append("PAUSED")
             if row["error"]:
                 flags.append(f"STOPPED at {row['error']['position']} ({row['error']['aggregate']}): "
-                             f"{row['error']['error'].partition(chr(10))[0]}")
+                             f"{first_line(row['error']['error'])}")
             if not row["declared"]:
                 flags.append("not declared in this project")
             self.stdout.write(
