@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
@@ -156,6 +157,94 @@ def test_the_event_list_pages_by_cursor(console_bus, monkeypatch):
     second = client.get("/admin/wow/events/" + first.context["next_url"])
     assert [e["eventId"] for e in second.context["events"]] == ["evt-failed"]
     assert second.context["next_url"] is None and b"first page" in second.content
+
+
+def test_a_consumers_deliveries_are_listed_newest_first_filtered_by_outcome_and_paged(console_bus, monkeypatch):
+    from wow_django.console import bus_views
+
+    time.sleep(0.002)  # each report in a millisecond of its own: the order is by time
+    console_bus.record_feedback("evt-sent", "member-service", True)
+    time.sleep(0.002)
+    console_bus.record_feedback("evt-failed", "member-service", False, "InvalidOperation: bad amount\n\nTraceback…")
+    client = user_with("view_bus_events")
+    # The event list's consumer filter leads to the consumer's deliveries.
+    listed = client.get("/admin/wow/events/")
+    assert b'<option value="member-service">member-service</option>' in listed.content
+    picked = client.get("/admin/wow/events/", {"consumer": "member-service", "outcome": "failed"})
+    assert picked.status_code == 302 and picked["Location"] == "/admin/wow/consumers/member-service/?outcome=failed"
+    page = client.get("/admin/wow/consumers/member-service/")
+    assert page.status_code == 200
+    assert [(r["eventId"], r["attemptNo"], r["success"]) for r in page.context["rows"]] == [
+        ("evt-failed", 2, False), ("evt-sent", 1, True), ("evt-failed", 1, False)]  # newest report first
+    assert page.context["rows"][0]["event"]["status"] == "PARTIAL"
+    assert page.context["rows"][0]["errorHead"] == "InvalidOperation: bad amount"  # the whole error in its title
+    assert b">InvalidOperation: bad amount</div>" in page.content
+    assert b'href="/admin/wow/events/evt-sent/#consumer-member-service"' in page.content
+    failed = client.get("/admin/wow/consumers/member-service/", {"outcome": "failed"})
+    assert [r["attemptNo"] for r in failed.context["rows"]] == [2, 1]
+    succeeded = client.get("/admin/wow/consumers/member-service/", {"outcome": "succeeded"})
+    assert [r["eventId"] for r in succeeded.context["rows"]] == ["evt-sent"]
+    message = client.get("/admin/wow/consumers/message-service/")
+    assert [r["eventId"] for r in message.context["rows"]] == ["evt-failed"]
+    monkeypatch.setattr(bus_views, "PAGE_SIZE", 2)
+    first = client.get("/admin/wow/consumers/member-service/")
+    second = client.get("/admin/wow/consumers/member-service/" + first.context["next_url"])
+    assert [r["attemptNo"] for r in first.context["rows"] + second.context["rows"]] == [2, 1, 1]
+    assert second.context["next_url"] is None and b"first page" in second.content
+    # Links to it from an event's consumers and from the topic consumers.
+    assert b'href="/admin/wow/consumers/member-service/"' in client.get("/admin/wow/events/evt-failed/").content
+    assert b'href="/admin/wow/consumers/message-service/"' in client.get("/admin/wow/topic-consumers/").content
+    # Bad input: a message or a 404, never an error.
+    assert client.get("/admin/wow/consumers/no%20spaces/").status_code == 404
+    bad = client.get("/admin/wow/consumers/member-service/", {"outcome": "maybe", "cursor": "W10"})
+    assert bad.status_code == 200 and {m.split(":")[0] for m in messages_of(bad)} == {"outcome", "cursor"}
+    typed = client.get("/admin/wow/events/", {"consumer": "no spaces"})
+    assert typed.status_code == 200 and any(m.startswith("consumerId:") for m in messages_of(typed))
+    assert user_with(name="nobody").get("/admin/wow/consumers/member-service/").status_code == 403
+
+
+def test_events_not_consumed_in_time_are_listed_and_re_pushed_after_a_confirmation(console_bus, monkeypatch):
+    viewer = user_with("view_bus_events", name="viewer")
+    waiting = viewer.get("/admin/wow/events/not-consumed/")
+    assert waiting.status_code == 200 and waiting.context["rows"] == []  # sent just now: not late yet
+    assert b"has been consumed or has failed" in waiting.content
+    monkeypatch.setattr(console_bus, "repush_timeout_s", 0)
+    late = viewer.get("/admin/wow/events/not-consumed/")
+    assert [(r["event"]["eventId"], r["waiting"]) for r in late.context["rows"]] == [
+        ("evt-child", ["message-service"]), ("evt-sent", ["member-service", "message-service"])]  # not evt-failed
+    assert b'type="checkbox"' not in late.content  # no re-push without the permission
+    assert viewer.get("/admin/wow/events/not-consumed/repush/", {"event": "evt-sent"}).status_code == 403
+    console_bus.record_feedback("evt-sent", "member-service", True)
+    operator = user_with("view_bus_events", "repush_bus_events")
+    shown = operator.get("/admin/wow/events/not-consumed/")
+    assert [r["waiting"] for r in shown.context["rows"]] == [["message-service"], ["message-service"]]
+    assert b'name="event" value="evt-sent"' in shown.content and b"Not consumed" in shown.content
+    confirm = operator.get("/admin/wow/events/not-consumed/repush/", {"event": ["evt-sent", "evt-failed", "evt-none"]})
+    assert confirm.status_code == 200
+    assert [r["eventId"] for r in confirm.context["ready"]] == ["evt-sent", "evt-failed"]  # PARTIAL may be re-pushed
+    assert [(r["eventId"], r["why"]) for r in confirm.context["refused"]] == [("evt-none", "there is no such event")]
+    assert console_bus.store.get_event("evt-sent")["retryCount"] == 0  # a GET changes nothing
+    done = operator.post("/admin/wow/events/not-consumed/repush/", {"event": ["evt-sent", "evt-none"]}, follow=True)
+    assert any("Re-pushed 1 event(s)" in m for m in messages_of(done))
+    assert any("Not re-pushed evt-none" in m for m in messages_of(done))
+    stored = console_bus.store.get_event("evt-sent")
+    assert (stored["status"], stored["retryCount"]) == ("RETRYING", 1)
+    entry = ConsoleAudit.objects.get(action="repush.bulk")
+    assert entry.target == "not-consumed" and entry.detail["published"] == ["evt-sent"]
+    assert entry.detail["refused"] == [{"eventId": "evt-none", "error": "there is no such event"}]
+    # Nothing chosen, too many, or the limit reached: a message, nothing re-pushed.
+    none = operator.post("/admin/wow/events/not-consumed/repush/", {}, follow=True)
+    assert any("Choose the events" in m for m in messages_of(none))
+    many = operator.get("/admin/wow/events/not-consumed/repush/", {"event": [f"evt-{n}" for n in range(201)]},
+                        follow=True)
+    assert any(m.startswith("event: at most 200") for m in messages_of(many))
+    monkeypatch.setattr(console_bus, "repush_max_count", 1)
+    limited = operator.get("/admin/wow/events/not-consumed/")
+    row = next(r for r in limited.context["rows"] if r["event"]["eventId"] == "evt-sent")
+    assert row["refusal"] is not None and b'value="evt-sent"' not in limited.content
+    again = operator.post("/admin/wow/events/not-consumed/repush/", {"event": "evt-sent"}, follow=True)
+    assert any("Not re-pushed evt-sent" in m and "limit" in m for m in messages_of(again))
+    assert console_bus.store.get_event("evt-sent")["retryCount"] == 1
 
 
 @pytest.mark.parametrize("params, named", [

@@ -122,20 +122,36 @@ def document_to_json(doc: dict, summary: dict | None = None) -> dict:
     return out
 
 
-def encode_cursor(occurred_at: datetime, event_id: str) -> str:
-    """The page cursor after the event with this key: URL-safe text."""
-    raw = json.dumps([iso(occurred_at), event_id], separators=(",", ":")).encode()
+def encode_cursor(occurred_at: datetime, event_id: str, *more: int) -> str:
+    """The page cursor after the row with this key (a time, an eventId, and for a feedback row its attemptNo):
+    URL-safe text."""
+    raw = json.dumps([iso(occurred_at), event_id, *more], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The key of :func:`encode_cursor`'s text; EnvelopeValidationError for anything else."""
+    """The key of :func:`encode_cursor`'s text for an event list; EnvelopeValidationError for anything else."""
+    moment, event_id = _decode_key(cursor, 2)
+    return moment, event_id
+
+
+def decode_feedback_cursor(cursor: str) -> tuple[datetime, str, int]:
+    """The key (consumedAt, eventId, attemptNo) of a consumer's feedback page; EnvelopeValidationError otherwise."""
+    moment, event_id, attempt_no = _decode_key(cursor, 3)
+    return moment, event_id, attempt_no
+
+
+def _decode_key(cursor: str, size: int) -> tuple:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        moment, event_id = json.loads(raw)
-        if not isinstance(moment, str) or not isinstance(event_id, str) or not event_id:
+        key = json.loads(raw)
+        if not isinstance(key, list) or len(key) != size:
             raise ValueError("not a cursor")
-        return parse_time(moment), event_id
+        moment, event_id, *more = key
+        if not isinstance(moment, str) or not isinstance(event_id, str) or not event_id or not all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63 for n in more):
+            raise ValueError("not a cursor")
+        return (parse_time(moment), event_id, *more)
     except (ValueError, TypeError, UnicodeDecodeError):
         raise EnvelopeValidationError.from_errors(
             "event query", [{"name": "cursor", "msg": "is not a page cursor of this list; start from the first page"}]
@@ -673,6 +689,45 @@ class EventBus:
         last = events[-1] if events else None
         return {"list": [document_to_json(e, summaries[e["eventId"]]) for e in events],
                 "next": encode_cursor(last["occurredAt"], last["eventId"]) if more and last else None}
+
+    def not_consumed_query(self, now: datetime | None = None) -> EventQuery:
+        """The events not consumed in time (seed 004 §5.2): SENT or RETRYING, last sent at least
+        ``BUS_REPUSH_TIMEOUT_S`` ago — the SENT ones a re-push is allowed for, and re-pushes still unanswered."""
+        cutoff = (now or utcnow()) - timedelta(seconds=self.repush_timeout_s)
+        return EventQuery(status=(EventStatus.SENT.value, EventStatus.RETRYING.value), sent_before=cutoff)
+
+    def consumer_feedback_page(self, consumer_id: str, *, success: bool | None = None, cursor: str | None = None,
+                               size: int = 20) -> dict:
+        """``{list, next}``: what ``consumer_id`` reported, newest first (each report with its event's topic,
+        status and time; ``event`` None when the event was purged), keyset-paged like :meth:`events_page`.
+
+        ``success``: only its successes (True) or failures (False). EnvelopeValidationError for a bad
+        consumer id, size or cursor.
+        """
+        errors: list[dict] = []
+        try:
+            check_consumer_id(consumer_id)
+        except EnvelopeValidationError as exc:
+            errors.extend(exc.binding_errors)
+        if success is not None and not isinstance(success, bool):
+            errors.append({"name": "success", "msg": "must be true, false or absent"})
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= self.max_page_size:
+            errors.append({"name": "size", "msg": f"must be an integer from 1 to {self.max_page_size}"})
+        if errors:
+            raise EnvelopeValidationError.from_errors("feedback query", errors)
+        after = decode_feedback_cursor(cursor) if cursor else None
+        rows = self.store.consumer_feedback(consumer_id, success=success, after=after, limit=size + 1)
+        more, rows = len(rows) > size, rows[:size]
+        events = {}
+        for row in rows:
+            if row["eventId"] not in events:
+                events[row["eventId"]] = self.store.get_event(
+                    row["eventId"], fields=("eventId", "topic", "status", "occurredAt", "traceId", "retryCount"))
+        last = rows[-1] if rows else None
+        return {"list": [{**document_to_json(row), "event": document_to_json(events[row["eventId"]])
+                          if events[row["eventId"]] else None} for row in rows],
+                "next": encode_cursor(last["consumedAt"], last["eventId"], last["attemptNo"])
+                if more and last else None}
 
     def list_events(self, *, status: str | None = None, topic: str | None = None, service: str | None = None,
                     since: datetime | str | None = None, until: datetime | str | None = None,

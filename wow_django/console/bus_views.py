@@ -10,9 +10,10 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
 from wow_django.bus import get_bus
-from wow_django.bus.envelope import EventStatus, check_consumer_id
-from wow_django.bus.service import document_to_json
+from wow_django.bus.envelope import EventStatus, check_consumer_id, iso, utcnow
+from wow_django.bus.service import decode_cursor, document_to_json, encode_cursor
 from wow_django.console.base import allowed, audit, page, pretty, requires
+from wow_django.console.insight import consumer_states
 from wow_django.exceptions import EnvelopeValidationError, EventNotFound, RepushRefused, TransportUnavailable
 from wow_django.log import first_line
 
@@ -48,6 +49,16 @@ def event_list(request):
     """Events newest first: filters status, topic, the initiator's service, user and request id, time range;
     search by eventId or traceId."""
     bus = get_bus()
+    if request.GET.get("consumer"):  # the list filtered by consumer: that consumer's deliveries
+        chosen = request.GET["consumer"].strip()
+        try:
+            check_consumer_id(chosen)
+        except EnvelopeValidationError as exc:
+            messages.error(request, "; ".join(_errors(exc)))
+        else:
+            outcome = request.GET.get("outcome", "")
+            return redirect(reverse("wow_console:consumer_feedback", args=[chosen])
+                            + (f"?{urlencode({'outcome': outcome})}" if outcome in OUTCOMES and outcome else ""))
     filters = {key: request.GET.get(key, "").strip() for key in FILTERS}
     filters["status"] = _canonical_statuses(filters["status"])
     choices = list(STATUS_CHOICES)
@@ -77,7 +88,8 @@ def event_list(request):
     for problem in problems:
         messages.error(request, problem)
     kept = {key: value for key, value in filters.items() if value}
-    return page(request, "events.html", "Bus events", events=rows, filters=filters,
+    consumers = sorted({r["consumerId"] for r in bus.topic_consumers()})
+    return page(request, "events.html", "Bus events", events=rows, filters=filters, consumers=consumers,
                 statuses=choices, first_page=cursor is not None,
                 first_url=f"?{urlencode(kept)}",
                 next_url=f"?{urlencode({**kept, 'cursor': next_cursor})}" if next_cursor else None)
@@ -146,3 +158,110 @@ def event_repush(request, event_id: str):
     return page(request, "repush_confirm.html", f"Re-push {event_id}?", event=shown, consumer=consumer,
                 consumers=consumers, sent=pretty(shown), retry_count=event.get("retryCount", 0),
                 max_count=bus.repush_max_count, back=back)
+
+
+# --- a consumer's deliveries, and events not consumed in time (seed 004 §2.7, §5.2) -----------------------
+
+OUTCOMES = {"": None, "failed": False, "succeeded": True}
+MAX_BULK = 200  # events one bulk re-push takes
+
+
+@requires("view_bus_events")
+def consumer_feedback(request, consumer_id: str):
+    """What one consumer reported, newest first (its ``consumerId`` + ``consumedAt`` index): each report with
+    its event, attempt, outcome and error; only its failures or successes; keyset pages."""
+    bus = get_bus()
+    try:
+        check_consumer_id(consumer_id)
+    except EnvelopeValidationError:
+        raise Http404(f"{consumer_id!r} is not a consumer id.")
+    outcome = request.GET.get("outcome", "")
+    if outcome not in OUTCOMES:
+        messages.error(request, "outcome: must be failed, succeeded or empty (any)")
+        outcome = ""
+    cursor = request.GET.get("cursor") or None
+    try:
+        result = bus.consumer_feedback_page(consumer_id, success=OUTCOMES[outcome], cursor=cursor, size=PAGE_SIZE)
+    except EnvelopeValidationError as exc:  # a bad cursor: say so and show the first page
+        for problem in _errors(exc):
+            messages.error(request, problem)
+        result = bus.consumer_feedback_page(consumer_id, success=OUTCOMES[outcome], size=PAGE_SIZE)
+        cursor = None
+    for row in result["list"]:
+        row["errorHead"] = first_line(row["error"]) if row.get("error") else None
+    kept = {"outcome": outcome} if outcome else {}
+    topics = [r["topic"] for r in bus.topic_consumers(consumer_id=consumer_id)]
+    return page(request, "consumer_feedback.html", f"Deliveries to {consumer_id}", consumer_id=consumer_id,
+                rows=result["list"], outcome=outcome, topics=topics, first_page=cursor is not None,
+                first_url=f"?{urlencode(kept)}",
+                next_url=f"?{urlencode({**kept, 'cursor': result['next']})}" if result["next"] else None)
+
+
+@requires("view_bus_events")
+def not_consumed(request):
+    """Events not consumed in time: SENT or RETRYING and last sent ``BUS_REPUSH_TIMEOUT_S`` ago or more,
+    newest first (keyset pages), each with the consumers still waiting; a re-push of the ones chosen."""
+    bus = get_bus()
+    query = bus.not_consumed_query()
+    cursor = request.GET.get("cursor") or None
+    try:
+        after = decode_cursor(cursor) if cursor else None
+    except EnvelopeValidationError as exc:  # a bad cursor: say so and show the first page
+        for problem in _errors(exc):
+            messages.error(request, problem)
+        after = cursor = None
+    events = bus.store.events_after(query, after=after, limit=PAGE_SIZE + 1)
+    more, events = len(events) > PAGE_SIZE, events[:PAGE_SIZE]
+    states = consumer_states(bus, events)
+    summaries = bus.summaries(events)
+    can_repush = allowed(request.user, "repush_bus_events")
+    rows = [{"event": document_to_json(event, summaries[event["eventId"]]),
+             "waiting": [consumer for consumer, state in states[event["eventId"]].items() if state["state"] != "CONSUMED"],
+             "refusal": bus.repush_refusal(event) if can_repush else None} for event in events]
+    last = events[-1] if events and more else None
+    return page(request, "not_consumed.html", "Not consumed in time", rows=rows, can_repush=can_repush,
+                timeout=bus.repush_timeout_s, cutoff=query.sent_before, first_page=cursor is not None,
+                next_url=f"?{urlencode({'cursor': encode_cursor(last['occurredAt'], last['eventId'])})}"
+                if last else None)
+
+
+@requires("view_bus_events", "repush_bus_events")
+@require_http_methods(["GET", "POST"])
+def not_consumed_repush(request):
+    """GET: which of the chosen events (``event``, repeated) a re-push takes now and which it refuses, and why;
+    POST (CSRF-protected): re-push those to every consumer still waiting, audited as one bulk re-push."""
+    bus = get_bus()
+    data = request.POST if request.method == "POST" else request.GET
+    chosen = list(dict.fromkeys(value for value in data.getlist("event") if value and len(value) <= 255))
+    back = reverse("wow_console:not_consumed")
+    if not chosen:
+        messages.error(request, "Choose the events to re-push first.")
+        return redirect(back)
+    if len(chosen) > MAX_BULK:
+        messages.error(request, f"event: at most {MAX_BULK} events in one re-push ({len(chosen)} chosen).")
+        return redirect(back)
+    ready, refused = [], []
+    for event_id in chosen:
+        event = bus.store.get_event(event_id)
+        refusal = "there is no such event" if event is None else bus.repush_refusal(event)
+        (refused if refusal is not None else ready).append({"eventId": event_id, "event": event,
+                                                            "why": str(refusal) if refusal else None})
+    if request.method == "POST":
+        published, failed = [], []
+        for item in ready:
+            try:
+                bus.repush(item["eventId"], requested_by=request.user.get_username())
+                published.append(item["eventId"])
+            except (RepushRefused, TransportUnavailable) as exc:  # changed since the preview, or the broker is down
+                failed.append({"eventId": item["eventId"], "error": str(exc)})
+        failed += [{"eventId": item["eventId"], "error": item["why"]} for item in refused]
+        audit(request, "repush.bulk", "not-consumed", published=published, refused=failed,
+              at=iso(utcnow()))
+        if published:
+            messages.success(request, f"Re-pushed {len(published)} event(s) to every consumer still waiting"
+                             + (f"; {len(failed)} not re-pushed." if failed else "."))
+        for item in failed:
+            messages.error(request, f"Not re-pushed {item['eventId']}: {item['error']}")
+        return redirect(back)
+    return page(request, "not_consumed_repush.html", f"Re-push {len(ready)} event(s)?", ready=ready,
+                refused=refused, back=back, max_count=bus.repush_max_count)

@@ -28,7 +28,7 @@ MAX_FAILED_EVENTS = 1000  # the newest FAILED and PARTIAL events each that the f
 EVENTS_SHOWN_PER_GROUP = 20
 
 
-def _consumer_states(bus, events: list[dict]) -> dict[str, dict[str, dict]]:
+def consumer_states(bus, events: list[dict]) -> dict[str, dict[str, dict]]:
     """``{eventId: {consumerId: {"state", "error", "attempts"}}}`` with one read of the feedback rows."""
     rows: dict[str, list[dict]] = {}
     for row in bus.store.consumption_rows(e["eventId"] for e in events):
@@ -54,7 +54,7 @@ def trace(request, trace_id: str):
     except (TraceNotFound, EnvelopeValidationError):
         raise Http404(f"There is no trace {trace_id!r}.")
     events = bus.store.trace_events(trace_id, len(found["timeline"]))
-    states = _consumer_states(bus, events)
+    states = consumer_states(bus, events)
     rows: list[dict] = []
 
     def walk(node: dict, depth: int) -> None:
@@ -81,7 +81,7 @@ def failure_groups(bus) -> list[dict]:
     events = []
     for status in (EventStatus.FAILED.value, EventStatus.PARTIAL.value):
         events += bus.store.events_after(EventQuery(status=status), after=None, limit=MAX_FAILED_EVENTS)
-    states = _consumer_states(bus, events)
+    states = consumer_states(bus, events)
     groups: dict[str, dict] = {}
     for event in events:
         for consumer, state in states[event["eventId"]].items():

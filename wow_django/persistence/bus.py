@@ -90,7 +90,9 @@ class EventQuery:
     """A filter of ``events``: every given field must match (``None`` = any).
 
     ``status`` is one status or a tuple of them (any of them matches: ``("FAILED", "PARTIAL")`` is
-    "failed for some consumer"); ``service``, ``user_id`` and ``client_request_id`` are the initiator's; ``since`` ≤ ``occurredAt`` < ``until``.
+    "failed for some consumer"); ``service``, ``user_id`` and ``client_request_id`` are the initiator's; ``since`` ≤ ``occurredAt`` < ``until``;
+    ``sent_before``: ``lastSentAt`` ≤ it (an event never published has none and does not match), with
+    ``status`` SENT or RETRYING the events not consumed in time (seed 004 §5.2).
     """
 
     status: str | tuple[str, ...] | None = None
@@ -101,6 +103,7 @@ class EventQuery:
     until: datetime | None = None
     user_id: str | None = None
     client_request_id: str | None = None
+    sent_before: datetime | None = None
 
     def __post_init__(self) -> None:
         for name in ("topic", "service", "trace_id", "user_id", "client_request_id"):
@@ -112,6 +115,9 @@ class EventQuery:
             if not all(isinstance(status, str) for status in statuses):
                 raise TypeError(f"EventQuery.status: a status or a sequence of them, got {self.status!r}")
             object.__setattr__(self, "status", statuses)  # hashable, and equal to the same statuses given otherwise
+        for name in ("since", "until", "sent_before"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), datetime):
+                raise TypeError(f"EventQuery.{name}: a datetime or None, got {getattr(self, name)!r}")
 
     @property
     def statuses(self) -> tuple[str, ...] | None:
@@ -142,6 +148,10 @@ class EventQuery:
             if self.since is not None and occurred < self.since:
                 return False
             if self.until is not None and occurred >= self.until:
+                return False
+        if self.sent_before is not None:
+            sent = event.get("lastSentAt")
+            if not isinstance(sent, datetime) or sent > self.sent_before:
                 return False
         return True
 
@@ -276,6 +286,18 @@ class ConsumptionRecords(ABC):
     @abstractmethod
     def consumption_rows(self, event_ids: Iterable[str]) -> list[dict]:
         """Every row of ``event_ids``, sorted by eventId, consumerId, attemptNo."""
+
+    @abstractmethod
+    def consumer_feedback(self, consumer_id: str, *, success: bool | None = None,
+                          after: tuple[datetime, str, int] | None = None, limit: int) -> list[dict]:
+        """Up to ``limit`` feedback rows of ``consumer_id``: what the consumer reported, newest first.
+
+        Only rows with a ``consumedAt`` (a report; the pending row written at send has none), with
+        ``success`` only those whose ``success`` is that value. Order: newest ``consumedAt`` first, then
+        by eventId, then the highest attemptNo first. ``after`` is the key (``consumedAt``, ``eventId``,
+        ``attemptNo``) of the last row of the previous page (None: from the first). Keyset paging on
+        the consumerId + consumedAt index of seed 004 §2.7: a deep page costs what the first does.
+        """
 
     @abstractmethod
     def insert_attempt(self, row: dict) -> bool:

@@ -399,6 +399,26 @@ class EventRecordsContract(BusStoreCase):
                                    since=T0 + timedelta(seconds=1), until=T0 + timedelta(seconds=4)), ["evt-4"])
         self.assertEqual(self.find(trace_id="trace-none"), [])
 
+    def test_events_not_consumed_in_time_are_those_sent_at_or_before_the_cutoff(self):
+        cutoff = T0 + timedelta(minutes=10)
+        self.insert(
+            make_event("evt-late", occurred_at=T0, status="SENT", lastSentAt=T0 + timedelta(minutes=1)),
+            make_event("evt-edge", occurred_at=T0 + timedelta(seconds=1), status="SENT", lastSentAt=cutoff),
+            make_event("evt-fresh", occurred_at=T0 + timedelta(seconds=2), status="SENT",
+                       lastSentAt=cutoff + timedelta(milliseconds=1)),
+            make_event("evt-retrying", occurred_at=T0 + timedelta(seconds=3), status="RETRYING", lastSentAt=T0),
+            make_event("evt-pending", occurred_at=T0 + timedelta(seconds=4), status="PENDING"),  # never sent
+            make_event("evt-done", occurred_at=T0 + timedelta(seconds=5), status="CONSUMED", lastSentAt=T0),
+        )
+        self.assertEqual(self.find(sent_before=cutoff), ["evt-done", "evt-retrying", "evt-edge", "evt-late"])
+        self.assertEqual(self.find(status=("SENT", "RETRYING"), sent_before=cutoff),
+                         ["evt-retrying", "evt-edge", "evt-late"])
+        self.assertEqual(self.find(status="SENT", sent_before=cutoff), ["evt-edge", "evt-late"])
+        self.assertEqual(self.ids(self.store.events_after(EventQuery(status="SENT", sent_before=cutoff),
+                                                          after=None, limit=1)), ["evt-edge"])
+        self.assertEqual(self.find(status="SENT", sent_before=T0), [])
+        self.assertEqual(self.total(status=("SENT", "RETRYING"), sent_before=cutoff), 3)
+
     def test_find_events_by_the_initiators_user_and_request(self):
         def initiator(user, request):
             return {"service": "order-service", "operation": "pay", "userId": user, "clientRequestId": request}
@@ -590,6 +610,49 @@ class ConsumptionRecordsContract(BusStoreCase):
         for consumer in ("member-service", "message-service"):
             numbers = [r["attemptNo"] for r in self.store.consumption_rows(["evt-race"]) if r["consumerId"] == consumer]
             self.assertEqual(numbers, list(range(21)))
+
+
+    def test_consumer_feedback_is_the_consumers_reports_newest_first_in_keyset_pages(self):
+        for event_id in ("evt-b", "evt-a", "evt-c"):
+            self.store.init_consumptions(event_id, ["member-service", "message-service"], T0)
+        later = T0 + timedelta(minutes=5)
+        self.store.insert_feedback("evt-a", "member-service", feedback_fields(False, T0 + timedelta(minutes=1)))
+        self.store.insert_feedback("evt-a", "member-service", feedback_fields(True, later))  # attempt 2, same time
+        self.store.insert_feedback("evt-b", "member-service", feedback_fields(False, later))
+        self.store.insert_feedback("evt-c", "member-service", feedback_fields(True, T0 + timedelta(minutes=9)))
+        self.store.insert_feedback("evt-b", "message-service", feedback_fields(True, T0 + timedelta(minutes=20)))
+        self.store.insert_feedback("evt-a", "member-service", feedback_fields(False, later),
+                                   known_latest=2)  # attempt 3 at the same time as attempt 2
+
+        def keys(rows):
+            return [(r["eventId"], r["attemptNo"]) for r in rows]
+
+        every = self.store.consumer_feedback("member-service", limit=100)
+        # Newest report first, then by eventId, then the highest attempt first; the pending rows are not reports.
+        self.assertEqual(keys(every), [("evt-c", 1), ("evt-a", 3), ("evt-a", 2), ("evt-b", 1), ("evt-a", 1)])
+        self.assertEqual(every[1], {"eventId": "evt-a", "consumerId": "member-service", "attemptNo": 3,
+                                    **feedback_fields(False, later)})
+        self.assertEqual(keys(self.store.consumer_feedback("member-service", success=False, limit=100)),
+                         [("evt-a", 3), ("evt-b", 1), ("evt-a", 1)])
+        self.assertEqual(keys(self.store.consumer_feedback("member-service", success=True, limit=100)),
+                         [("evt-c", 1), ("evt-a", 2)])
+        self.assertEqual(keys(self.store.consumer_feedback("message-service", limit=100)), [("evt-b", 1)])
+        self.assertEqual(self.store.consumer_feedback("other-service", limit=100), [])
+        self.assertEqual(self.store.consumer_feedback("member-service", limit=0), [])
+        for size in (1, 2, 3):  # every page size walks the same order, none skipped or repeated
+            pages, after = [], None
+            while True:
+                page = self.store.consumer_feedback("member-service", after=after, limit=size)
+                pages.extend(page)
+                if len(page) < size:
+                    break
+                last = page[-1]
+                after = (last["consumedAt"], last["eventId"], last["attemptNo"])
+            self.assertEqual(keys(pages), keys(every), size)
+        failed_after = self.store.consumer_feedback("member-service", success=False, limit=2)[-1]
+        self.assertEqual(keys(self.store.consumer_feedback(
+            "member-service", success=False, limit=10,
+            after=(failed_after["consumedAt"], failed_after["eventId"], failed_after["attemptNo"]))), [("evt-a", 1)])
 
 
 class InboxRecordsContract(BusStoreCase):

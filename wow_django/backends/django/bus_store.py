@@ -286,6 +286,8 @@ def event_filter(query: EventQuery) -> Q:
         found &= Q(occurredAt__gte=db_time(query.since))
     if query.until is not None:
         found &= Q(occurredAt__lt=db_time(query.until))
+    if query.sent_before is not None:
+        found &= Q(lastSentAt__lte=db_time(query.sent_before))
     return found
 
 
@@ -612,6 +614,25 @@ class DjangoBusStore(BusStore):
         records = [CONSUMPTIONS.record(row) for row in rows]
         records.sort(key=lambda r: (r["eventId"], r["consumerId"], r["attemptNo"]))  # code-point order
         return records
+
+    def consumer_feedback(self, consumer_id: str, *, success: bool | None = None,
+                          after: tuple[datetime, str, int] | None = None, limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        found = Q(consumerId=text(consumer_id, "consumerId")) & Q(consumedAt__isnull=False)
+        if success is not None:
+            found &= Q(success=bool(success))
+        if after is not None:
+            # A range of the (consumerId, consumedAt DESC) index, less the rows at the key's time up to the key.
+            moment, event_id, attempt_no = db_time(after[0]), after[1], after[2]
+            key = Collate(Value(event_id), "C") if self.vendor == "postgresql" else Value(event_id)
+            found &= Q(consumedAt__lte=moment) & ~(Q(consumedAt=moment) & (
+                Q(eventId__lt=key) | (Q(eventId=event_id) & Q(attemptNo__gte=attempt_no))))
+        with self.errors(f"reading the feedback of {consumer_id}"):
+            rows = list(self.consumptions().filter(found)
+                        .order_by(F("consumedAt").desc(), self.text_order("eventId"), F("attemptNo").desc())
+                        .values(*CONSUMPTIONS.fields)[:limit])
+        return [CONSUMPTIONS.record(row) for row in rows]
 
     def insert_attempt(self, row: dict) -> bool:
         values = CONSUMPTIONS.columns(row)

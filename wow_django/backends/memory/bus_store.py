@@ -91,6 +91,12 @@ def _newest_first(events: list[dict], count: int | None = None) -> list[dict]:
     return sorted(events, key=_newest_key)
 
 
+def _feedback_key(consumed_at: datetime, event_id: str, attempt_no: int) -> tuple:
+    """The order of :meth:`InMemoryBusStore.consumer_feedback`: newest report first, then eventId, then the
+    highest attemptNo first."""
+    return (LATEST - consumed_at, event_id, -attempt_no)
+
+
 class InMemoryBusStore(BusStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -103,6 +109,7 @@ class InMemoryBusStore(BusStore):
         # (eventId, consumerId) → attemptNo → row; eventId → consumer ids with rows
         self._attempts: dict[tuple[str, str], dict[int, dict]] = {}
         self._consumers_of: dict[str, set[str]] = {}
+        self._events_of_consumer: dict[str, set[str]] = {}  # consumerId → eventIds with rows
         self._inbox: dict[tuple[str, str], dict] = {}
         self._sequences: dict[tuple[str, str], dict] = {}
         self._repushes: dict[str, list[dict]] = {}
@@ -259,7 +266,8 @@ class InMemoryBusStore(BusStore):
         statuses = query.statuses
         if query == EventQuery(status=query.status) and statuses is not None:  # the status index answers
             return [self._events[i] for status in dict.fromkeys(statuses) for i in self._by_status.get(status, {})]
-        query = replace(query, since=_time(query.since), until=_time(query.until))
+        query = replace(query, since=_time(query.since), until=_time(query.until),
+                        sent_before=_time(query.sent_before))
         ids: Iterable[str] | None = None
         if query.trace_id is not None:
             ids = self._by_trace.get(query.trace_id, ())
@@ -328,6 +336,7 @@ class InMemoryBusStore(BusStore):
                             del index[key]
                 for consumer_id in self._consumers_of.pop(event_id, set()):
                     self._attempts.pop((event_id, consumer_id), None)
+                    self._events_of_consumer.get(consumer_id, set()).discard(event_id)
                 self._repushes.pop(event_id, None)
             gone = set(deleted)
             for key in [key for key in self._inbox if key[1] in gone]:
@@ -341,6 +350,7 @@ class InMemoryBusStore(BusStore):
         if attempts is None:
             attempts = self._attempts[key] = {}
             self._consumers_of.setdefault(key[0], set()).add(key[1])
+            self._events_of_consumer.setdefault(key[1], set()).add(key[0])
         elif row["attemptNo"] in attempts:
             return False
         attempts[row["attemptNo"]] = row
@@ -377,6 +387,22 @@ class InMemoryBusStore(BusStore):
                     attempts = self._attempts[(event_id, consumer)]
                     rows.extend(_copy(attempts[n]) for n in sorted(attempts))
         return rows
+
+    def consumer_feedback(self, consumer_id: str, *, success: bool | None = None,
+                          after: tuple[datetime, str, int] | None = None, limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        with self._lock:
+            rows = [row for event_id in self._events_of_consumer.get(consumer_id, ())
+                    for row in self._attempts[(event_id, consumer_id)].values()
+                    if isinstance(row.get("consumedAt"), datetime)
+                    and (success is None or row.get("success") is success)]
+            if after is not None:
+                key = _feedback_key(_time(after[0]), after[1], after[2])
+                rows = [row for row in rows if _feedback_key(row["consumedAt"], row["eventId"], row["attemptNo"]) > key]
+            page = heapq.nsmallest(limit, rows, key=lambda r: _feedback_key(r["consumedAt"], r["eventId"],
+                                                                            r["attemptNo"]))
+            return [_copy(row) for row in page]
 
     def insert_attempt(self, row: dict) -> bool:
         stored = _stored(row)

@@ -78,6 +78,8 @@ def event_filter(query: EventQuery) -> dict:
         window["$lt"] = query.until
     if window:
         found["occurredAt"] = window
+    if query.sent_before is not None:
+        found["lastSentAt"] = {"$lte": to_bson_time(query.sent_before)}
     return found
 
 
@@ -360,6 +362,23 @@ class MongoBusStore(BusStore):
         return self.run(self.consumptions, "reading feedback", lambda c: list(
             c.find({"eventId": {"$in": ids}}, NO_ID, max_time_ms=self.max_time_ms)
             .sort([("eventId", ASCENDING), ("consumerId", ASCENDING), ("attemptNo", ASCENDING)])))
+
+    def consumer_feedback(self, consumer_id: str, *, success: bool | None = None,
+                          after: tuple[datetime, str, int] | None = None, limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        conditions: list[dict] = [{"consumerId": consumer_id}, {"consumedAt": {"$ne": None}}]
+        if success is not None:
+            conditions.append({"success": bool(success)})
+        if after is not None:
+            moment, event_id, attempt_no = to_bson_time(after[0]), after[1], after[2]
+            # A range of consumerId_1_consumedAt_-1, less the rows at the key's own time up to the key.
+            conditions.append({"consumedAt": {"$lte": moment}})
+            conditions.append({"$nor": [{"consumedAt": moment, "$or": [
+                {"eventId": {"$lt": event_id}}, {"eventId": event_id, "attemptNo": {"$gte": attempt_no}}]}]})
+        return self.run(self.consumptions, f"reading the feedback of {consumer_id}", lambda c: list(
+            c.find({"$and": conditions}, NO_ID, max_time_ms=self.max_time_ms)
+            .sort([("consumedAt", DESCENDING), ("eventId", ASCENDING), ("attemptNo", DESCENDING)]).limit(limit)))
 
     def insert_attempt(self, row: dict) -> bool:
         try:
