@@ -250,6 +250,8 @@ WOW = {
     "BUS_TRANSPORT_URL": BUS_TRANSPORT_URL,
     "BUS_EXCHANGE": os.environ.get("WOW_BUS_EXCHANGE", f"{BROKER_NAMESPACE}.bus"),
     "BUS_ROLLUP_QUEUE": f"{BROKER_NAMESPACE}.bus.rollup",
+    # An operator finds the integration events of an order or a member by these payload fields.
+    "BUS_SEARCH_FIELDS": ("orderId", "userId", "paymentId"),
 }
 if os.environ.get("WOW_MONGO_URI"):
     WOW["MONGO_URI"] = os.environ["WOW_MONGO_URI"]

@@ -232,7 +232,8 @@ def test_the_bus_endpoints_are_documented(openapi):
     assert enable["security"] and ops["bus_callback"][2]["security"] == [{"consumerToken": []}]
     assert openapi["components"]["securitySchemes"]["consumerToken"]["scheme"] == "bearer"
     listing = {p["name"] for p in ops["bus_events_list"][2]["parameters"]}
-    assert listing == {"status", "topic", "service", "since", "until", "traceId", "userId", "clientRequestId", "page", "size", "cursor"}
+    assert listing == {"status", "topic", "service", "since", "until", "traceId", "userId", "clientRequestId", "key", "page",
+                       "size", "cursor", "before"}
     assert "409" in ops["bus_event_repush"][2]["responses"]
 
 

@@ -78,16 +78,29 @@ def test_the_event_list_pages_by_cursor(bus_http_env, operator, viewer):
                                               "eventId": f"evt-page-{n}"}, format="json")
         assert sent.status_code == 201
     by_number = viewer.get("/bus/events/", {"size": 50}).json()
-    seen, cursor, pages = [], "", 0
+    seen, cursor, pages, previous = [], "", [], []
     while cursor is not None:
         page = viewer.get("/bus/events/", {"cursor": cursor, "size": 2, "topic": "order.purchased"}).json()
-        assert set(page) == {"size", "list", "next"} and page["size"] == 2 and len(page["list"]) <= 2
+        assert set(page) == {"size", "list", "next", "previous"} and page["size"] == 2 and len(page["list"]) <= 2
         seen += [item["eventId"] for item in page["list"]]
-        cursor, pages = page["next"], pages + 1
-    assert seen == [item["eventId"] for item in by_number["list"]] and len(seen) == 5 and pages == 3
+        pages.append([item["eventId"] for item in page["list"]])
+        previous.append(page["previous"])
+        cursor = page["next"]
+    assert seen == [item["eventId"] for item in by_number["list"]] and len(seen) == 5 and len(pages) == 3
+    assert previous[0] is None and all(previous[1:])  # the first page has none before it
+    # Back from the last page by `previous`, given as `before`: the same pages in reverse, then none.
+    back, before = [], previous[-1]
+    while before is not None:
+        page = viewer.get("/bus/events/", {"before": before, "size": 2, "topic": "order.purchased"}).json()
+        back.insert(0, [item["eventId"] for item in page["list"]])
+        assert page["next"] is not None
+        before = page["previous"]
+    assert back == pages[:-1]
     assert viewer.get("/bus/events/", {"cursor": "", "topic": "order.other"}).json() == {
-        "size": 20, "list": [], "next": None}
+        "size": 20, "list": [], "next": None, "previous": None}
     for params, name in (({"cursor": "not-a-cursor"}, "cursor"), ({"cursor": "", "page": 2}, "page"),
+                         ({"before": "W10"}, "cursor"), ({"before": previous[1], "page": 1}, "page"),
+                         ({"before": previous[1], "cursor": previous[1]}, "before"),
                          ({"cursor": "", "size": 0}, "size"), ({"cursor": "", "status": "LOST"}, "status")):
         response = viewer.get("/bus/events/", params)
         assert response.status_code == 400 and [e["name"] for e in error(response)["bindingErrors"]] == [name]
@@ -272,6 +285,42 @@ def test_events_are_found_by_their_initiators_user_and_request(bus_http_env, ope
     for params in ({"userId": "a\x00b"}, {"clientRequestId": "r" * 201}, {"service": "\x00"}):
         response = viewer.get("/bus/events/", params)
         assert response.status_code == 400 and [e["name"] for e in error(response)["bindingErrors"]] == list(params)
+
+
+def test_events_are_found_by_a_search_key_or_a_payload_field_named_by_the_settings(bus_http_env, operator, viewer,
+                                                                                 monkeypatch):
+    from wow_django.http.schema import search_key_pattern
+
+    monkeypatch.setattr(get_bus(), "search_fields", ("orderId", "userId"))  # WOW['BUS_SEARCH_FIELDS']
+    sent = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"orderId": "o-1", "userId": 7},
+                                          "eventId": "evt-key-a", "keys": {"aggregate": "orders.order/o-1"}},
+                         format="json")
+    assert sent.status_code == 201
+    operator.post("/bus/events/", {"topic": "order.purchased", "payload": {"orderId": "o-2"}, "eventId": "evt-key-b"},
+                  format="json")
+    get_bus().send("order.purchased", {"note": "no order"}, event_id="evt-key-c", keys={"orderId": "o-1"})
+
+    def found(key: str, **params) -> list[str]:
+        response = viewer.get("/bus/events/", {"key": key, **params})
+        assert response.status_code == 200, response.content
+        return [e["eventId"] for e in response.json()["list"]]
+
+    assert set(found("orderId=o-1")) == {"evt-key-a", "evt-key-c"}
+    assert found("userId=7") == ["evt-key-a"] and found("aggregate=orders.order/o-1") == ["evt-key-a"]
+    assert found("orderId=o-2", cursor="") == ["evt-key-b"] and found("orderId=o-3") == []
+    detail = viewer.get("/bus/events/evt-key-a/").json()["event"]
+    assert detail["keys"] == {"aggregate": "orders.order/o-1", "orderId": "o-1", "userId": "7"}
+    assert "searchKeys" not in detail  # the stored form stays inside
+    pattern = re.compile(search_key_pattern())
+    for bad in ("orderId", "=o-1", "order id=o-1", "orderId=" + "x" * 201, "orderId=a\x00b"):
+        response = viewer.get("/bus/events/", {"key": bad})
+        assert response.status_code == 400 and [e["name"] for e in error(response)["bindingErrors"]] == ["key"]
+        assert not pattern.match(bad), bad  # the schema refuses what the server refuses, and takes the rest
+    assert pattern.match("orderId=o-1") and pattern.match("aggregate=orders.order/o 1=x")
+    refused = operator.post("/bus/events/", {"topic": "order.purchased", "payload": {}, "keys": {"bad name": "x"}},
+                            format="json")
+    assert refused.status_code == 400 and [e["name"] for e in error(refused)["bindingErrors"]] == ["keys.bad name"]
+    assert get_bus().store.get_event("evt-key-d") is None
 
 
 def test_the_status_filters_schema_takes_what_the_server_takes():

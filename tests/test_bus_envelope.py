@@ -41,7 +41,7 @@ def test_given_fields_are_kept_as_given():
     }
     envelope = build_envelope(data, default_service="ignored")
     wire = envelope.to_json()
-    assert wire == {**data, "payloadType": "application/json", "sentAt": None,
+    assert wire == {**data, "payloadType": "application/json", "sentAt": None, "keys": {},
                     "occurredAt": "2024-02-28T10:00:00.000Z", "expireAt": "2024-03-28T10:00:00.000Z"}
     assert Envelope.from_document(envelope.to_document()) == envelope
 
@@ -82,6 +82,14 @@ def test_the_context_fills_what_is_missing_and_yields_to_given_values():
     ({"topic": "a.b", "payload": {}, "occurredAt": "2024-01-02T00:00:00Z", "expireAt": "2024-01-01T00:00:00Z"},
      {"expireAt"}),
     ({"topic": "a.b", "payload": {}, "status": "SENT"}, {"status"}),
+    ({"topic": "a.b", "payload": {}, "keys": ["orderId"]}, {"keys"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"order id": "o-1"}}, {"keys.order id"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"1st": "o-1", "ok": "o-1"}}, {"keys.1st"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"orderId": 5}}, {"keys.orderId"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"orderId": ""}}, {"keys.orderId"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"orderId": "x" * 201}}, {"keys.orderId"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"orderId": "a\nb"}}, {"keys.orderId"}),
+    ({"topic": "a.b", "payload": {}, "keys": {f"k{n}": "v" for n in range(17)}}, {"keys"}),
 ])
 def test_invalid_envelopes_name_every_bad_field(data, bad):
     with pytest.raises(EnvelopeValidationError) as caught:
@@ -90,6 +98,35 @@ def test_invalid_envelopes_name_every_bad_field(data, bad):
     assert caught.value.error_code == "BusValidation"
     assert error_response(caught.value).status_code == 400
     assert str(caught.value).startswith("Invalid envelope: ")
+
+
+def test_search_keys_are_the_given_keys_then_the_payload_fields_named_by_the_settings():
+    from wow_django.bus.envelope import aggregate_keys, check_search_key
+
+    payload = {"orderId": "o-1", "userId": 42, "flag": True, "nested": {"orderId": "o-2"}, "note": "x" * 201,
+               "customerId": "c-9"}
+    envelope = build_envelope({"topic": "a.b", "payload": payload, "keys": aggregate_keys("orders.order", "o-1")},
+                              default_service="s", search_fields=("orderId", "userId", "flag", "note", "nested",
+                                                                  "missing"))
+    # Text and integers at the top level; never a bool, an object, or text a key cannot hold; the given key wins.
+    assert envelope.keys == (("aggregate", "orders.order/o-1"), ("aggregateId", "o-1"), ("orderId", "o-1"),
+                             ("userId", "42"))
+    document = envelope.to_document()
+    assert document["searchKeys"] == ["aggregate=orders.order/o-1", "aggregateId=o-1", "orderId=o-1", "userId=42"]
+    assert envelope.to_json()["keys"] == {"aggregate": "orders.order/o-1", "aggregateId": "o-1", "orderId": "o-1",
+                                          "userId": "42"}
+    assert Envelope.from_document(document) == envelope
+    given = build_envelope({"topic": "a.b", "payload": payload, "keys": {"orderId": "mine"}}, default_service="s",
+                           search_fields=("orderId",))
+    assert given.keys == (("orderId", "mine"),)
+    assert build_envelope({"topic": "a.b", "payload": payload}, default_service="s").keys == ()  # no setting
+    assert build_envelope({"topic": "a.b", "payload": ["orderId"], "keys": None}, default_service="s",
+                          search_fields=("orderId",)).keys == ()
+    assert check_search_key("orderId=o=1") == "orderId=o=1"  # the value may hold '='
+    for bad in ("orderId", "=o-1", "orderId=", "order id=o-1", "orderId=" + "x" * 201, "a=b\x00", 5, None):
+        with pytest.raises(EnvelopeValidationError) as caught:
+            check_search_key(bad)
+        assert names(caught.value) == {"key"}
 
 
 def test_payload_size_is_limited():
@@ -204,5 +241,9 @@ def test_bus_settings_are_validated():
     with override_settings(WOW={"BUS_INBOX_LEASE_S": 0}):
         with pytest.raises(ImproperlyConfigured, match="BUS_INBOX_LEASE_S"):
             _ = wow_settings.BUS_INBOX_LEASE_S
+    for bad in ("orderId", ["order id"], [1], [f"f{n}" for n in range(17)]):
+        with override_settings(WOW={"BUS_SEARCH_FIELDS": bad}):
+            with pytest.raises(ImproperlyConfigured, match="BUS_SEARCH_FIELDS"):
+                _ = wow_settings.BUS_SEARCH_FIELDS
     with override_settings(WOW={"BUS_CONSUMER_PREFETCH": 4, "BUS_PUBLISH_TIMEOUT_S": 1.5}):
         assert (wow_settings.BUS_CONSUMER_PREFETCH, wow_settings.BUS_PUBLISH_TIMEOUT_S) == (4, 1.5)

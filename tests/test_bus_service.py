@@ -653,6 +653,7 @@ BUS_INDEXES = {
         "initiator.userId_1_occurredAt_-1_eventId_1": {"initiator.userId": 1, "occurredAt": -1, "eventId": 1},
         "initiator.clientRequestId_1_occurredAt_-1_eventId_1": {"initiator.clientRequestId": 1, "occurredAt": -1,
                                                                 "eventId": 1},
+        "searchKeys_1_occurredAt_-1_eventId_1": {"searchKeys": 1, "occurredAt": -1, "eventId": 1},
     },
     "topic_consumers": {
         "_id_": {"_id": 1},

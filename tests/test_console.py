@@ -147,6 +147,37 @@ def test_the_event_list_filters_searches_and_shows_what_was_consumed(console_bus
     assert ids(q="nothing-like-it") == []
 
 
+def test_the_search_finds_events_by_key_or_payload_field_and_links_them_to_their_aggregate(console_bus, monkeypatch):
+    from wow_django.bus.envelope import aggregate_keys
+
+    monkeypatch.setattr(console_bus, "search_fields", ("orderId",))  # WOW['BUS_SEARCH_FIELDS']
+    console_bus.send("order.purchased", {"orderId": "o-77"}, event_id="evt-o77", keys=aggregate_keys("order", "o-77"))
+    console_bus.send("order.purchased", {"orderId": "o-78"}, event_id="evt-o78")
+    client = user_with("view_bus_events", "view_aggregates")
+
+    def ids(**params):
+        response = client.get("/admin/wow/events/", params)
+        assert response.status_code == 200
+        return [e["eventId"] for e in response.context["events"]]
+
+    assert ids(q="orderId=o-77") == ["evt-o77"] and ids(q="orderId=o-78") == ["evt-o78"]
+    assert ids(q="o-77") == ["evt-o77"]  # a value of a search field, or an aggregate id
+    assert ids(q="aggregate=order/o-77") == ["evt-o77"]
+    assert ids(q="aggregate=order/o-77", topic="points.added") == [] and ids(q="orderId=o-79") == []
+    assert ids(q="trace-2") == ["evt-child", "evt-sent"] and ids(q="evt-sent") == ["evt-sent"]  # as before
+    bad = client.get("/admin/wow/events/", {"q": "bad name=x"})
+    assert bad.status_code == 200 and bad.context["events"] == []
+    assert any(m.startswith("search: key:") for m in messages_of(bad))
+    long = client.get("/admin/wow/events/", {"q": "x" * 300})
+    assert long.status_code == 200 and long.context["events"] == []
+    detail = client.get("/admin/wow/events/evt-o77/")
+    assert b'href="/admin/wow/events/?q=aggregate%3Dorder%2Fo-77"' in detail.content
+    assert b'href="/admin/wow/events/?q=orderId%3Do-77"' in detail.content
+    assert b'href="/admin/wow/aggregates/order/id/o-77"' in detail.content  # to the aggregate it comes from
+    viewer = user_with("view_bus_events", name="viewer").get("/admin/wow/events/evt-o77/")
+    assert b"aggregate%3Dorder" in viewer.content and b"/admin/wow/aggregates/" not in viewer.content
+
+
 def test_the_event_list_pages_by_cursor(console_bus, monkeypatch):
     from wow_django.console import bus_views
 
@@ -157,6 +188,31 @@ def test_the_event_list_pages_by_cursor(console_bus, monkeypatch):
     second = client.get("/admin/wow/events/" + first.context["next_url"])
     assert [e["eventId"] for e in second.context["events"]] == ["evt-failed"]
     assert second.context["next_url"] is None and b"first page" in second.content
+    assert first.context["total"] == 3 and b"3 events match" in first.content
+    monkeypatch.setattr(bus_views, "MAX_COUNTED", 2)  # counted no further than that
+    assert b"More than 2 events match" in client.get("/admin/wow/events/").content
+    assert b"1 event matches" in client.get("/admin/wow/events/", {"topic": "points.added"}).content
+    assert first.context["previous_url"] is None and b"first page" not in first.content
+    back = client.get("/admin/wow/events/" + second.context["previous_url"])  # the page before, by key
+    assert [e["eventId"] for e in back.context["events"]] == ["evt-child", "evt-sent"]
+    assert back.context["previous_url"] is None and back.context["next_url"] == first.context["next_url"]
+
+    def jump(at, **params):
+        response = client.get("/admin/wow/events/", {"at": at, **params})
+        assert response.status_code == 200
+        return [e["eventId"] for e in response.context["events"]], response
+
+    assert jump("2024-01-01T10:30:00Z")[0] == ["evt-failed"]  # the events at or before that time
+    at_sent, response = jump("2024-01-01T11:00:00Z")
+    assert at_sent == ["evt-sent", "evt-failed"] and response.context["next_url"] is None
+    assert [e["eventId"] for e in client.get("/admin/wow/events/" + response.context["previous_url"])
+            .context["events"]] == ["evt-child"]
+    assert "at=" not in response.context["previous_url"]  # the jump is not kept in the page links
+    assert jump("2024-01-01T11:00:00Z", topic="points.added")[0] == []
+    assert jump("2030-01-01T00:00:00Z")[0] == ["evt-child", "evt-sent"]
+    assert jump("2024-01-01T10:30:00Z", until="2024-01-01T09:00:00Z")[0] == []  # the earlier end wins
+    bad = client.get("/admin/wow/events/", {"at": "noon"})
+    assert bad.status_code == 200 and any(m.startswith("at:") for m in messages_of(bad))
 
 
 def test_a_consumers_deliveries_are_listed_newest_first_filtered_by_outcome_and_paged(console_bus, monkeypatch):
@@ -178,6 +234,7 @@ def test_a_consumers_deliveries_are_listed_newest_first_filtered_by_outcome_and_
         ("evt-failed", 2, False), ("evt-sent", 1, True), ("evt-failed", 1, False)]  # newest report first
     assert page.context["rows"][0]["event"]["status"] == "PARTIAL"
     assert page.context["rows"][0]["errorHead"] == "InvalidOperation: bad amount"  # the whole error in its title
+    assert b'title="InvalidOperation: bad amount\n\nTraceback' in page.content
     assert b">InvalidOperation: bad amount</div>" in page.content
     assert b'href="/admin/wow/events/evt-sent/#consumer-member-service"' in page.content
     failed = client.get("/admin/wow/consumers/member-service/", {"outcome": "failed"})
@@ -201,30 +258,46 @@ def test_a_consumers_deliveries_are_listed_newest_first_filtered_by_outcome_and_
     typed = client.get("/admin/wow/events/", {"consumer": "no spaces"})
     assert typed.status_code == 200 and any(m.startswith("consumerId:") for m in messages_of(typed))
     assert user_with(name="nobody").get("/admin/wow/consumers/member-service/").status_code == 403
+    monkeypatch.setattr(console_bus, "max_page_size", 2)  # WOW['QUERY_MAX_PAGE_SIZE'] below the console's pages
+    for url in ("/admin/wow/consumers/member-service/", "/admin/wow/events/", "/admin/wow/not-consumed/"):
+        assert client.get(url).status_code == 200, url
+    assert len(client.get("/admin/wow/consumers/member-service/").context["rows"]) == 2
 
 
 def test_events_not_consumed_in_time_are_listed_and_re_pushed_after_a_confirmation(console_bus, monkeypatch):
+    from wow_django.console import bus_views
+
     viewer = user_with("view_bus_events", name="viewer")
-    waiting = viewer.get("/admin/wow/events/not-consumed/")
+    waiting = viewer.get("/admin/wow/not-consumed/")
     assert waiting.status_code == 200 and waiting.context["rows"] == []  # sent just now: not late yet
     assert b"has been consumed or has failed" in waiting.content
     monkeypatch.setattr(console_bus, "repush_timeout_s", 0)
-    late = viewer.get("/admin/wow/events/not-consumed/")
+    late = viewer.get("/admin/wow/not-consumed/")
     assert [(r["event"]["eventId"], r["waiting"]) for r in late.context["rows"]] == [
         ("evt-child", ["message-service"]), ("evt-sent", ["member-service", "message-service"])]  # not evt-failed
     assert b'type="checkbox"' not in late.content  # no re-push without the permission
-    assert viewer.get("/admin/wow/events/not-consumed/repush/", {"event": "evt-sent"}).status_code == 403
+    monkeypatch.setattr(bus_views, "PAGE_SIZE", 1)
+    first = viewer.get("/admin/wow/not-consumed/")
+    second = viewer.get("/admin/wow/not-consumed/" + first.context["next_url"])
+    assert [r["event"]["eventId"] for r in first.context["rows"] + second.context["rows"]] == ["evt-child", "evt-sent"]
+    assert second.context["next_url"] is None and b"first page" in second.content
+    bad = viewer.get("/admin/wow/not-consumed/", {"cursor": "W10"})
+    assert len(bad.context["rows"]) == 1 and any(m.startswith("cursor:") for m in messages_of(bad))
+    monkeypatch.setattr(bus_views, "PAGE_SIZE", 25)
+    assert viewer.get("/admin/wow/not-consumed/repush/", {"event": "evt-sent"}).status_code == 403
     console_bus.record_feedback("evt-sent", "member-service", True)
     operator = user_with("view_bus_events", "repush_bus_events")
-    shown = operator.get("/admin/wow/events/not-consumed/")
+    shown = operator.get("/admin/wow/not-consumed/")
     assert [r["waiting"] for r in shown.context["rows"]] == [["message-service"], ["message-service"]]
     assert b'name="event" value="evt-sent"' in shown.content and b"Not consumed" in shown.content
-    confirm = operator.get("/admin/wow/events/not-consumed/repush/", {"event": ["evt-sent", "evt-failed", "evt-none"]})
+    confirm = operator.get("/admin/wow/not-consumed/repush/", {"event": ["evt-sent", "evt-failed", "evt-none"]})
     assert confirm.status_code == 200
     assert [r["eventId"] for r in confirm.context["ready"]] == ["evt-sent", "evt-failed"]  # PARTIAL may be re-pushed
     assert [(r["eventId"], r["why"]) for r in confirm.context["refused"]] == [("evt-none", "there is no such event")]
+    odd = operator.get("/admin/wow/not-consumed/repush/", {"event": ["a\x00b", "x" * 300]})
+    assert [r["why"] for r in odd.context["refused"]] == ["there is no such event"] * 2
     assert console_bus.store.get_event("evt-sent")["retryCount"] == 0  # a GET changes nothing
-    done = operator.post("/admin/wow/events/not-consumed/repush/", {"event": ["evt-sent", "evt-none"]}, follow=True)
+    done = operator.post("/admin/wow/not-consumed/repush/", {"event": ["evt-sent", "evt-none"]}, follow=True)
     assert any("Re-pushed 1 event(s)" in m for m in messages_of(done))
     assert any("Not re-pushed evt-none" in m for m in messages_of(done))
     stored = console_bus.store.get_event("evt-sent")
@@ -233,16 +306,16 @@ def test_events_not_consumed_in_time_are_listed_and_re_pushed_after_a_confirmati
     assert entry.target == "not-consumed" and entry.detail["published"] == ["evt-sent"]
     assert entry.detail["refused"] == [{"eventId": "evt-none", "error": "there is no such event"}]
     # Nothing chosen, too many, or the limit reached: a message, nothing re-pushed.
-    none = operator.post("/admin/wow/events/not-consumed/repush/", {}, follow=True)
+    none = operator.post("/admin/wow/not-consumed/repush/", {}, follow=True)
     assert any("Choose the events" in m for m in messages_of(none))
-    many = operator.get("/admin/wow/events/not-consumed/repush/", {"event": [f"evt-{n}" for n in range(201)]},
+    many = operator.get("/admin/wow/not-consumed/repush/", {"event": [f"evt-{n}" for n in range(201)]},
                         follow=True)
     assert any(m.startswith("event: at most 200") for m in messages_of(many))
     monkeypatch.setattr(console_bus, "repush_max_count", 1)
-    limited = operator.get("/admin/wow/events/not-consumed/")
+    limited = operator.get("/admin/wow/not-consumed/")
     row = next(r for r in limited.context["rows"] if r["event"]["eventId"] == "evt-sent")
     assert row["refusal"] is not None and b'value="evt-sent"' not in limited.content
-    again = operator.post("/admin/wow/events/not-consumed/repush/", {"event": "evt-sent"}, follow=True)
+    again = operator.post("/admin/wow/not-consumed/repush/", {"event": "evt-sent"}, follow=True)
     assert any("Not re-pushed evt-sent" in m and "limit" in m for m in messages_of(again))
     assert console_bus.store.get_event("evt-sent")["retryCount"] == 1
 
@@ -254,6 +327,8 @@ def test_events_not_consumed_in_time_are_listed_and_re_pushed_after_a_confirmati
     ({"until": "2024-13-45"}, "until"),
     ({"cursor": "not-a-cursor"}, "cursor"),
     ({"cursor": "W10"}, "cursor"),
+    ({"before": "W10"}, "cursor"),
+    ({"at": "2024-02-30T00:00:00Z"}, "at"),
 ])
 def test_bad_filters_and_cursors_are_a_message_not_an_error(console_bus, params, named):
     response = user_with("view_bus_events").get("/admin/wow/events/", params)
@@ -555,12 +630,18 @@ def customers():
         yield first.aggregate_id, second.aggregate_id
 
 
-def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
+def test_aggregates_streams_snapshots_and_state_at_a_version(customers, monkeypatch):
+    from wow_django.console import aggregates
+
     ann, bob = customers
     client = user_with("view_aggregates")
     assert user_with("view_bus_events", name="viewer").get("/admin/wow/aggregates/").status_code == 403
     listed = client.get("/admin/wow/aggregates/")
     assert listed.status_code == 200 and {"customer", "order"} <= set(listed.context["names"])
+    both = user_with("view_aggregates", "view_bus_events", name="both")
+    page = both.get(f"/admin/wow/aggregates/customer/id/{ann}")
+    assert page.context["bus_events_url"] == f"/admin/wow/events/?q=aggregate%3Dcustomer%2F{ann}"
+    assert client.get(f"/admin/wow/aggregates/customer/id/{ann}").context["bus_events_url"] is None
 
     def versions(url, **params):
         response = client.get(url, params)
@@ -573,8 +654,23 @@ def test_aggregates_streams_snapshots_and_state_at_a_version(customers):
     assert versions(streams, aggregate_id=ann, version_to="1") == [(ann, 1)]
     assert versions(streams, tenant="other") == [(bob, 1)]
     assert versions(streams, request_id="req-c1") == [(ann, 1)]
-    paged = client.get(streams, {"tenant": "a&b c", "page": "1"})
-    assert paged.context["query"] == "tenant=a%26b+c"  # the page links keep the filters, encoded
+    monkeypatch.setattr(aggregates, "PAGE_SIZE", 2)  # keyset pages, forward and back, the filters kept
+    first = client.get(streams)
+    walked, response = versions(streams), first
+    assert len(walked) == 2 and first.context["previous_url"] is None and first.context["first_url"] is None
+    while response.context["next_url"]:
+        response = client.get(streams + response.context["next_url"])
+        walked += [(d["aggregateId"], d["version"]) for d in response.context["streams"]]
+    assert sorted(walked) == sorted([(ann, 1), (ann, 2), (ann, 3), (bob, 1)]) and len(walked) == 4
+    back = client.get(streams + response.context["previous_url"])
+    assert [(d["aggregateId"], d["version"]) for d in back.context["streams"]] == walked[:2]
+    assert back.context["next_url"] == first.context["next_url"]
+    filtered = client.get(streams, {"tenant": "a&b c", "aggregate_id": ann})
+    assert filtered.context["streams"] == [] and filtered.context["next_url"] is None
+    acme = client.get(streams, {"tenant": "acme"})
+    assert acme.context["next_url"].endswith("&tenant=acme")  # the page links keep the filters, encoded
+    assert [d["version"] for d in client.get(streams + acme.context["next_url"]).context["streams"]] == [1]
+    monkeypatch.setattr(aggregates, "PAGE_SIZE", 25)
     assert versions(streams, since="2000-01-01T00:00:00Z", tenant="other") == [(bob, 1)]
     assert versions(streams, until="2000-01-01T00:00:00Z") == []
     snapshots = "/admin/wow/aggregates/customer/snapshots/"
@@ -647,10 +743,11 @@ def test_times_read_as_dates_with_their_zone_and_bodies_as_json(customers, setti
     ("/admin/wow/aggregates/customer/events/", {"version_from": "x"}, "version_from"),
     ("/admin/wow/aggregates/customer/events/", {"version_to": "0"}, "version_to"),
     ("/admin/wow/aggregates/customer/events/", {"since": "soon"}, "since"),
-    ("/admin/wow/aggregates/customer/events/", {"page": "-3"}, "page"),
-    ("/admin/wow/aggregates/customer/events/", {"page": "³"}, "page"),
+    ("/admin/wow/aggregates/customer/events/", {"cursor": "W10"}, "cursor"),
+    ("/admin/wow/aggregates/customer/events/", {"before": "not a cursor"}, "before"),
+    ("/admin/wow/aggregates/customer/events/", {"cursor": "WzEsIiJd"}, "cursor"),
     ("/admin/wow/aggregates/customer/events/", {"version_from": "²"}, "version_from"),
-    ("/admin/wow/aggregates/customer/events/", {"page": "99999"}, None),  # past the end: an empty page
+    ("/admin/wow/aggregates/customer/events/", {"cursor": "WzEsImEiXQ"}, None),  # past the end: an empty page
     ("/admin/wow/aggregates/customer/snapshots/", {"deleted": "maybe"}, "deleted"),
     ("/admin/wow/aggregates/customer/snapshots/", {"page": "x"}, "page"),
     ("/admin/wow/aggregates/customer/id/{ann}", {"version": "9"}, "version"),

@@ -163,7 +163,7 @@ class ValuesAndTables:
             tables = {t for t in connection.introspection.table_names(cursor) if t.startswith("wow_bus_")}
             names = {table: set(connection.introspection.get_constraints(cursor, table)) for table in tables}
         self.assertEqual(tables, {"wow_bus_event", "wow_bus_topic_consumer", "wow_bus_consumption", "wow_bus_inbox",
-                                  "wow_bus_sequence", "wow_bus_repush"})
+                                  "wow_bus_sequence", "wow_bus_repush", "wow_bus_event_key"})
         self.assertLessEqual({"wow_bus_event_id_uniq", "wow_bus_event_status_at", "wow_bus_event_status_occ",
                               "wow_bus_event_topic_occ", "wow_bus_event_trace_occ", "wow_bus_event_service_occ",
                               "wow_bus_event_parent_occ", "wow_bus_event_occ", "wow_bus_event_user_occ",
@@ -173,6 +173,8 @@ class ValuesAndTables:
         self.assertIn("wow_bus_inbox_uniq", names["wow_bus_inbox"])
         self.assertIn("wow_bus_sequence_uniq", names["wow_bus_sequence"])
         self.assertIn("wow_bus_repush_event_at", names["wow_bus_repush"])
+        self.assertLessEqual({"wow_bus_event_key_uniq", "wow_bus_event_key_listing", "wow_bus_event_key_event"},
+                             names["wow_bus_event_key"])
 
 
 class DjangoBusStoreOnSQLiteTests(ValuesAndTables, StoreCase):

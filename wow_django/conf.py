@@ -124,6 +124,9 @@ DEFAULTS: dict[str, Any] = {
     "BUS_RELAY_AFTER_S": 30.0,
     "BUS_REPUSH_TIMEOUT_S": 300.0,
     "BUS_REPUSH_MAX_COUNT": 5,
+    # Top-level payload fields each sent event is found by (its search keys, with the envelope's own
+    # ``keys``): e.g. ("orderId", "userId") finds every event whose payload names that order or user.
+    "BUS_SEARCH_FIELDS": (),
     "BUS_CONSUMER_MAX_ATTEMPTS": 3,
     "BUS_CONSUMER_BACKOFF_S": 0.5,
     "BUS_ROLLUP_QUEUE": "wow.bus.rollup",
@@ -279,6 +282,21 @@ def _optional_class_list(value: Any) -> str | None:
     return None
 
 
+#: A bus search key's name (a field of BUS_SEARCH_FIELDS, a key of an envelope's ``keys``): what an operator
+#: knows an event by (``orderId``, ``aggregateId``); and how many keys one event has at most.
+KEY_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+MAX_KEYS = 16
+
+
+def _search_fields(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and KEY_NAME_RE.match(v) for v in value):
+        return ("must be a list of payload field names (letters, digits, '_', '.' or '-', starting with a letter, "
+                "at most 64)")
+    if len(value) > MAX_KEYS:
+        return f"must name at most {MAX_KEYS} fields"
+    return None
+
+
 def _str_dict(value: Any) -> str | None:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and v for k, v in value.items()
@@ -336,6 +354,7 @@ VALIDATORS = {
     "BUS_RELAY_AFTER_S": _pos_num,
     "BUS_REPUSH_TIMEOUT_S": _non_negative_num,
     "BUS_REPUSH_MAX_COUNT": _pos_int,
+    "BUS_SEARCH_FIELDS": _search_fields,
     "BUS_CONSUMER_MAX_ATTEMPTS": _pos_int,
     "BUS_CONSUMER_BACKOFF_S": _non_negative_num,
     "BUS_ROLLUP_QUEUE": _str,

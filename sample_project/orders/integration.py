@@ -44,7 +44,7 @@ from sample_project.orders.aggregates import Order, OrderPaid
 from sample_project.orders.models import Member, Notice, PointsEntry
 from wow_django.application.runtime import get_runtime
 from wow_django.bus import consumer, get_bus
-from wow_django.bus.envelope import iso
+from wow_django.bus.envelope import aggregate_keys, iso
 from wow_django.domain import event_processor
 
 PURCHASED = "order.purchased"
@@ -102,6 +102,7 @@ def publish_purchase(message) -> None:
         occurred_at=datetime.fromtimestamp(message.create_time / 1000, UTC),
         partition_key=message.aggregate_id.id,
         sequence=message.version,
+        keys=aggregate_keys(message.aggregate_id.aggregate_name, message.aggregate_id.id),  # the console links both
     )
 
 

@@ -277,6 +277,7 @@ class Runtime:
             max_page_size=wow_settings.QUERY_MAX_PAGE_SIZE,
             retention_days=wow_settings.BUS_RETENTION_DAYS,
             expired_retention_days=wow_settings.BUS_EXPIRED_RETENTION_DAYS,
+            search_fields=wow_settings.BUS_SEARCH_FIELDS,
         )
 
     # --- life cycle ----------------------------------------------------------------------------------

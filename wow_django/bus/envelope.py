@@ -17,9 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from wow_django.bus.context import current_context
+from wow_django.conf import KEY_NAME_RE, MAX_KEYS
 from wow_django.domain.values import NUL_RULE, nul_path
 from wow_django.exceptions import EnvelopeValidationError
-from wow_django.persistence.bus import EventStatus, to_bson_time, utcnow
+from wow_django.persistence.bus import SEARCH_KEYS, EventStatus, to_bson_time, utcnow
 
 #: Statuses derived from consumer feedback by the rollup.
 FEEDBACK_STATUSES = (EventStatus.CONSUMED, EventStatus.PARTIAL, EventStatus.FAILED)
@@ -35,8 +36,9 @@ MAX_SEQUENCE = 2**63 - 1
 
 WIRE_FIELDS = (
     "eventId", "traceId", "spanId", "parentEventId", "topic", "payload", "payloadType", "initiator",
-    "occurredAt", "sentAt", "contractVersion", "partitionKey", "sequence", "expireAt",
+    "occurredAt", "sentAt", "contractVersion", "partitionKey", "sequence", "expireAt", "keys",
 )
+
 INITIATOR_FIELDS = ("service", "operation", "userId", "clientRequestId")
 _WIRE_NAMES = frozenset(WIRE_FIELDS)
 _INITIATOR_NAMES = frozenset(INITIATOR_FIELDS)
@@ -115,6 +117,7 @@ class Envelope:
     partition_key: str | None = None
     sequence: int | None = None
     expire_at: datetime | None = None
+    keys: tuple[tuple[str, str], ...] = ()  # search keys: (name, value) pairs, sorted by name
 
     def to_json(self) -> dict:
         """The wire form: camelCase keys, ISO times."""
@@ -124,7 +127,7 @@ class Envelope:
             "payloadType": self.payload_type, "initiator": self.initiator.to_json(),
             "occurredAt": iso(self.occurred_at), "sentAt": iso(self.sent_at),
             "contractVersion": self.contract_version, "partitionKey": self.partition_key,
-            "sequence": self.sequence, "expireAt": iso(self.expire_at),
+            "sequence": self.sequence, "expireAt": iso(self.expire_at), "keys": dict(self.keys),
         }
 
     def to_document(self) -> dict:
@@ -135,7 +138,8 @@ class Envelope:
             "payloadType": self.payload_type, "initiator": self.initiator.to_json(),
             "occurredAt": self.occurred_at, "sentAt": self.sent_at,
             "contractVersion": self.contract_version, "partitionKey": self.partition_key,
-            "sequence": self.sequence, "expireAt": self.expire_at,
+            "sequence": self.sequence, "expireAt": self.expire_at, "keys": dict(self.keys),
+            SEARCH_KEYS: [search_key(name, value) for name, value in self.keys],
         }
 
     @classmethod
@@ -149,6 +153,7 @@ class Envelope:
             contract_version=doc.get("contractVersion") or 1, partition_key=doc.get("partitionKey"),
             sequence=doc.get("sequence"),
             expire_at=parse_time(doc["expireAt"]) if doc.get("expireAt") else None,
+            keys=tuple(sorted((doc.get("keys") or {}).items())),
         )
 
     def with_sent_at(self, moment: datetime) -> Envelope:
@@ -192,6 +197,58 @@ def check_topic(value: Any, name: str = "topic") -> str:
     if errors.items:
         raise EnvelopeValidationError.from_errors(name, errors.items)
     return topic
+
+
+def search_key(name: str, value: str) -> str:
+    """The stored text of one search key: ``orderId=o-1``."""
+    return f"{name}={value}"
+
+
+def check_search_key(value: Any, name: str = "key") -> str:
+    """``value`` if it is a search key's text (``name=value``: a key name, then text of at most 200
+    printable characters), else :class:`EnvelopeValidationError` naming ``name``."""
+    key_name, _, key_value = value.partition("=") if isinstance(value, str) else ("", "", "")
+    if not KEY_NAME_RE.match(key_name) or not key_value or len(key_value) > MAX_TEXT_LENGTH \
+            or not key_value.isprintable():
+        raise EnvelopeValidationError.from_errors(name, [{"name": name, "msg": (
+            "must be name=value: a name of letters, digits, '_', '.' or '-' starting with a letter (at most 64), "
+            f"then printable text of at most {MAX_TEXT_LENGTH} characters (e.g. orderId=o-1)")}])
+    return value
+
+
+def aggregate_keys(aggregate: str, aggregate_id: str) -> dict[str, str]:
+    """The search keys that tie an integration event to the aggregate it comes from: ``aggregate``
+    (``<aggregate name>/<id>``, what the console links to the aggregate's page) and ``aggregateId``."""
+    return {"aggregate": f"{aggregate}/{aggregate_id}", "aggregateId": aggregate_id}
+
+
+def _keys(errors: _Errors, given: Any, payload: Any, search_fields: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The envelope's search keys: those given, then each of ``search_fields`` the payload has at its top
+    level as text or an integer (a given key wins)."""
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        errors.add("keys", "must be an object of name: text (the event's search keys)")
+        return ()
+    keys: dict[str, str] = {}
+    for name, value in given.items():
+        where = f"keys.{name}"
+        if not isinstance(name, str) or not KEY_NAME_RE.match(name):
+            errors.add(where, "a key name is letters, digits, '_', '.' or '-', starting with a letter, at most 64")
+        elif _text(errors, where, value, required=True) is not None:
+            keys[name] = value
+    if isinstance(payload, dict):
+        for name in search_fields:
+            value = payload.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)
+            if name not in keys and isinstance(value, str) and value and len(value) <= MAX_TEXT_LENGTH \
+                    and value.isprintable():
+                keys[name] = value
+    if len(keys) > MAX_KEYS:
+        errors.add("keys", f"at most {MAX_KEYS} search keys, with those taken from the payload "
+                           f"(WOW['BUS_SEARCH_FIELDS']); got {len(keys)}")
+    return tuple(sorted(keys.items()))
 
 
 def check_consumer_id(value: Any, name: str = "consumerId") -> str:
@@ -239,8 +296,10 @@ def _time(errors: _Errors, name: str, value: Any) -> datetime | None:
         return None
 
 
-def build_envelope(data: dict, *, default_service: str) -> Envelope:
+def build_envelope(data: dict, *, default_service: str, search_fields: tuple[str, ...] = ()) -> Envelope:
     """Validate wire-form ``data`` and fill what is missing (ids, times, trace, initiator).
+
+    ``search_fields``: the payload's top-level fields copied into the search keys (``WOW['BUS_SEARCH_FIELDS']``).
 
     Raises :class:`EnvelopeValidationError` naming every bad field.
     """
@@ -310,6 +369,8 @@ def build_envelope(data: dict, *, default_service: str) -> Envelope:
         elif partition_key is None and "partitionKey" not in {e["name"] for e in errors.items}:
             errors.add("sequence", "needs a partitionKey: sequences order the events of one partition")
 
+    keys = _keys(errors, data.get("keys"), payload if not problem else None, search_fields)
+
     occurred_at = occurred_at or utcnow()
     if expire_at is not None and expire_at <= occurred_at:
         errors.add("expireAt", "must be later than occurredAt")
@@ -337,4 +398,5 @@ def build_envelope(data: dict, *, default_service: str) -> Envelope:
         partition_key=partition_key,
         sequence=sequence,
         expire_at=expire_at,
+        keys=keys,
     )

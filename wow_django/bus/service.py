@@ -26,11 +26,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from wow_django.bus.envelope import (
+    ID_RE,
+    SEARCH_KEYS,
     Envelope,
     EventStatus,
     Initiator,
     build_envelope,
     check_consumer_id,
+    check_search_key,
     check_topic,
     iso,
     parse_time,
@@ -69,7 +72,7 @@ MAX_TRACE_EVENTS = 1000
 MAX_CHILDREN = 200
 ROLLUP_ROUNDS = 16
 ROLLUP_FIELDS = ("status", STATUS_REVISION, "consumers")  # what the rollup reads of an event
-INTERNAL_FIELDS = frozenset({"_id", "relayLeaseUntil", STATUS_REVISION})  # kept out of the output
+INTERNAL_FIELDS = frozenset({"_id", "relayLeaseUntil", STATUS_REVISION, SEARCH_KEYS})  # kept out of the output
 REPUSH_STATUSES = (EventStatus.FAILED.value, EventStatus.PARTIAL.value, EventStatus.RETRYING.value)
 
 
@@ -148,7 +151,7 @@ def _decode_key(cursor: str, size: int) -> tuple:
         if not isinstance(key, list) or len(key) != size:
             raise ValueError("not a cursor")
         moment, event_id, *more = key
-        if not isinstance(moment, str) or not isinstance(event_id, str) or not event_id or not all(
+        if not isinstance(moment, str) or not isinstance(event_id, str) or not ID_RE.match(event_id) or not all(
                 isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63 for n in more):
             raise ValueError("not a cursor")
         return (parse_time(moment), event_id, *more)
@@ -172,7 +175,8 @@ class EventBus:
     def __init__(self, store: BusStore, transport: BusTransport, *, service_name: str,
                  rollup_queue: Callable[[list[str]], list[str]] | None = None, relay_after_s: float = 30.0,
                  repush_timeout_s: float = 300.0, repush_max_count: int = 5, max_page_size: int = 200,
-                 retention_days: float | None = None, expired_retention_days: float | None = None):
+                 retention_days: float | None = None, expired_retention_days: float | None = None,
+                 search_fields: Iterable[str] = ()):
         """``rollup_queue(event_ids)`` queues their rollups (the runtime's task queue) and returns the ids
         it did not queue; this bus rolls those up inline, and every one without a queue."""
         self.store = store
@@ -187,6 +191,8 @@ class EventBus:
         self.repush_max_count = repush_max_count
         self.retention_days = retention_days
         self.expired_retention_days = expired_retention_days
+        #: The payload's top-level fields each event is found by (WOW['BUS_SEARCH_FIELDS']), besides its keys.
+        self.search_fields = tuple(search_fields)
 
     # --- send (§3.2) -----------------------------------------------------------------
 
@@ -195,9 +201,15 @@ class EventBus:
              initiator: Initiator | dict | None = None, occurred_at: datetime | str | None = None,
              payload_type: str | None = None, contract_version: int | None = None,
              partition_key: str | None = None, sequence: int | None = None,
-             expire_at: datetime | str | None = None) -> SendResult:
-        """Validate, store PENDING with one pending feedback row per expected consumer, publish, mark SENT."""
+             expire_at: datetime | str | None = None, keys: dict[str, str] | None = None) -> SendResult:
+        """Validate, store PENDING with one pending feedback row per expected consumer, publish, mark SENT.
+
+        ``keys``: search keys (name → text) the event is found by in the listing and the console, besides the
+        payload fields of ``WOW['BUS_SEARCH_FIELDS']`` (e.g. :func:`~wow_django.bus.envelope.aggregate_keys`).
+        """
         data: dict = {"topic": topic, "payload": payload}
+        if keys is not None:
+            data["keys"] = keys
         optional = {"eventId": event_id, "traceId": trace_id, "spanId": span_id, "parentEventId": parent_event_id,
                     "occurredAt": occurred_at, "payloadType": payload_type, "contractVersion": contract_version,
                     "partitionKey": partition_key, "sequence": sequence, "expireAt": expire_at}
@@ -210,7 +222,7 @@ class EventBus:
 
     def send_envelope(self, data: dict) -> SendResult:
         """:meth:`send` for a wire-form envelope (the HTTP endpoint's entry point)."""
-        envelope = build_envelope(data, default_service=self.service_name)
+        envelope = build_envelope(data, default_service=self.service_name, search_fields=self.search_fields)
         consumers = self.store.enabled_consumers(envelope.topic)
         if not consumers:
             logger.error(
@@ -623,23 +635,34 @@ class EventBus:
     def query_of(self, *, status: str | Iterable[str] | None = None, topic: str | None = None,
                  service: str | None = None, since: datetime | str | None = None, until: datetime | str | None = None,
                  trace_id: str | None = None, user_id: str | None = None,
-                 client_request_id: str | None = None) -> EventQuery:
+                 client_request_id: str | None = None, key: str | Iterable[str] | None = None) -> EventQuery:
         """The :class:`EventQuery` of these filters; EnvelopeValidationError naming each bad one.
 
         ``status``: one status, several (``"FAILED,PARTIAL"`` or a list: any of them), or None/"" for any.
-        ``service``, ``user_id``, ``client_request_id``: the initiator's.
+        ``service``, ``user_id``, ``client_request_id``: the initiator's. ``key``: a search key
+        ``name=value`` (an envelope's ``keys``, or a payload field of ``WOW['BUS_SEARCH_FIELDS']``), or several
+        (any of them).
         """
         query, errors = self._query_and_errors(status, topic, service, since, until, trace_id, user_id,
-                                               client_request_id)
+                                               client_request_id, key)
         if errors:
             raise EnvelopeValidationError.from_errors("event query", errors)
         return query
 
     @staticmethod
     def _query_and_errors(status, topic, service, since, until, trace_id, user_id=None,
-                          client_request_id=None) -> tuple[EventQuery | None, list[dict]]:
+                          client_request_id=None, key=None) -> tuple[EventQuery | None, list[dict]]:
         """The filters as an :class:`EventQuery` (None when one is bad) and the binding error of each bad one."""
         errors: list[dict] = []
+        keys: tuple[str, ...] | None = None
+        if key:
+            keys = (key,) if isinstance(key, str) else tuple(key)
+            for text in keys:
+                try:
+                    check_search_key(text)
+                except EnvelopeValidationError as exc:
+                    errors.extend(exc.binding_errors[:1])
+                    break
         for name, value in (("service", service), ("traceId", trace_id), ("userId", user_id),
                             ("clientRequestId", client_request_id)):
             if value is not None and (not isinstance(value, str) or len(value) > MAX_FILTER_LENGTH
@@ -670,25 +693,43 @@ class EventBus:
         return EventQuery(status=(statuses[0] if len(statuses) == 1 else statuses) or None, topic=topic or None,
                           service=service or None, trace_id=trace_id or None, since=window["since"],
                           until=window["until"], user_id=user_id or None,
-                          client_request_id=client_request_id or None), errors
+                          client_request_id=client_request_id or None, keys=keys or None), errors
 
-    def events_page(self, query: EventQuery, *, cursor: str | None = None, size: int = 20) -> dict:
-        """``{list, next}``: a page of events newest first after ``cursor`` (None: the first page), each
-        with its consumed summary; ``next`` is the cursor of the page after it, None on the last page.
+    def events_page(self, query: EventQuery, *, cursor: str | None = None, before: str | None = None,
+                    size: int = 20) -> dict:
+        """``{list, next, previous}``: a page of events newest first, each with its consumed summary.
 
-        Keyset paging (:meth:`~wow_django.persistence.bus.EventRecords.events_after`): a deep page
-        costs what the first does. A cursor that is not one of ``next``'s is an EnvelopeValidationError.
+        The page comes after ``cursor`` (None: the first page), or with ``before``, just before it (the page
+        back). ``next`` and ``previous`` are the cursors of the pages after and before it (None at either end):
+        give ``next`` as ``cursor``, ``previous`` as ``before``.
+
+        Keyset paging (:meth:`~wow_django.persistence.bus.EventRecords.events_after` and ``events_before``):
+        a deep page costs what the first does. A cursor that is not one of ``next``'s or ``previous``' is an
+        EnvelopeValidationError.
         """
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= self.max_page_size:
             raise EnvelopeValidationError.from_errors(
                 "event query", [{"name": "size", "msg": f"must be an integer from 1 to {self.max_page_size}"}])
-        after = decode_cursor(cursor) if cursor else None
-        events = self.store.events_after(query, after=after, limit=size + 1)
-        more, events = len(events) > size, events[:size]
+        if cursor and before:
+            raise EnvelopeValidationError.from_errors("event query", [
+                {"name": "before", "msg": "cursor and before are two ways of paging (forward and back): give one of them"}])
+        if before:
+            events = self.store.events_before(query, before=decode_cursor(before), limit=size + 1)
+            newer, events = len(events) > size, events[-size:]
+            if not events:  # nothing before it: the first page
+                return self.events_page(query, size=size)
+            more = True  # the event of ``before`` comes after this page
+        else:
+            after = decode_cursor(cursor) if cursor else None
+            events = self.store.events_after(query, after=after, limit=size + 1)
+            more, events = len(events) > size, events[:size]
+            newer = bool(after is not None and events and self.store.events_before(
+                query, before=(events[0]["occurredAt"], events[0]["eventId"]), limit=1))
         summaries = self.summaries(events)
-        last = events[-1] if events else None
+        first, last = (events[0], events[-1]) if events else (None, None)
         return {"list": [document_to_json(e, summaries[e["eventId"]]) for e in events],
-                "next": encode_cursor(last["occurredAt"], last["eventId"]) if more and last else None}
+                "next": encode_cursor(last["occurredAt"], last["eventId"]) if more and last else None,
+                "previous": encode_cursor(first["occurredAt"], first["eventId"]) if newer and first else None}
 
     def not_consumed_query(self, now: datetime | None = None) -> EventQuery:
         """The events not consumed in time (seed 004 §5.2): SENT or RETRYING, last sent at least
@@ -732,10 +773,10 @@ class EventBus:
     def list_events(self, *, status: str | None = None, topic: str | None = None, service: str | None = None,
                     since: datetime | str | None = None, until: datetime | str | None = None,
                     trace_id: str | None = None, user_id: str | None = None, client_request_id: str | None = None,
-                    page: int = 1, size: int = 20) -> dict:
+                    key: str | Iterable[str] | None = None, page: int = 1, size: int = 20) -> dict:
         """``{total, page, size, list}`` of events, newest first, filtered by any of the arguments."""
         query, errors = self._query_and_errors(status, topic, service, since, until, trace_id, user_id,
-                                               client_request_id)
+                                               client_request_id, key)
         max_size = self.max_page_size
         if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_PAGE:
             errors.append({"name": "page", "msg": f"must be an integer from 1 to {MAX_PAGE}"})

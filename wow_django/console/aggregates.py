@@ -4,15 +4,18 @@ repository, so every storage backend serves it."""
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import UTC
 
 from django.contrib import messages
 from django.http import Http404
+from django.urls import reverse
 from django.utils.http import urlencode
 
 from wow_django.application.repository import apply_stream
 from wow_django.application.runtime import get_runtime
-from wow_django.bus.envelope import parse_time
+from wow_django.bus.envelope import aggregate_keys, parse_time, search_key
 from wow_django.conf import wow_settings
 from wow_django.console.base import allowed, page, pretty, requires
 from wow_django.domain import registry
@@ -20,7 +23,7 @@ from wow_django.persistence.documents import snapshot_to_document, stream_to_doc
 from wow_django.persistence.query import EVENT_STREAM, SNAPSHOT, present
 from wow_django.persistence.records import MAX_VERSION, AggregateId
 from wow_django.query import QueryValidationError
-from wow_django.query.condition import parse_paged_query
+from wow_django.query.condition import parse_list_query, parse_paged_query
 
 PAGE_SIZE = 25
 MAX_STREAMS_SHOWN = 200  # the streams (and states after each) one aggregate's page shows
@@ -81,9 +84,9 @@ def _run(request, service, conditions: list[dict], sort_fields: tuple[str, ...],
     return result.total, result.list
 
 
-def _kept_filters(request) -> str:
-    """The request's filters as a query string for the page links (the page number left out)."""
-    return urlencode({key: value for key, value in request.GET.items() if key != "page" and value})
+def _kept_filters(request, paging: tuple[str, ...] = ("page",)) -> str:
+    """The request's filters as a query string for the page links (the paging parameters left out)."""
+    return urlencode({key: value for key, value in request.GET.items() if key not in paging and value})
 
 
 def _pages(total: int, index: int) -> dict:
@@ -111,14 +114,79 @@ def event_streams(request, name: str):
                                    ("createTime", "GTE", since), ("createTime", "LT", until)):
         if value is not None:
             conditions.append({"field": field, "operator": operator, "value": value})
-    index = _page_number(request)
-    total, documents = (0, []) if problems else _run(request, get_runtime().event_queries(name), conditions,
-                                                      ("createTime", "version"), index)
+    after, before = _stream_key(request, "cursor", problems), _stream_key(request, "before", problems)
+    documents, next_key, previous_key = [], None, None
+    if not problems:
+        documents, next_key, previous_key = _stream_page(request, get_runtime().event_queries(name), conditions,
+                                                         after=after, before=before)
     for problem in problems:
         messages.error(request, problem)
+    kept = _kept_filters(request, ("cursor", "before", "page"))
     return page(request, "event_streams.html", f"{name}: event streams", name=name, filters=filters,
-                streams=documents, total=total, pages=_pages(total, index),
-                query=_kept_filters(request))
+                streams=documents, first_url=f"?{kept}" if previous_key else None,
+                previous_url=f"?{urlencode({'before': previous_key})}&{kept}" if previous_key else None,
+                next_url=f"?{urlencode({'cursor': next_key})}&{kept}" if next_key else None)
+
+
+def _stream_cursor(document: dict) -> str:
+    """The page cursor of an event stream: its (createTime, id), URL-safe."""
+    raw = json.dumps([document["createTime"], document["id"]], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _stream_key(request, name: str, problems: list[str]) -> tuple[int, str] | None:
+    raw = request.GET.get(name, "")
+    if not raw:
+        return None
+    try:
+        key = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        if (isinstance(key, list) and len(key) == 2 and isinstance(key[0], int) and not isinstance(key[0], bool)
+                and 0 <= key[0] < 2**63 and isinstance(key[1], str) and 0 < len(key[1]) <= 255
+                and key[1].isprintable()):
+            return key[0], key[1]
+    except (ValueError, UnicodeDecodeError):
+        pass
+    problems.append(f"{name}: is not a page cursor of this list; start from the first page")
+    return None
+
+
+def _beyond(key: tuple[int, str], operator: str) -> dict:
+    """The streams past ``key`` in the order (createTime, id), ``LT`` older or ``GT`` newer."""
+    moment, stream_id = key
+    return {"operator": "OR", "children": [
+        {"field": "createTime", "operator": operator, "value": moment},
+        {"operator": "AND", "children": [{"field": "createTime", "operator": "EQ", "value": moment},
+                                         {"field": "id", "operator": operator, "value": stream_id}]}]}
+
+
+def _stream_page(request, service, conditions: list[dict], *, after, before):
+    """``(streams, next cursor, previous cursor)``: newest first by (createTime, id), keyset-paged both ways: a
+    list query of one page and a look-ahead row (no count), so a deep page costs what the first does."""
+
+    def read(extra: list[dict], direction: str) -> list[dict]:
+        children = conditions + extra
+        body = {"condition": {"operator": "AND", "children": children} if children else {"operator": "ALL"},
+                "sort": [{"field": "createTime", "direction": direction}, {"field": "id", "direction": direction}],
+                "limit": PAGE_SIZE + 1}
+        try:
+            return service.list(parse_list_query(body, max_limit=PAGE_SIZE + 1))
+        except QueryValidationError as exc:
+            messages.error(request, str(exc))
+            return []
+
+    if before is not None:
+        newer = read([_beyond(before, "GT")], "ASC")
+        documents = newer[:PAGE_SIZE][::-1]
+        has_newer, has_older = len(newer) > PAGE_SIZE, True
+        if not documents:  # nothing before it: the first page
+            return _stream_page(request, service, conditions, after=None, before=None)
+    else:
+        older = read([_beyond(after, "LT")] if after is not None else [], "DESC")
+        documents, has_older = older[:PAGE_SIZE], len(older) > PAGE_SIZE
+        has_newer = after is not None and bool(documents)
+    next_key = _stream_cursor(documents[-1]) if has_older and documents else None
+    previous_key = _stream_cursor(documents[0]) if has_newer and documents else None
+    return documents, next_key, previous_key
 
 
 @requires("view_aggregates")
@@ -184,7 +252,10 @@ def aggregate_detail(request, name: str, aggregate_id: str):
                 followers=followers,
                 head=head, states=states, truncated=head > len(streams), at=at, state_at=state_at,
                 snapshot=pretty(snapshot_document(snapshot)) if snapshot is not None else None,
-                tenant=streams[0].aggregate_id.tenant_id)
+                tenant=streams[0].aggregate_id.tenant_id,
+                bus_events_url=reverse("wow_console:events") + "?" + urlencode({"q": search_key(
+                    "aggregate", aggregate_keys(name, aggregate_id)["aggregate"])})
+                if allowed(request.user, "view_bus_events") else None)
 
 
 def snapshot_document(snapshot) -> dict:

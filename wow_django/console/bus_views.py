@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
+
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
 from wow_django.bus import get_bus
-from wow_django.bus.envelope import EventStatus, check_consumer_id, iso, utcnow
-from wow_django.bus.service import decode_cursor, document_to_json, encode_cursor
+from wow_django.bus.envelope import ID_RE, EventStatus, check_consumer_id, iso, parse_time, utcnow
+from wow_django.bus.service import decode_cursor, decode_feedback_cursor, document_to_json, encode_cursor
 from wow_django.console.base import allowed, audit, page, pretty, requires
 from wow_django.console.insight import consumer_states
 from wow_django.exceptions import EnvelopeValidationError, EventNotFound, RepushRefused, TransportUnavailable
 from wow_django.log import first_line
 
 PAGE_SIZE = 25
+MAX_COUNTED = 1_000  # the event list counts its matches up to this many, then says "more than"
 #: The status filter's choices: each status, and the one an incident starts from.
 FAILED_FOR_SOME = "FAILED,PARTIAL"
 STATUS_CHOICES = [(FAILED_FOR_SOME, "failed for some consumer (FAILED or PARTIAL)"),
                   *((status, status) for status in EventStatus.__members__)]
-FILTERS = ("status", "topic", "service", "user", "request", "since", "until", "q")
+FILTERS = ("status", "topic", "service", "user", "request", "since", "until", "q", "at")
 ENVELOPE_HIDDEN = ("payload",)
 
 
@@ -38,6 +42,50 @@ def _canonical_statuses(text: str) -> str:
     its page links keep it. Anything else is left for the bus to refuse."""
     parts = {part.strip() for part in text.split(",")}
     return ",".join(sorted(parts)) if text and parts <= set(EventStatus.__members__) else text
+
+
+def _search(request, bus, filters: dict, query):
+    """The search box: ``name=value`` is a search key; otherwise an eventId (that event), else a traceId,
+    else a value of the search fields (``WOW['BUS_SEARCH_FIELDS']``, ``aggregateId``): ``[event]`` or a query."""
+    text = filters["q"]
+    if not text.isprintable():
+        messages.error(request, "search: must be printable text (no NUL or control character)")
+        return None
+    if "=" in text:
+        try:
+            return bus.query_of(**_query_filters(filters), key=text)
+        except EnvelopeValidationError as exc:
+            for problem in _errors(exc):
+                messages.error(request, f"search: {problem}")
+            return None
+    found = bus.store.get_event(text) if ID_RE.match(text) else None
+    if found is not None and query.matches(found):
+        return [document_to_json(found, bus.summaries([found])[found["eventId"]])]
+    traced = bus.query_of(**_query_filters(filters), trace_id=text) if len(text) <= 200 else None
+    if traced is not None and bus.store.events_after(traced, after=None, limit=1):
+        return traced
+    keys = [f"{name}={text}" for name in dict.fromkeys((*bus.search_fields, "aggregateId"))]
+    try:
+        return bus.query_of(**_query_filters(filters), key=keys)
+    except EnvelopeValidationError:  # not a value a key holds: nothing has it
+        return traced
+
+
+def _key_links(request, keys: dict) -> list[dict]:
+    """Each search key of an event with the list of the events that have it, and for ``aggregate`` (its
+    ``name/id``) the aggregate's page when the user may see aggregates."""
+    links = []
+    for name, value in sorted(keys.items()):
+        item = {"name": name, "value": value,
+                "list_url": reverse("wow_console:events") + "?" + urlencode({"q": f"{name}={value}"})}
+        aggregate, _, aggregate_id = str(value).partition("/")
+        if name == "aggregate" and aggregate and aggregate_id and allowed(request.user, "view_aggregates"):
+            try:
+                item["aggregate_url"] = reverse("wow_console:aggregate", args=[aggregate, aggregate_id])
+            except NoReverseMatch:
+                pass
+        links.append(item)
+    return links
 
 
 def _errors(exc: EnvelopeValidationError) -> list[str]:
@@ -64,38 +112,56 @@ def event_list(request):
     choices = list(STATUS_CHOICES)
     if filters["status"] and filters["status"] not in dict(choices):  # several statuses typed in the URL
         choices.append((filters["status"], filters["status"]))
-    cursor = request.GET.get("cursor") or None
-    rows, next_cursor, problems = [], None, []
+    cursor, before = request.GET.get("cursor") or None, request.GET.get("before") or None
+    rows, next_cursor, previous_cursor, problems, total, at = [], None, None, [], None, None
     try:
         query = bus.query_of(**_query_filters(filters))
     except EnvelopeValidationError as exc:
         problems, query = _errors(exc), None
-    if query is not None and filters["q"]:
-        found = bus.store.get_event(filters["q"])
-        if found is not None and query.matches(found):  # an eventId: that event
-            rows = [document_to_json(found, bus.summaries([found])[found["eventId"]])]
-            query = None
-        else:  # otherwise a traceId
-            query = bus.query_of(**_query_filters(filters), trace_id=filters["q"])
-    if query is not None:
+    if filters["at"]:
         try:
-            result = bus.events_page(query, cursor=cursor, size=PAGE_SIZE)
-        except EnvelopeValidationError as exc:  # a bad cursor: say so and show the first page
-            problems = _errors(exc)
-            result = bus.events_page(query, size=PAGE_SIZE)
-            cursor = None
-        rows, next_cursor = result["list"], result["next"]
+            at = parse_time(filters["at"])
+        except ValueError as exc:
+            problems.append(f"at: {exc}")
+    if query is not None and filters["q"]:
+        query = _search(request, bus, filters, query)
+        if isinstance(query, list):  # one event, by its id
+            rows, query, total = query, None, len(query)
+    if query is not None:
+        size = min(PAGE_SIZE, bus.max_page_size)
+        if at is not None:  # jump: the page of the events at or before that time
+            cursor = before = None
+            end = at + timedelta(milliseconds=1)
+            result = bus.events_page(replace(query, until=min(end, query.until or end)), size=size)
+            if result["list"]:
+                first = result["list"][0]
+                key = (parse_time(first["occurredAt"]), first["eventId"])
+                result["previous"] = encode_cursor(*key) if bus.store.events_before(query, before=key, limit=1) \
+                    else None
+        else:
+            try:
+                result = bus.events_page(query, cursor=cursor, before=before, size=size)
+            except EnvelopeValidationError as exc:  # a bad cursor: say so and show the first page
+                problems += _errors(exc)
+                result = bus.events_page(query, size=size)
+                cursor = before = None
+        rows, next_cursor, previous_cursor = result["list"], result["next"], result["previous"]
+        total = bus.store.count_events(query, up_to=MAX_COUNTED + 1)  # bounded: a page's cost stays flat
     for problem in problems:
         messages.error(request, problem)
-    kept = {key: value for key, value in filters.items() if value}
+    kept = {key: value for key, value in filters.items() if value and key != "at"}
     consumers = sorted({r["consumerId"] for r in bus.topic_consumers()})
     return page(request, "events.html", "Bus events", events=rows, filters=filters, consumers=consumers,
-                statuses=choices, first_page=cursor is not None,
+                statuses=choices, first_page=previous_cursor is not None, total=total,
+                more_than=total is not None and total > MAX_COUNTED, max_counted=MAX_COUNTED,
                 first_url=f"?{urlencode(kept)}",
+                previous_url=f"?{urlencode({**kept, 'before': previous_cursor})}" if previous_cursor else None,
                 next_url=f"?{urlencode({**kept, 'cursor': next_cursor})}" if next_cursor else None)
 
 
 def _event_or_404(event_id: str) -> dict:
+    if not ID_RE.match(event_id):  # no event has such an id (and a NUL is an error on PostgreSQL)
+        raise Http404(f"There is no bus event {event_id!r}.")
     try:
         return get_bus().event_detail(event_id)
     except EventNotFound:
@@ -116,6 +182,7 @@ def event_detail(request, event_id: str):
             attempt["errorHead"] = first_line(attempt["error"]) if attempt.get("error") else None
         consumer["refusal"] = bus.repush_refusal(stored, consumer["consumerId"]) if can_repush and stored else None
     return page(request, "event_detail.html", f"Bus event {event_id}", detail=detail, event=detail["event"],
+                keys=_key_links(request, detail["event"].get("keys") or {}),
                 envelope=pretty(envelope), payload=pretty(detail["event"].get("payload")),
                 show_payload=allowed(request.user, "view_payloads"), can_repush=can_repush, refusal=refusal)
 
@@ -125,7 +192,7 @@ def event_detail(request, event_id: str):
 def event_repush(request, event_id: str):
     """GET: what a re-push (whole, or ``consumer``) will send; POST (CSRF-protected): re-push, audit, redirect."""
     bus = get_bus()
-    event = bus.store.get_event(event_id)
+    event = bus.store.get_event(event_id) if ID_RE.match(event_id) else None
     if event is None:
         raise Http404(f"There is no bus event {event_id!r}.")
     consumer = (request.POST if request.method == "POST" else request.GET).get("consumer") or None
@@ -181,12 +248,13 @@ def consumer_feedback(request, consumer_id: str):
         outcome = ""
     cursor = request.GET.get("cursor") or None
     try:
-        result = bus.consumer_feedback_page(consumer_id, success=OUTCOMES[outcome], cursor=cursor, size=PAGE_SIZE)
+        decode_feedback_cursor(cursor) if cursor else None
     except EnvelopeValidationError as exc:  # a bad cursor: say so and show the first page
         for problem in _errors(exc):
             messages.error(request, problem)
-        result = bus.consumer_feedback_page(consumer_id, success=OUTCOMES[outcome], size=PAGE_SIZE)
         cursor = None
+    result = bus.consumer_feedback_page(consumer_id, success=OUTCOMES[outcome], cursor=cursor,
+                                        size=min(PAGE_SIZE, bus.max_page_size))
     for row in result["list"]:
         row["errorHead"] = first_line(row["error"]) if row.get("error") else None
     kept = {"outcome": outcome} if outcome else {}
@@ -232,7 +300,7 @@ def not_consumed_repush(request):
     POST (CSRF-protected): re-push those to every consumer still waiting, audited as one bulk re-push."""
     bus = get_bus()
     data = request.POST if request.method == "POST" else request.GET
-    chosen = list(dict.fromkeys(value for value in data.getlist("event") if value and len(value) <= 255))
+    chosen = list(dict.fromkeys(value for value in data.getlist("event") if value))
     back = reverse("wow_console:not_consumed")
     if not chosen:
         messages.error(request, "Choose the events to re-push first.")
@@ -242,23 +310,24 @@ def not_consumed_repush(request):
         return redirect(back)
     ready, refused = [], []
     for event_id in chosen:
-        event = bus.store.get_event(event_id)
+        event = bus.store.get_event(event_id) if ID_RE.match(event_id) else None
         refusal = "there is no such event" if event is None else bus.repush_refusal(event)
         (refused if refusal is not None else ready).append({"eventId": event_id, "event": event,
                                                             "why": str(refusal) if refusal else None})
     if request.method == "POST":
-        published, failed = [], []
-        for item in ready:
-            try:
-                bus.repush(item["eventId"], requested_by=request.user.get_username())
-                published.append(item["eventId"])
-            except (RepushRefused, TransportUnavailable) as exc:  # changed since the preview, or the broker is down
-                failed.append({"eventId": item["eventId"], "error": str(exc)})
-        failed += [{"eventId": item["eventId"], "error": item["why"]} for item in refused]
-        audit(request, "repush.bulk", "not-consumed", published=published, refused=failed,
-              at=iso(utcnow()))
+        published: list[str] = []
+        failed = [{"eventId": item["eventId"], "error": item["why"]} for item in refused]
+        try:
+            for item in ready:
+                try:
+                    bus.repush(item["eventId"], requested_by=request.user.get_username())
+                    published.append(item["eventId"])
+                except (RepushRefused, TransportUnavailable, EventNotFound) as exc:  # changed since the preview,
+                    failed.append({"eventId": item["eventId"], "error": str(exc)})  # or the broker is down
+        finally:  # what was re-pushed is audited, whatever stops the rest
+            audit(request, "repush.bulk", "not-consumed", published=published, refused=failed, at=iso(utcnow()))
         if published:
-            messages.success(request, f"Re-pushed {len(published)} event(s) to every consumer still waiting"
+            messages.success(request, f"Re-pushed {len(published)} event(s) to their consumers"
                              + (f"; {len(failed)} not re-pushed." if failed else "."))
         for item in failed:
             messages.error(request, f"Not re-pushed {item['eventId']}: {item['error']}")

@@ -92,14 +92,16 @@ class EventListView(BusView):
         filters = {"status": params.get("status") or None, "topic": params.get("topic") or None,
                    "service": params.get("service") or None, "since": params.get("since") or None,
                    "until": params.get("until") or None, "trace_id": params.get("traceId") or None,
-                   "user_id": params.get("userId") or None, "client_request_id": params.get("clientRequestId") or None}
+                   "user_id": params.get("userId") or None, "client_request_id": params.get("clientRequestId") or None,
+                   "key": params.get("key") or None}
         size = self.int_param(request, "size", 20)
-        if "cursor" not in params:
+        if "cursor" not in params and "before" not in params:
             return Response(self.bus.list_events(**filters, page=self.int_param(request, "page", 1), size=size))
         if "page" in params:
             raise EnvelopeValidationError.from_errors("event query", [
                 {"name": "page", "msg": "page and cursor are two ways of paging: give one of them"}])
-        page = self.bus.events_page(self.bus.query_of(**filters), cursor=params.get("cursor") or None, size=size)
+        page = self.bus.events_page(self.bus.query_of(**filters), cursor=params.get("cursor") or None,
+                                    before=params.get("before") or None, size=size)
         return Response({"size": size, **page})
 
     def post(self, request):

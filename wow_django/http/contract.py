@@ -678,6 +678,7 @@ BUS_TIME_PATTERN = (
 def bus_components(max_page_size: int) -> dict[str, dict]:
     """The bus endpoints' bodies and answers."""
     from wow_django.bus.envelope import CONSUMER_ID_RE, ID_RE, MAX_SEQUENCE, MAX_TOPIC_LENGTH, TOPIC_RE
+    from wow_django.conf import KEY_NAME_RE, MAX_KEYS
     from wow_django.persistence.bus import EventStatus
 
     def optional(schema: dict) -> dict:
@@ -723,6 +724,11 @@ def bus_components(max_page_size: int) -> dict[str, dict]:
                 "contractVersion": {"type": ["integer", "null"], "minimum": 1, "maximum": 10_000},
                 "partitionKey": optional(text),
                 "sequence": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEQUENCE},
+                "keys": {"type": ["object", "null"], "maxProperties": MAX_KEYS,
+                         "propertyNames": {"pattern": KEY_NAME_RE.pattern}, "additionalProperties": text,
+                         "description": "Search keys (name: text) the event is found by, e.g. {\"orderId\": "
+                                        "\"o-1\"}; with the payload fields of WOW['BUS_SEARCH_FIELDS'], at most "
+                                        f"{MAX_KEYS} in all."},
             },
             "required": ["topic", "payload"],
             "additionalProperties": False,
@@ -762,6 +768,8 @@ def bus_components(max_page_size: int) -> dict[str, dict]:
                 "sequence": {"type": ["integer", "null"]}, "status": choice(statuses),
                 "statusAt": nullable_string, "retryCount": {"type": "integer"}, "lastSentAt": nullable_string,
                 "lastError": nullable_string, "consumers": {"type": "array", "items": string},
+                "keys": {"type": "object", "additionalProperties": string,
+                         "description": "The search keys it is found by (the key filter: name=value)."},
                 "consumption": {
                     "type": "object", "description": "n of m expected consumers consumed it.",
                     "required": ["consumed", "expected", "failed", "text", "lastFailure"],
@@ -783,7 +791,10 @@ def bus_components(max_page_size: int) -> dict[str, dict]:
                             "size": {"type": "integer"}, "list": {"type": "array", "items": ref("WowBusEvent")}}},
             {"type": "object", "required": ["size", "list", "next"], "description": "By cursor.",
              "properties": {"size": {"type": "integer"}, "list": {"type": "array", "items": ref("WowBusEvent")},
-                            "next": {**nullable_string, "description": "The cursor of the next page."}}},
+                            "next": {**nullable_string, "description": "The cursor of the next page."},
+                            "previous": {**nullable_string,
+                                         "description": "The page before it: give it as before (None on the first "
+                                                        "page)."}}},
         ]},
         "WowBusEventDetail": {
             "type": "object", "required": ["event", "consumers", "parent", "children", "repushes"],

@@ -25,7 +25,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter
 
 from wow_django.application.followers import STAGE_KINDS, stage_candidates
-from wow_django.application.gateway import WaitStage
+from wow_django.application.gateway import WaitStage, printable_characters
 from wow_django.bus.service import MAX_FILTER_LENGTH, MAX_PAGE
 from wow_django.conf import wow_settings
 from wow_django.domain.aggregate import aggregates
@@ -497,6 +497,14 @@ BUS_ERRORS = {
 
 
 _ONE_STATUS = "(" + "|".join(s.value for s in EventStatus) + ")"
+
+
+@functools.cache
+def search_key_pattern() -> str:
+    """The ``key`` filter of the bus event list: a key name, '=', then printable text of at most 200 characters."""
+    return f"^[A-Za-z][A-Za-z0-9_.-]{{0,63}}=[{printable_characters()}]{{1,200}}$"
+
+
 #: The ``status`` filter of the bus event list: statuses separated by commas.
 STATUS_LIST = f"^ *{_ONE_STATUS} *(, *{_ONE_STATUS} *)*$"
 
@@ -551,6 +559,11 @@ class WowBusSchema(_Components, AutoSchema):
                                  description="initiator.userId: the events a user's requests sent."),
                 OpenApiParameter("clientRequestId", text_filter, OpenApiParameter.QUERY,
                                  description="initiator.clientRequestId: the events one request sent."),
+                OpenApiParameter("key", {"anyOf": [blank, {"type": "string", "pattern": search_key_pattern()}]},
+                                 OpenApiParameter.QUERY,
+                                 description="A search key name=value: the events sent with that key, or whose "
+                                 "payload has that field (WOW['BUS_SEARCH_FIELDS']), e.g. orderId=o-1 or "
+                                 "aggregate=orders.order/o-1."),
                 OpenApiParameter("page", _integer(1, MAX_PAGE), OpenApiParameter.QUERY,
                                  description="Page number, from 1 (default 1; not with cursor)."),
                 OpenApiParameter("size", _ref("WowBusPageSize"), OpenApiParameter.QUERY,
@@ -558,6 +571,9 @@ class WowBusSchema(_Components, AutoSchema):
                 OpenApiParameter("cursor", {"type": "string"}, OpenApiParameter.QUERY,
                                  description="Keyset paging: empty for the first page, then the answer's `next` "
                                  "(a cursor only the server issues; not with page)."),
+                OpenApiParameter("before", {"type": "string"}, OpenApiParameter.QUERY,
+                                 description="Keyset paging back: the answer's `previous` gives the page before it "
+                                 "(not with cursor or page)."),
             ]
         if operation == "bus_topic_consumers_list":
             parameters += [OpenApiParameter("topic", {"type": "string"}, OpenApiParameter.QUERY),

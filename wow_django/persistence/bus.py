@@ -63,6 +63,10 @@ def to_bson_time(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
+#: An event's search keys as stored: ``name=value`` texts (from the envelope's ``keys``), what
+#: :attr:`EventQuery.keys` finds it by; every bus store indexes them with the listing's order.
+SEARCH_KEYS = "searchKeys"
+
 #: The field counting the writes of an event's status (see the module docstring).
 STATUS_REVISION = "statusRevision"
 
@@ -91,6 +95,7 @@ class EventQuery:
 
     ``status`` is one status or a tuple of them (any of them matches: ``("FAILED", "PARTIAL")`` is
     "failed for some consumer"); ``service``, ``user_id`` and ``client_request_id`` are the initiator's; ``since`` ≤ ``occurredAt`` < ``until``;
+    ``keys``: search keys (``name=value``), any of them in the event's ``searchKeys``;
     ``sent_before``: ``lastSentAt`` ≤ it (an event never published has none and does not match), with
     ``status`` SENT or RETRYING the events not consumed in time (seed 004 §5.2).
     """
@@ -104,6 +109,7 @@ class EventQuery:
     user_id: str | None = None
     client_request_id: str | None = None
     sent_before: datetime | None = None
+    keys: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("topic", "service", "trace_id", "user_id", "client_request_id"):
@@ -115,6 +121,11 @@ class EventQuery:
             if not all(isinstance(status, str) for status in statuses):
                 raise TypeError(f"EventQuery.status: a status or a sequence of them, got {self.status!r}")
             object.__setattr__(self, "status", statuses)  # hashable, and equal to the same statuses given otherwise
+        if self.keys is not None:
+            keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
+            if not keys or not all(isinstance(key, str) for key in keys):
+                raise TypeError(f"EventQuery.keys: a non-empty sequence of name=value texts, got {self.keys!r}")
+            object.__setattr__(self, "keys", tuple(dict.fromkeys(keys)))
         for name in ("since", "until", "sent_before"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), datetime):
                 raise TypeError(f"EventQuery.{name}: a datetime or None, got {getattr(self, name)!r}")
@@ -149,6 +160,8 @@ class EventQuery:
                 return False
             if self.until is not None and occurred >= self.until:
                 return False
+        if self.keys is not None and not set(self.keys) & set(event.get(SEARCH_KEYS) or ()):
+            return False
         if self.sent_before is not None:
             sent = event.get("lastSentAt")
             if not isinstance(sent, datetime) or sent > self.sent_before:
@@ -246,6 +259,18 @@ class EventRecords(ABC):
         last event of the previous page (None: from the first). Keyset paging: it never skips rows and
         counts nothing, so a deep page costs what the first does. Events without ``occurredAt`` are
         left out (every envelope has one)."""
+
+    @abstractmethod
+    def count_events(self, query: EventQuery, *, up_to: int) -> int:
+        """How many events match ``query``, counting no further than ``up_to`` (``up_to`` means "that many or
+        more"): what a listing shows as its total, at a cost bounded by ``up_to`` however many events there are."""
+
+    @abstractmethod
+    def events_before(self, query: EventQuery, *, before: tuple[datetime, str], limit: int) -> list[dict]:
+        """The previous page of :meth:`events_after`: up to ``limit`` events matching ``query`` that come just
+        before the key ``before`` = (``occurredAt``, ``eventId``) in the listing order (the newer ones, the
+        nearest ``limit`` of them), given in the listing order. Keyset paging backwards: what a page back
+        costs does not grow with the page's depth."""
 
     @abstractmethod
     def purge_events(self, *, consumed_before: datetime | None, expired_before: datetime | None,

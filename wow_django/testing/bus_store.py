@@ -399,6 +399,27 @@ class EventRecordsContract(BusStoreCase):
                                    since=T0 + timedelta(seconds=1), until=T0 + timedelta(seconds=4)), ["evt-4"])
         self.assertEqual(self.find(trace_id="trace-none"), [])
 
+    def test_events_are_found_by_any_of_their_search_keys(self):
+        self.insert(
+            make_event("evt-1", occurred_at=T0, searchKeys=["orderId=o-1", "userId=u-1"]),
+            make_event("evt-2", occurred_at=T0 + timedelta(seconds=1), searchKeys=["orderId=o-2", "userId=u-1"],
+                       status="FAILED"),
+            make_event("evt-3", occurred_at=T0 + timedelta(seconds=2), searchKeys=["aggregate=orders.order/o-1"]),
+            make_event("evt-4", occurred_at=T0 + timedelta(seconds=3)),  # none
+            make_event("evt-5", occurred_at=T0 + timedelta(seconds=3), searchKeys=[]),
+        )
+        self.assertEqual(self.find(keys=("orderId=o-1",)), ["evt-1"])
+        self.assertEqual(self.find(keys=("userId=u-1",)), ["evt-2", "evt-1"])  # newest first
+        self.assertEqual(self.find(keys=("orderId=o-1", "aggregate=orders.order/o-1")), ["evt-3", "evt-1"])  # any
+        self.assertEqual(self.find(keys=("userId=u-1", "orderId=o-1")), ["evt-2", "evt-1"])  # each once
+        self.assertEqual(self.find(keys=("userId=u-1",), status="FAILED"), ["evt-2"])
+        self.assertEqual(self.find(keys=("userId=u-",)), [])  # whole keys only
+        self.assertEqual(self.find(keys=("orderId=o-1 ",)), [])
+        self.assertEqual(self.find(keys=("x" * 400,)), [])
+        self.assertEqual(self.ids(self.store.events_after(EventQuery(keys=("userId=u-1",)), after=(
+            T0 + timedelta(seconds=1), "evt-2"), limit=10)), ["evt-1"])
+        self.assertEqual(self.store.get_event("evt-1")["searchKeys"], ["orderId=o-1", "userId=u-1"])
+
     def test_events_not_consumed_in_time_are_those_sent_at_or_before_the_cutoff(self):
         cutoff = T0 + timedelta(minutes=10)
         self.insert(
@@ -483,6 +504,46 @@ class EventRecordsContract(BusStoreCase):
                          ["evt-2"])
         self.assertEqual(self.store.events_after(EventQuery(), after=(T0, "evt-1"), limit=10), [])
         self.assertEqual(self.store.events_after(EventQuery(), after=None, limit=0), [])
+
+    def test_events_before_pages_back_by_key_in_the_listing_order(self):
+        self.listing_events()
+        self.insert(make_event("evt-none", occurredAt=None))
+        order = ["evt-4", "evt-5", "evt-3", "evt-2", "evt-1"]
+        events = {e["eventId"]: e for e in self.store.events_after(EventQuery(), after=None, limit=10)}
+
+        def key(event_id):
+            return events[event_id]["occurredAt"], event_id
+
+        for index, event_id in enumerate(order):  # from each event, every page size: the events just before it
+            for size in (1, 2, 10):
+                self.assertEqual(self.ids(self.store.events_before(EventQuery(), before=key(event_id), limit=size)),
+                                 order[max(0, index - size):index], (event_id, size))
+        pages, before = [], key("evt-1")  # walking back from the last event visits every one once
+        for _ in range(10):
+            page = self.store.events_before(EventQuery(), before=before, limit=2)
+            if not page:
+                break
+            pages.insert(0, self.ids(page))
+            before = key(page[0]["eventId"])
+        self.assertEqual(pages, [["evt-4", "evt-5"], ["evt-3", "evt-2"]])  # each page the nearest ones to its key
+        self.assertEqual([i for page in pages for i in page], order[:-1])
+        self.assertEqual(self.ids(self.store.events_before(EventQuery(topic="points.added"), before=key("evt-2"),
+                                                           limit=10)), ["evt-5"])
+        self.assertEqual(self.ids(self.store.events_before(EventQuery(trace_id="trace-A"),
+                                                           before=(T0 - timedelta(days=1), "evt-0"), limit=3)),
+                         ["evt-5", "evt-2", "evt-1"])
+        self.assertEqual(self.store.events_before(EventQuery(), before=key("evt-4"), limit=10), [])
+        self.assertEqual(self.store.events_before(EventQuery(), before=key("evt-1"), limit=0), [])
+
+    def test_count_events_counts_the_matches_up_to_its_bound(self):
+        self.listing_events()
+        self.assertEqual(self.store.count_events(EventQuery(), up_to=100), 5)
+        self.assertEqual(self.store.count_events(EventQuery(), up_to=3), 3)
+        self.assertEqual(self.store.count_events(EventQuery(), up_to=5), 5)
+        self.assertEqual(self.store.count_events(EventQuery(topic="points.added"), up_to=100), 2)
+        self.assertEqual(self.store.count_events(EventQuery(status=("FAILED", "CONSUMED")), up_to=1), 1)
+        self.assertEqual(self.store.count_events(EventQuery(trace_id="trace-none"), up_to=100), 0)
+        self.assertEqual(self.store.count_events(EventQuery(), up_to=0), 0)
 
     def test_find_events_counts_every_match_whatever_the_page(self):
         self.assertEqual(self.total(), 0)
@@ -641,7 +702,7 @@ class ConsumptionRecordsContract(BusStoreCase):
         self.assertEqual(self.store.consumer_feedback("member-service", limit=0), [])
         for size in (1, 2, 3):  # every page size walks the same order, none skipped or repeated
             pages, after = [], None
-            while True:
+            for _ in range(10):  # bounded: a store that ignored ``after`` fails instead of looping
                 page = self.store.consumer_feedback("member-service", after=after, limit=size)
                 pages.extend(page)
                 if len(page) < size:
@@ -649,6 +710,8 @@ class ConsumptionRecordsContract(BusStoreCase):
                 last = page[-1]
                 after = (last["consumedAt"], last["eventId"], last["attemptNo"])
             self.assertEqual(keys(pages), keys(every), size)
+        with self.assertRaises(TypeError):
+            EventQuery(sent_before="2024-01-01")
         failed_after = self.store.consumer_feedback("member-service", success=False, limit=2)[-1]
         self.assertEqual(keys(self.store.consumer_feedback(
             "member-service", success=False, limit=10,
@@ -811,6 +874,26 @@ class PurgeContract(BusStoreCase):
             self.assertEqual(self.kept(event_id), (True, 2, True, 1), event_id)
         self.assertEqual(self.store.purge_events(consumed_before=now - 2 * self.DAY,
                                                  expired_before=now - 3 * self.DAY, limit=100), [])
+
+    def test_a_purged_events_feedback_is_gone_from_its_consumers_deliveries(self):
+        for event_id in ("evt-p1", "evt-p2"):
+            self.store.insert_event(make_event(event_id, status="CONSUMED", statusAt=T0))
+            self.store.init_consumptions(event_id, ["member-service"], T0)
+            self.store.insert_feedback(event_id, "member-service", feedback_fields(True))
+        self.assertEqual(self.store.purge_events(consumed_before=T0, expired_before=None, limit=1), ["evt-p1"])
+        self.assertEqual([r["eventId"] for r in self.store.consumer_feedback("member-service", limit=10)],
+                         ["evt-p2"])
+
+    def test_a_purged_event_is_no_longer_found_by_its_search_keys(self):
+        self.store.insert_event(make_event("evt-gone", status="CONSUMED", statusAt=T0, searchKeys=["orderId=o-9"]))
+        self.store.insert_event(make_event("evt-kept", status="SENT", statusAt=T0, searchKeys=["orderId=o-9"]))
+        self.assertEqual(self.store.purge_events(consumed_before=T0, expired_before=None, limit=10), ["evt-gone"])
+        total, page = self.store.find_events(EventQuery(keys=("orderId=o-9",)), skip=0, limit=10)
+        self.assertEqual((total, [e["eventId"] for e in page]), (1, ["evt-kept"]))
+        # the same eventId stored again (the bus never does; a restore might) has only its own keys
+        self.store.insert_event(make_event("evt-gone", status="SENT", searchKeys=["orderId=o-10"]))
+        total, page = self.store.find_events(EventQuery(keys=("orderId=o-9",)), skip=0, limit=10)
+        self.assertEqual([e["eventId"] for e in page], ["evt-kept"])
 
     def test_each_rule_alone_and_none(self):
         self.store.insert_event(make_event("evt-c", status="CONSUMED", statusAt=T0))

@@ -31,6 +31,7 @@ from django.db import models
 
 APP_LABEL = "wow_bus"
 ID_LENGTH = 255  # ids, topics, consumer ids and partition keys (the envelope allows ≤ 200 characters)
+KEY_LENGTH = 300  # a search key: a name of ≤ 64 characters, '=', a value of ≤ 200
 
 
 class RecordFields(models.Model):
@@ -97,6 +98,27 @@ class EventRecord(RecordFields):
 
     def __str__(self) -> str:
         return f"bus event {self.eventId}"
+
+
+class EventKeyRecord(models.Model):
+    """An event's search keys (``searchKeys``: ``name=value`` texts), one row each, written with the event and
+    deleted with it: what the listing's ``keys`` filter finds it by (MongoDB: a multikey index)."""
+
+    id = models.BigAutoField(primary_key=True)
+    eventId = models.CharField(max_length=ID_LENGTH, db_column="event_id")
+    key = models.CharField(max_length=KEY_LENGTH, db_column="search_key")
+    occurredAt = models.DateTimeField(null=True, db_column="occurred_at")
+
+    class Meta:
+        app_label = APP_LABEL
+        db_table = "wow_bus_event_key"
+        default_permissions = ()
+        constraints = [models.UniqueConstraint(fields=["key", "eventId"], name="wow_bus_event_key_uniq")]
+        indexes = [models.Index(fields=["key", "-occurredAt", "eventId"], name="wow_bus_event_key_listing"),
+                   models.Index(fields=["eventId"], name="wow_bus_event_key_event")]  # the purge
+
+    def __str__(self) -> str:
+        return f"{self.key} of {self.eventId}"
 
 
 class TopicConsumerRecord(models.Model):

@@ -46,7 +46,9 @@ from django.db.models.functions import Coalesce, Collate
 
 from wow_django.backends.django.bus_models import (
     ID_LENGTH,
+    KEY_LENGTH,
     ConsumptionRecord,
+    EventKeyRecord,
     EventRecord,
     InboxEntry,
     RecordFields,
@@ -57,6 +59,7 @@ from wow_django.backends.django.bus_models import (
 from wow_django.backends.django.connection import database, prepare_database
 from wow_django.backends.django.errors import store_errors
 from wow_django.persistence.bus import (
+    SEARCH_KEYS,
     STATUS_REVISION,
     BusStore,
     EventQuery,
@@ -288,7 +291,21 @@ def event_filter(query: EventQuery) -> Q:
         found &= Q(occurredAt__lt=db_time(query.until))
     if query.sent_before is not None:
         found &= Q(lastSentAt__lte=db_time(query.sent_before))
+    if query.keys is not None:  # wow_bus_event_key_listing
+        keys = [key for key in query.keys if len(key) <= KEY_LENGTH]  # a longer one is stored by no event
+        found &= Q(eventId__in=EventKeyRecord.objects.filter(key__in=keys).values("eventId"))
     return found
+
+
+def search_keys(document: dict) -> list[str]:
+    """The search keys of an event document, each once (a text longer than the column is refused: the
+    envelope never makes one)."""
+    keys = document.get(SEARCH_KEYS)
+    if keys is None:
+        return []
+    if not isinstance(keys, list) or not all(isinstance(key, str) and len(key) <= KEY_LENGTH for key in keys):
+        raise TypeError(f"{SEARCH_KEYS}: a list of texts of at most {KEY_LENGTH} characters, got {keys!r}")
+    return list(dict.fromkeys(keys))
 
 
 #: The initiator's fields the listing filters on, each copied into a column of its own on insert.
@@ -410,8 +427,16 @@ class DjangoBusStore(BusStore):
         values = EVENTS.columns(document)
         values.update(initiator_columns(document.get("initiator")))
         event_id = values["eventId"]
+        keys = search_keys(document)
         with self.errors(f"storing event {event_id}"):
-            return self.insert_unique(EventRecord, values, {"eventId": event_id})
+            if not keys:
+                return self.insert_unique(EventRecord, values, {"eventId": event_id})
+            with self.atomic():  # the event and its keys, or neither
+                if not self.insert_unique(EventRecord, values, {"eventId": event_id}):
+                    return False
+                self.rows(EventKeyRecord).bulk_create([
+                    EventKeyRecord(eventId=event_id, key=key, occurredAt=values.get("occurredAt")) for key in keys])
+            return True
 
     def read_event(self, event_id: str) -> dict | None:
         row = self.first(self.events().filter(eventId=event_id).values(*EVENTS.fields))
@@ -477,7 +502,7 @@ class DjangoBusStore(BusStore):
             # upgrade a reading transaction that another writer overtook).
             with self.errors(f"purging {event_id}"), self.atomic():
                 if self.events().filter(rules, eventId=event_id).delete()[0]:
-                    for model in (ConsumptionRecord, InboxEntry, RepushRecord):
+                    for model in (ConsumptionRecord, InboxEntry, RepushRecord, EventKeyRecord):
                         self.rows(model).filter(eventId=event_id).delete()
                     deleted.append(event_id)
         return deleted
@@ -561,6 +586,28 @@ class DjangoBusStore(BusStore):
                         .order_by(self.time_order("occurredAt", descending=True), self.text_order("eventId"))
                         .values(*EVENTS.fields)[:limit])
         return [EVENTS.record(row) for row in rows]
+
+    def count_events(self, query: EventQuery, *, up_to: int) -> int:
+        if up_to <= 0:
+            return 0
+        with self.errors("counting events"):  # SELECT COUNT(*) FROM (SELECT … LIMIT up_to)
+            return self.events().filter(event_filter(query))[:up_to].count()
+
+    def events_before(self, query: EventQuery, *, before: tuple[datetime, str], limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        moment, event_id = db_time(before[0]), before[1]
+        from_id = (Q(eventId__gte=Collate(Value(event_id), "C")) if self.vendor == "postgresql"
+                   else Q(eventId__gte=event_id))
+        found = (event_filter(query) & Q(occurredAt__isnull=False) & Q(occurredAt__gte=moment)
+                 & ~(Q(occurredAt=moment) & from_id))
+        text_desc = (Collate(F("eventId"), "C") if self.vendor == "postgresql" else F("eventId")).desc()
+        with self.errors("listing events"):
+            # The listing index read backwards from the key (the nearest first), then put back in its order.
+            time_asc = F("occurredAt").asc(nulls_first=True) if self.vendor == "postgresql" else F("occurredAt").asc()
+            rows = list(self.events().filter(found).order_by(time_asc, text_desc)
+                        .values(*EVENTS.fields)[:limit])
+        return [EVENTS.record(row) for row in reversed(rows)]
 
     def in_time_order(self, condition: Q, limit: int, action: str) -> list[dict]:
         if limit <= 0:

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from wow_django.persistence.bus import (
+    SEARCH_KEYS,
     STATUS_REVISION,
     BusStore,
     EventQuery,
@@ -91,6 +92,11 @@ def _newest_first(events: list[dict], count: int | None = None) -> list[dict]:
     return sorted(events, key=_newest_key)
 
 
+def _search_keys(event: dict) -> list[str]:
+    keys = event.get(SEARCH_KEYS)
+    return [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+
+
 def _feedback_key(consumed_at: datetime, event_id: str, attempt_no: int) -> tuple:
     """The order of :meth:`InMemoryBusStore.consumer_feedback`: newest report first, then eventId, then the
     highest attemptNo first."""
@@ -104,6 +110,7 @@ class InMemoryBusStore(BusStore):
         self._by_trace: dict[str, list[str]] = {}
         self._by_parent: dict[str, list[str]] = {}
         self._by_status: dict[object, dict[str, None]] = {}  # status → eventIds (an ordered set)
+        self._by_key: dict[str, dict[str, None]] = {}  # search key → eventIds (an ordered set)
         # topic → consumerId → record
         self._topics: dict[str, dict[str, dict]] = {}
         # (eventId, consumerId) → attemptNo → row; eventId → consumer ids with rows
@@ -165,6 +172,8 @@ class InMemoryBusStore(BusStore):
                 self._by_trace.setdefault(trace_id, []).append(event_id)
             if parent is not None:
                 self._by_parent.setdefault(parent, []).append(event_id)
+            for key in _search_keys(event):
+                self._by_key.setdefault(key, {})[event_id] = None
         return True
 
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
@@ -275,6 +284,10 @@ class InMemoryBusStore(BusStore):
             buckets = [self._by_status.get(status, {}) for status in dict.fromkeys(statuses)]
             if ids is None or sum(map(len, buckets)) < len(ids):
                 ids = [i for bucket in buckets for i in bucket]
+        if query.keys is not None:
+            keyed = list(dict.fromkeys(i for key in query.keys for i in self._by_key.get(key, {})))
+            if ids is None or len(keyed) < len(ids):
+                ids = keyed
         candidates = self._events.values() if ids is None else (self._events[i] for i in ids)
         return [event for event in candidates if query.matches(event)]
 
@@ -293,6 +306,19 @@ class InMemoryBusStore(BusStore):
                          or (e["occurredAt"] == moment and (e.get("eventId") or "") > event_id)]
             page = _newest_first(found, limit)[:limit] if limit > 0 else []
             return [_copy(e) for e in page]
+
+    def count_events(self, query: EventQuery, *, up_to: int) -> int:
+        with self._lock:
+            return max(0, min(len(self._matching(query)), up_to))
+
+    def events_before(self, query: EventQuery, *, before: tuple[datetime, str], limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        moment, event_id = _time(before[0]), before[1]
+        with self._lock:
+            found = [e for e in self._matching(query) if isinstance(e.get("occurredAt"), datetime)
+                     and (e["occurredAt"] > moment or (e["occurredAt"] == moment and (e.get("eventId") or "") < event_id))]
+            return [_copy(e) for e in _newest_first(found)[-limit:]]  # the last ``limit``: the nearest to the key
 
     def _in_time_order(self, event_ids: Iterable[str], limit: int) -> list[dict]:
         """Copies of the first ``limit`` of these events in time order. Call with the lock held."""
@@ -334,6 +360,8 @@ class InMemoryBusStore(BusStore):
                         index[key].remove(event_id)
                         if not index[key]:
                             del index[key]
+                for key in _search_keys(event):
+                    self._by_key.get(key, {}).pop(event_id, None)
                 for consumer_id in self._consumers_of.pop(event_id, set()):
                     self._attempts.pop((event_id, consumer_id), None)
                     self._events_of_consumer.get(consumer_id, set()).discard(event_id)

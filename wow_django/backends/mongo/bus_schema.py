@@ -62,6 +62,8 @@ EVENTS_SPEC = CollectionSpec(EVENTS, (
               (("initiator.userId", 1), ("occurredAt", -1), ("eventId", 1))),
     IndexSpec("initiator.clientRequestId_1_occurredAt_-1_eventId_1",
               (("initiator.clientRequestId", 1), ("occurredAt", -1), ("eventId", 1))),
+    # An event's search keys (name=value: payload fields, the aggregate it comes from), one entry per key.
+    IndexSpec("searchKeys_1_occurredAt_-1_eventId_1", (("searchKeys", 1), ("occurredAt", -1), ("eventId", 1))),
 ))
 TOPIC_CONSUMERS_SPEC = CollectionSpec(TOPIC_CONSUMERS, (
     TOPIC_CONSUMER_UNIQUE,

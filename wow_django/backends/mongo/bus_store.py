@@ -24,6 +24,7 @@ from wow_django.backends.mongo.errors import DUPLICATE_KEY_CODES, recoverable_er
 from wow_django.backends.mongo.schema import CollectionSpec, SchemaGuard
 from wow_django.exceptions import UnacknowledgedWriteError
 from wow_django.persistence.bus import (
+    SEARCH_KEYS,
     STATUS_REVISION,
     BusStore,
     EventQuery,
@@ -80,6 +81,8 @@ def event_filter(query: EventQuery) -> dict:
         found["occurredAt"] = window
     if query.sent_before is not None:
         found["lastSentAt"] = {"$lte": to_bson_time(query.sent_before)}
+    if query.keys is not None:  # searchKeys_1_occurredAt_-1_eventId_1 (multikey)
+        found[SEARCH_KEYS] = query.keys[0] if len(query.keys) == 1 else {"$in": list(query.keys)}
     return found
 
 
@@ -321,6 +324,25 @@ class MongoBusStore(BusStore):
         return self.run(self.events, "listing events", lambda c: list(
             c.find({"$and": conditions}, NO_ID, max_time_ms=self.max_time_ms)
             .sort([("occurredAt", DESCENDING), ("eventId", ASCENDING)]).limit(limit)))
+
+    def count_events(self, query: EventQuery, *, up_to: int) -> int:
+        if up_to <= 0:
+            return 0
+        found = event_filter(query)
+        return self.run(self.events, "counting events", lambda c: c.count_documents(
+            found, limit=up_to, maxTimeMS=self.max_time_ms))
+
+    def events_before(self, query: EventQuery, *, before: tuple[datetime, str], limit: int) -> list[dict]:
+        if limit <= 0:
+            return []
+        moment, event_id = to_bson_time(before[0]), before[1]
+        conditions = [event_filter(query), {"occurredAt": {"$ne": None}}, {"occurredAt": {"$gte": moment}},
+                      {"$nor": [{"occurredAt": moment, "eventId": {"$gte": event_id}}]}]
+        # The listing index read the other way, from the key: the nearest first; then back in the listing order.
+        docs = self.run(self.events, "listing events", lambda c: list(
+            c.find({"$and": conditions}, NO_ID, max_time_ms=self.max_time_ms)
+            .sort([("occurredAt", ASCENDING), ("eventId", DESCENDING)]).limit(limit)))
+        return docs[::-1]
 
     def trace_events(self, trace_id: str, limit: int) -> list[dict]:
         return self.run(self.events, f"reading trace {trace_id}", lambda c: list(
