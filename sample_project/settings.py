@@ -71,6 +71,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -126,7 +127,7 @@ TEMPLATES = [
 WSGI_APPLICATION = "sample_project.wsgi.application"
 
 if os.environ.get("SAMPLE_POSTGRES_DB"):
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": os.environ["SAMPLE_POSTGRES_DB"],
@@ -166,7 +167,7 @@ REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
 # warnings), the request id the client sent (Command-Request-Id or X-Request-Id). wow_django's loggers are
 # named after its modules under "wow_django" (wow_django.http, wow_django.bus, wow_django.application.*,
 # wow_django.backends.*, wow_django.tasks); WOW_LOG_LEVEL=INFO shows their INFO lines too.
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "wow_django.log.RequestIdFilter"}},
@@ -281,8 +282,10 @@ if not CELERY_REDIS_KEY_PREFIX.endswith(":"):  # --clean-brokers deletes every k
     raise ImproperlyConfigured(f"CELERY_REDIS_KEY_PREFIX={CELERY_REDIS_KEY_PREFIX!r} must end with ':' (e.g. "
                                f"{CELERY_REDIS_KEY_PREFIX + ':'!r}): a prefix without a separator would take in "
                                "other projects' keys")
-CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": CELERY_REDIS_KEY_PREFIX}
-CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = CELERY_BROKER_TRANSPORT_OPTIONS
+# A task that a killed worker held goes to another worker after 5 minutes, not kombu's default hour
+# (manage.py check: wow_django.W008); every task of wow_django is idempotent, so a redelivery does no harm.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": CELERY_REDIS_KEY_PREFIX, "visibility_timeout": 300}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"global_keyprefix": CELERY_REDIS_KEY_PREFIX}
 CELERY_TASK_DEFAULT_QUEUE = f"{BROKER_NAMESPACE}.celery"
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_SERIALIZER = "json"

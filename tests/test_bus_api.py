@@ -99,7 +99,7 @@ def test_the_event_list_pages_by_cursor(bus_http_env, operator, viewer):
     assert viewer.get("/bus/events/", {"cursor": "", "topic": "order.other"}).json() == {
         "size": 20, "list": [], "next": None, "previous": None}
     for params, name in (({"cursor": "not-a-cursor"}, "cursor"), ({"cursor": "", "page": 2}, "page"),
-                         ({"before": "W10"}, "cursor"), ({"before": previous[1], "page": 1}, "page"),
+                         ({"before": "W10"}, "before"), ({"before": previous[1], "page": 1}, "page"),
                          ({"before": previous[1], "cursor": previous[1]}, "before"),
                          ({"cursor": "", "size": 0}, "size"), ({"cursor": "", "status": "LOST"}, "status")):
         response = viewer.get("/bus/events/", params)

@@ -16,6 +16,7 @@ from django.test import override_settings
 
 from wow_django.backends.mongo.client import disconnect
 from wow_django.bus import ConsumerWorker, consumer, get_bus, run_in_thread
+from wow_django.bus.envelope import Envelope
 from wow_django.bus.inbox import Inbox
 from wow_django.bus.service import MAX_ERROR_LENGTH
 from wow_django.log import describe_failure
@@ -301,6 +302,17 @@ def test_an_invalid_message_is_rejected(bus_env, recorder):
         bus.transport.publish({"eventId": "evt-bad", "topic": "not a topic"}, topic=TOPIC, consumers=[ALPHA])
         wait_for(lambda: worker.stats.invalid == 2, what="2 rejected")
     assert recorder.calls == []
+
+
+def test_a_field_of_a_newer_envelope_is_ignored_not_a_reason_to_drop_the_event(bus_env, recorder):
+    bus = configure_consumers()
+    with Running(ALPHA) as [worker]:
+        bus.send(TOPIC, {"n": 1}, event_id="evt-newer")
+        sent = bus.store.get_event("evt-newer")
+        wire = {**Envelope.from_document(sent).to_json(), "aFieldOfTomorrow": {"x": 1}}
+        bus.transport.publish(wire, topic=TOPIC, consumers=[ALPHA])  # as a newer producer sends it
+        wait_for(lambda: (ALPHA, "evt-newer", 1) in recorder.calls, what="handled")
+    assert worker.stats.invalid == 0
 
 
 def test_an_unknown_consumer_id_is_a_clear_error(bus_env):

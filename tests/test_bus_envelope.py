@@ -41,7 +41,7 @@ def test_given_fields_are_kept_as_given():
     }
     envelope = build_envelope(data, default_service="ignored")
     wire = envelope.to_json()
-    assert wire == {**data, "payloadType": "application/json", "sentAt": None, "keys": {},
+    assert wire == {**data, "payloadType": "application/json", "sentAt": None,
                     "occurredAt": "2024-02-28T10:00:00.000Z", "expireAt": "2024-03-28T10:00:00.000Z"}
     assert Envelope.from_document(envelope.to_document()) == envelope
 
@@ -90,6 +90,9 @@ def test_the_context_fills_what_is_missing_and_yields_to_given_values():
     ({"topic": "a.b", "payload": {}, "keys": {"orderId": "x" * 201}}, {"keys.orderId"}),
     ({"topic": "a.b", "payload": {}, "keys": {"orderId": "a\nb"}}, {"keys.orderId"}),
     ({"topic": "a.b", "payload": {}, "keys": {f"k{n}": "v" for n in range(17)}}, {"keys"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"orderId\n": "o-1"}}, {"keys.orderId\n"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"orderId": " o-1"}}, {"keys.orderId"}),
+    ({"topic": "a.b", "payload": {}, "keys": {"orderId": "o-1 "}}, {"keys.orderId"}),
 ])
 def test_invalid_envelopes_name_every_bad_field(data, bad):
     with pytest.raises(EnvelopeValidationError) as caught:
@@ -123,7 +126,19 @@ def test_search_keys_are_the_given_keys_then_the_payload_fields_named_by_the_set
     assert build_envelope({"topic": "a.b", "payload": ["orderId"], "keys": None}, default_service="s",
                           search_fields=("orderId",)).keys == ()
     assert check_search_key("orderId=o=1") == "orderId=o=1"  # the value may hold '='
-    for bad in ("orderId", "=o-1", "orderId=", "order id=o-1", "orderId=" + "x" * 201, "a=b\x00", 5, None):
+    # Payload fields that cannot be keys are left out; so are those beyond the 16 keys an event has: the
+    # operator's settings never make a send fail.
+    odd = {"orderId": "a\nb", "userId": " u-1", "n": 7}
+    assert build_envelope({"topic": "a.b", "payload": odd}, default_service="s",
+                          search_fields=("orderId", "userId", "n")).keys == (("n", "7"),)
+    many = {f"f{n:02d}": f"v{n}" for n in range(20)}
+    full = build_envelope({"topic": "a.b", "payload": many, "keys": {"aggregate": "order/o-1"}}, default_service="s",
+                          search_fields=tuple(many))
+    assert len(full.keys) == 16 and ("aggregate", "order/o-1") in full.keys and ("f14", "v14") in full.keys
+    assert ("f15", "v15") not in full.keys
+    assert "keys" not in build_envelope({"topic": "a.b", "payload": {}}, default_service="s").to_json()
+    for bad in ("orderId", "=o-1", "orderId=", "order id=o-1", "orderId=" + "x" * 201, "a=b\x00", 5, None,
+                "orderId\n=o-1"):
         with pytest.raises(EnvelopeValidationError) as caught:
             check_search_key(bad)
         assert names(caught.value) == {"key"}
@@ -241,7 +256,7 @@ def test_bus_settings_are_validated():
     with override_settings(WOW={"BUS_INBOX_LEASE_S": 0}):
         with pytest.raises(ImproperlyConfigured, match="BUS_INBOX_LEASE_S"):
             _ = wow_settings.BUS_INBOX_LEASE_S
-    for bad in ("orderId", ["order id"], [1], [f"f{n}" for n in range(17)]):
+    for bad in ("orderId", ["order id"], [1], [f"f{n}" for n in range(17)], ["orderId\n"]):
         with override_settings(WOW={"BUS_SEARCH_FIELDS": bad}):
             with pytest.raises(ImproperlyConfigured, match="BUS_SEARCH_FIELDS"):
                 _ = wow_settings.BUS_SEARCH_FIELDS

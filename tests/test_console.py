@@ -153,7 +153,7 @@ def test_the_search_finds_events_by_key_or_payload_field_and_links_them_to_their
     monkeypatch.setattr(console_bus, "search_fields", ("orderId",))  # WOW['BUS_SEARCH_FIELDS']
     console_bus.send("order.purchased", {"orderId": "o-77"}, event_id="evt-o77", keys=aggregate_keys("order", "o-77"))
     console_bus.send("order.purchased", {"orderId": "o-78"}, event_id="evt-o78")
-    client = user_with("view_bus_events", "view_aggregates")
+    client = user_with("view_bus_events", "view_aggregates", "view_payloads")
 
     def ids(**params):
         response = client.get("/admin/wow/events/", params)
@@ -174,8 +174,24 @@ def test_the_search_finds_events_by_key_or_payload_field_and_links_them_to_their
     assert b'href="/admin/wow/events/?q=aggregate%3Dorder%2Fo-77"' in detail.content
     assert b'href="/admin/wow/events/?q=orderId%3Do-77"' in detail.content
     assert b'href="/admin/wow/aggregates/order/id/o-77"' in detail.content  # to the aggregate it comes from
-    viewer = user_with("view_bus_events", name="viewer").get("/admin/wow/events/evt-o77/")
-    assert b"aggregate%3Dorder" in viewer.content and b"/admin/wow/aggregates/" not in viewer.content
+    reader = user_with("view_bus_events", "view_payloads", name="reader").get("/admin/wow/events/evt-o77/")
+    assert b"aggregate%3Dorder" in reader.content and b"/admin/wow/aggregates/" not in reader.content
+    # A key may be a payload field's value: without view_payloads, no key is shown nor searched.
+    viewer = user_with("view_bus_events", name="viewer")
+    hidden = viewer.get("/admin/wow/events/evt-o77/")
+    assert b"o-77" not in hidden.content.split(b'id="envelope"')[0] and b'"keys"' not in hidden.content
+    assert b"aggregate%3Dorder" not in hidden.content and b"orderId=o-77" not in hidden.content
+    refused = viewer.get("/admin/wow/events/", {"q": "orderId=o-77"})
+    assert refused.context["events"] == [] and any("permission to view payloads" in m for m in messages_of(refused))
+    assert viewer.get("/admin/wow/events/", {"q": "o-77"}).context["events"] == []  # no bare value either
+    assert viewer.get("/admin/wow/events/", {"q": "trace-2"}).context["events"]  # a trace is not payload
+    repush = user_with("view_bus_events", "repush_bus_events", name="pusher")
+    monkeypatch.setattr(console_bus, "repush_timeout_s", 0)
+    assert b"orderId" not in repush.get("/admin/wow/events/evt-o77/repush/").content
+    # Bad input: a message, never an error.
+    for bad in ("a\x00b", "orderId=a\x00b", "x\ny"):
+        response = client.get("/admin/wow/events/", {"q": bad})
+        assert response.status_code == 200 and any(m.startswith("search:") for m in messages_of(response)), bad
 
 
 def test_the_event_list_pages_by_cursor(console_bus, monkeypatch):
@@ -211,6 +227,7 @@ def test_the_event_list_pages_by_cursor(console_bus, monkeypatch):
     assert jump("2024-01-01T11:00:00Z", topic="points.added")[0] == []
     assert jump("2030-01-01T00:00:00Z")[0] == ["evt-child", "evt-sent"]
     assert jump("2024-01-01T10:30:00Z", until="2024-01-01T09:00:00Z")[0] == []  # the earlier end wins
+    assert jump("9999-12-31T23:59:59.999Z")[0] == ["evt-child", "evt-sent"]  # the last instant there is
     bad = client.get("/admin/wow/events/", {"at": "noon"})
     assert bad.status_code == 200 and any(m.startswith("at:") for m in messages_of(bad))
 
@@ -294,8 +311,8 @@ def test_events_not_consumed_in_time_are_listed_and_re_pushed_after_a_confirmati
     assert confirm.status_code == 200
     assert [r["eventId"] for r in confirm.context["ready"]] == ["evt-sent", "evt-failed"]  # PARTIAL may be re-pushed
     assert [(r["eventId"], r["why"]) for r in confirm.context["refused"]] == [("evt-none", "there is no such event")]
-    odd = operator.get("/admin/wow/not-consumed/repush/", {"event": ["a\x00b", "x" * 300]})
-    assert [r["why"] for r in odd.context["refused"]] == ["there is no such event"] * 2
+    odd = operator.get("/admin/wow/not-consumed/repush/", {"event": ["a\x00b", "x" * 300]}, follow=True)
+    assert any("2 value(s) are not event ids" in m for m in messages_of(odd))
     assert console_bus.store.get_event("evt-sent")["retryCount"] == 0  # a GET changes nothing
     done = operator.post("/admin/wow/not-consumed/repush/", {"event": ["evt-sent", "evt-none"]}, follow=True)
     assert any("Re-pushed 1 event(s)" in m for m in messages_of(done))
@@ -318,6 +335,23 @@ def test_events_not_consumed_in_time_are_listed_and_re_pushed_after_a_confirmati
     again = operator.post("/admin/wow/not-consumed/repush/", {"event": "evt-sent"}, follow=True)
     assert any("Not re-pushed evt-sent" in m and "limit" in m for m in messages_of(again))
     assert console_bus.store.get_event("evt-sent")["retryCount"] == 1
+    monkeypatch.setattr(console_bus, "repush_max_count", 5)
+    odd_post = operator.post("/admin/wow/not-consumed/repush/", {"event": ["a\x00b", "evt-child"]}, follow=True)
+    assert any("1 value(s) are not event ids" in m for m in messages_of(odd_post))
+    assert ConsoleAudit.objects.filter(action="repush.bulk").latest("id").detail["published"] == ["evt-child"]
+    # A failure the page cannot turn into a message still leaves what was re-pushed in the audit.
+    real_repush = console_bus.repush
+
+    def repush_then_fail(event_id, **options):
+        if event_id == "evt-failed":
+            raise RuntimeError("the store went away")
+        return real_repush(event_id, **options)
+
+    monkeypatch.setattr(console_bus, "repush", repush_then_fail)
+    with pytest.raises(RuntimeError):
+        operator.post("/admin/wow/not-consumed/repush/", {"event": ["evt-child", "evt-failed"]})
+    assert ConsoleAudit.objects.filter(action="repush.bulk").latest("id").detail["published"] == ["evt-child"]
+    monkeypatch.setattr(console_bus, "repush", real_repush)
 
 
 @pytest.mark.parametrize("params, named", [
@@ -327,7 +361,7 @@ def test_events_not_consumed_in_time_are_listed_and_re_pushed_after_a_confirmati
     ({"until": "2024-13-45"}, "until"),
     ({"cursor": "not-a-cursor"}, "cursor"),
     ({"cursor": "W10"}, "cursor"),
-    ({"before": "W10"}, "cursor"),
+    ({"before": "W10"}, "before"),
     ({"at": "2024-02-30T00:00:00Z"}, "at"),
 ])
 def test_bad_filters_and_cursors_are_a_message_not_an_error(console_bus, params, named):
@@ -638,7 +672,7 @@ def test_aggregates_streams_snapshots_and_state_at_a_version(customers, monkeypa
     assert user_with("view_bus_events", name="viewer").get("/admin/wow/aggregates/").status_code == 403
     listed = client.get("/admin/wow/aggregates/")
     assert listed.status_code == 200 and {"customer", "order"} <= set(listed.context["names"])
-    both = user_with("view_aggregates", "view_bus_events", name="both")
+    both = user_with("view_aggregates", "view_bus_events", "view_payloads", name="both")
     page = both.get(f"/admin/wow/aggregates/customer/id/{ann}")
     assert page.context["bus_events_url"] == f"/admin/wow/events/?q=aggregate%3Dcustomer%2F{ann}"
     assert client.get(f"/admin/wow/aggregates/customer/id/{ann}").context["bus_events_url"] is None

@@ -177,7 +177,33 @@ class ValuesAndTables:
                              names["wow_bus_event_key"])
 
 
-class DjangoBusStoreOnSQLiteTests(ValuesAndTables, StoreCase):
+class EventKeysTogether:
+    """An event and its search keys are stored together or not at all."""
+
+    def test_an_event_whose_keys_cannot_be_stored_is_not_stored(self):
+        from unittest import mock
+
+        from django.db.models.query import QuerySet
+
+        from wow_django.backends.django.bus_models import EventKeyRecord
+
+        real = QuerySet.bulk_create
+
+        def fail_for_keys(queryset, objs, *args, **kwargs):
+            if queryset.model is EventKeyRecord:
+                raise RuntimeError("disk full")
+            return real(queryset, objs, *args, **kwargs)
+
+        with mock.patch.object(QuerySet, "bulk_create", autospec=True, side_effect=fail_for_keys):
+            with self.assertRaises(RuntimeError):
+                self.store.insert_event(make_event("evt-k", searchKeys=["orderId=o-1"]))
+        self.assertIsNone(self.store.get_event("evt-k"))
+        self.assertTrue(self.store.insert_event(make_event("evt-k", searchKeys=["orderId=o-1"])))
+        self.assertFalse(self.store.insert_event(make_event("evt-k", searchKeys=["orderId=o-2"])))  # a duplicate
+        self.assertEqual(self.store.find_events(EventQuery(keys=("orderId=o-2",)), skip=0, limit=5), (0, []))
+
+
+class DjangoBusStoreOnSQLiteTests(EventKeysTogether, ValuesAndTables, StoreCase):
     alias = "wow_sqlite"
     databases = {"wow_sqlite"}
 
@@ -223,7 +249,7 @@ class DjangoBusStoreOnSQLiteTests(ValuesAndTables, StoreCase):
             self.assertEqual(self.store.stale_pending(T0 + timedelta(seconds=1), 10), ["evt-naive"])
 
 
-class DjangoBusStoreOnPostgreSQLTests(ValuesAndTables, StoreCase):
+class DjangoBusStoreOnPostgreSQLTests(EventKeysTogether, ValuesAndTables, StoreCase):
     alias = "wow_pg"
     databases = {"wow_pg"}
 

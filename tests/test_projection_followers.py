@@ -372,6 +372,11 @@ def test_the_relay_keeps_one_bus_record_per_domain_event_through_a_replay(elsewh
     run_until_caught_up(["order-purchased-relay"], budget_s=10)
     first = bus.store.find_events(query, skip=0, limit=10)[1]
     assert sorted(e["partitionKey"] for e in first) == sorted(paid)
+    # Each is tied to its order (the console links the two): found by the aggregate's search keys.
+    for order_id in paid:
+        found = bus.store.find_events(EventQuery(keys=(f"aggregate=order/{order_id}",)), skip=0, limit=10)[1]
+        assert [e["keys"] for e in found] == [{"aggregate": f"order/{order_id}", "aggregateId": order_id}]
+        assert bus.store.find_events(EventQuery(keys=(f"aggregateId={order_id}",)), skip=0, limit=10)[0] == 1
     store = get_runtime().follower_store
     store.rewind("order-purchased-relay", 0, now=store.get("order-purchased-relay").updated_at)
     run_until_caught_up(["order-purchased-relay"], budget_s=10)

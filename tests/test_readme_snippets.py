@@ -54,6 +54,7 @@ SNIPPETS = {
     "bus": "@consumer(\"member-service\"",
     "console urls": 'include("wow_django.console.urls")',
     "celery": "app.autodiscover_tasks()",
+    "tenant resolver": 'attribute = "membership.tenant_id"',
 }
 
 
@@ -527,3 +528,23 @@ def test_every_python_block_of_the_readme_is_covered_by_a_test():
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in ("run", "block")
             and call.args and isinstance(call.args[0], ast.Constant)}
     assert used == set(SNIPPETS)
+
+
+def test_the_tenant_resolver_snippet_reads_the_tenant_of_the_users_membership():
+    """"## Queries and the HTTP API": a UserTenantResolver pointed at a field of the project's own."""
+    from rest_framework.exceptions import PermissionDenied
+
+    from wow_django.http.tenancy import UserTenantResolver
+
+    namespace: dict = {"UserTenantResolver": UserTenantResolver}
+    run("tenant resolver", namespace)
+    resolver = namespace["MembershipTenantResolver"]()
+
+    def request(user):
+        return types.SimpleNamespace(user=user, headers={})
+
+    member = types.SimpleNamespace(is_authenticated=True, membership=types.SimpleNamespace(tenant_id="shop-eu"))
+    assert resolver.resolve(request(member)) == "shop-eu"
+    stranger = types.SimpleNamespace(is_authenticated=True)
+    with pytest.raises(PermissionDenied, match="belongs to no tenant"):
+        resolver.resolve(request(stranger))

@@ -262,11 +262,39 @@ def test_celery_without_a_broker_is_a_warning(monkeypatch):
         [warning] = check_settings()
         assert warning.id == "wow_django.W007" and "names no broker" in warning.msg
     monkeypatch.setitem(conf, "broker_url", "redis://127.0.0.1:6379/0")
+    monkeypatch.setitem(conf, "broker_transport_options", {"visibility_timeout": 300})
     with override_settings(WOW={"MONGO_URI": "mongodb://db/x"}):
         assert check_settings() == []
     monkeypatch.setitem(conf, "broker_url", None)
     with override_settings(WOW={"MONGO_URI": "mongodb://db/x", "TASK_QUEUE": "tests.test_runtime.RecordingTaskQueue"}):
         assert check_settings() == []  # not Celery's queue: nothing to say
+
+
+def test_a_redis_broker_that_redelivers_a_killed_workers_task_after_an_hour_is_a_warning(monkeypatch):
+    """A new user's run (issue 25): tasks a kill -9'd worker held on a Redis broker came back only after kombu's
+    visibility timeout, an hour by default, and nothing said so."""
+    from celery import current_app
+
+    conf = current_app.conf
+    monkeypatch.setitem(conf, "task_always_eager", False)
+    monkeypatch.setitem(conf, "broker_url", "redis://127.0.0.1:6379/0")
+    for options, shown in (({}, "kombu's default of an hour"), ({"visibility_timeout": 3600}, "3600 s"),
+                           ({"global_keyprefix": "x:"}, "an hour")):
+        monkeypatch.setitem(conf, "broker_transport_options", options)
+        with override_settings(WOW={"MONGO_URI": "mongodb://db/x"}):
+            [warning] = check_settings()
+        assert warning.id == "wow_django.W008" and shown in warning.msg and "visibility_timeout" in warning.hint
+    monkeypatch.setitem(conf, "broker_transport_options", {"visibility_timeout": 300})
+    with override_settings(WOW={"MONGO_URI": "mongodb://db/x"}):
+        assert check_settings() == []
+    monkeypatch.setitem(conf, "broker_transport_options", {})
+    monkeypatch.setitem(conf, "broker_url", "amqp://guest:guest@127.0.0.1:5672//")  # RabbitMQ: at once
+    with override_settings(WOW={"MONGO_URI": "mongodb://db/x"}):
+        assert check_settings() == []
+    monkeypatch.setitem(conf, "broker_url", "redis://127.0.0.1:6379/0")
+    monkeypatch.setitem(conf, "task_always_eager", True)  # no broker in use
+    with override_settings(WOW={"MONGO_URI": "mongodb://db/x"}):
+        assert check_settings() == []
 
 
 def test_a_broker_whose_transport_does_not_import_is_a_check_error(monkeypatch):

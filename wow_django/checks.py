@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
+from typing import Any
 
-from django.apps import apps
+from django.apps import AppConfig, apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
@@ -14,7 +16,7 @@ from wow_django.conf import IMPORT_STRINGS, validate_user_settings, wow_settings
 
 
 @checks.register("wow_django")
-def check_settings(app_configs=None, **kwargs):
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     from django.conf import settings
 
     user = getattr(settings, "WOW", None)
@@ -112,6 +114,15 @@ def check_settings(app_configs=None, **kwargs):
                  "inline instead, set CELERY_TASK_ALWAYS_EAGER = True, which only that app reads from settings.",
             id="wow_django.W007",
         ))
+    slow = _slow_redelivery()
+    if slow:
+        messages.append(checks.Warning(
+            slow,
+            hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'visibility_timeout': 300} (longer than your longest task "
+                 "runs; wow_django's tasks are idempotent, so a task redelivered while it still runs does no harm), "
+                 "or use RabbitMQ, which redelivers as soon as the worker's connection drops.",
+            id="wow_django.W008",
+        ))
     for what, url in _broker_urls():
         problem = _transport_problem(url)
         if problem:
@@ -168,7 +179,8 @@ def _api_allows_anyone() -> bool:
     configured = wow_settings.API_PERMISSION_CLASSES
     try:
         classes = (import_classes(configured) if configured is not None
-                   else list(api_settings.DEFAULT_PERMISSION_CLASSES))
+                   # DRF's stub types the setting as dotted paths; api_settings gives the imported classes.
+                   else list(api_settings.DEFAULT_PERMISSION_CLASSES))  # type: ignore[arg-type]
     except ImportError:
         return False  # reported as an error above
     return all(isinstance(c, type) and issubclass(c, AllowAny) for c in classes)
@@ -190,6 +202,28 @@ def _celery_unconfigured() -> str | None:
     return ("WOW['TASK_QUEUE'] sends tasks through Celery, but the current Celery app names no broker and is not "
             "eager: commands sent with Command-Wait-Stage SENT, Celery-mode snapshots and bus rollups would go to "
             "Celery's default broker (amqp://guest@localhost//).")
+
+
+#: The longest visibility timeout (s) of a Redis or SQS broker W008 keeps quiet about.
+MAX_VISIBILITY_TIMEOUT_S = 900
+
+
+def _slow_redelivery() -> str | None:
+    """Why a task held by a killed Celery worker would wait long to run again: Celery's broker is Redis (or SQS)
+    and its visibility timeout is kombu's default hour, or longer than MAX_VISIBILITY_TIMEOUT_S; None otherwise."""
+    for what, url in _broker_urls():
+        if what != "Celery's broker" or url.split("://", 1)[0].split("+", 1)[0] not in ("redis", "rediss", "sqs"):
+            continue
+        from celery import current_app
+
+        options = current_app.conf.broker_transport_options or {}
+        timeout = options.get("visibility_timeout")
+        if timeout is None or not isinstance(timeout, (int, float)) or timeout > MAX_VISIBILITY_TIMEOUT_S:
+            shown = "kombu's default of an hour" if timeout is None else f"{timeout!r} s"
+            return (f"Celery's broker ({url.split('://', 1)[0]}://…) gives a task that a killed worker was running "
+                    f"(process_command of a command sent with SENT, a bus rollup) to another worker only after its "
+                    f"visibility timeout: {shown}. Until then that command stays SENT.")
+    return None
 
 
 def _broker_urls() -> list[tuple[str, str]]:

@@ -289,7 +289,7 @@ MAX_KEYS = 16
 
 
 def _search_fields(value: Any) -> str | None:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and KEY_NAME_RE.match(v) for v in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and KEY_NAME_RE.fullmatch(v) for v in value):
         return ("must be a list of payload field names (letters, digits, '_', '.' or '-', starting with a letter, "
                 "at most 64)")
     if len(value) > MAX_KEYS:

@@ -8,6 +8,8 @@ the same PascalCase style where it has none: :class:`ErrorCodes` lists both.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ErrorCodes:
     """Every ``errorCode`` wow_django answers with (a ``DomainError`` carries its handler's own)."""
@@ -59,6 +61,11 @@ class WowError(Exception):
     """Base class of every wow_django error."""
 
     error_code = "WowError"
+    # Set by the command gateway on a refused command (annotations only: an error without them has neither):
+    # the command's result (a ``wow_django.application.gateway.CommandResult``) and whether its refusal is kept
+    # under its request id.
+    command_result: Any
+    refusal_kept: bool
 
 
 # A client can make thousands of errors (one per unknown key) or send a megabyte name: what is

@@ -651,7 +651,8 @@ class _Heartbeat:
 
     def __exit__(self, *exc_info) -> None:
         self._stop.set()
-        self._thread.join(1.0)  # a beat stuck on the database ends by itself; it changes only the lease
+        if self._thread is not None:
+            self._thread.join(1.0)  # a beat stuck on the database ends by itself; it changes only the lease
 
     def _beat(self) -> None:
         runner = self.runner

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 from wow_django.application.followers import FollowerRunner, declared_followers, progress
-from wow_django.application.runtime import get_runtime
+from wow_django.application.runtime import Runtime, get_runtime
 from wow_django.persistence.followers import FollowerStore, StreamFeed
 
 
@@ -30,9 +30,11 @@ def run_until_caught_up(names: Iterable[str] | None = None, *, budget_s: float |
     unknown = [name for name in wanted if name not in declared]
     if unknown:
         raise ValueError(f"unknown follower(s) {', '.join(map(repr, unknown))} (declared: {', '.join(declared)})")
-    runtime = get_runtime() if feed is None or store is None else None
-    feed = feed or runtime.stream_feed
-    store = store or runtime.follower_store
+    runtime: Runtime | None = None
+    if feed is None or store is None:
+        runtime = get_runtime()
+        feed = feed or runtime.stream_feed
+        store = store or runtime.follower_store
     if runtime is not None and runtime.inline:
         runtime.catch_up_followers(wanted)
         return {name: state.position if (state := store.get(name)) is not None else 0 for name in wanted}
@@ -68,9 +70,11 @@ def wait_caught_up(names: Iterable[str] | None = None, timeout: float = 10.0, *,
     thread, where nothing else would.
     """
     wanted = list(names) if names is not None else list(declared_followers())
-    runtime = get_runtime() if feed is None or store is None else None
-    feed = feed or runtime.stream_feed
-    store = store or runtime.follower_store
+    runtime: Runtime | None = None
+    if feed is None or store is None:
+        runtime = get_runtime()
+        feed = feed or runtime.stream_feed
+        store = store or runtime.follower_store
     if runtime is not None and runtime.inline:
         runtime.catch_up_followers(wanted)
     head = feed.head()

@@ -294,7 +294,7 @@ class CommandMessage:
     aggregate_name: str
     command_name: str
     body: dict
-    aggregate_id: str | None
+    aggregate_id: str
     request_id: str
     command_id: str
     request_id_given: bool
@@ -327,6 +327,14 @@ def _check_id(value: Any, name: str) -> str:
             f"{value[:40]!r}… ({len(value)} characters)"
         raise CommandValidationError(f"{name} must be {ID_RULE}, got {shown}", [{"name": name, "msg": f"must be {ID_RULE}"}])
     return value
+
+
+def _command_type(name: str) -> type[Command]:
+    """The command class declared under ``name``; ``UnknownCommand`` when there is none."""
+    command_cls = command_type(name)
+    if command_cls is None:
+        raise UnknownCommand(f"There is no command named {name!r}.")
+    return command_cls
 
 
 def check_expected_version(value: Any, name: str = "expected_version") -> int | None:
@@ -479,8 +487,7 @@ class CommandGateway:
     ) -> CommandResult:
         """Like :meth:`send` for a command given by name with a JSON body (validated here)."""
         cls = self._aggregate_for(command_name, aggregate_name)
-        command_cls = command_type(command_name)
-        command = command_cls.from_json(body if body is not None else {})
+        command = _command_type(command_name).from_json(body if body is not None else {})
         message = self._message(cls, command_name, command.model_dump(mode="json"), aggregate_id, request_id,
                                 tenant_id, owner_id, operator, header, expected_version, owner_only)
         stage = WaitStage.parse(wait)
@@ -502,7 +509,7 @@ class CommandGateway:
         try:
             cls = self._aggregate_for(message.command_name, message.aggregate_name)
             _refuse_nul(message.body, message.operator, message.owner_id, message.header)
-            command = command_type(message.command_name).from_json(message.body)
+            command = _command_type(message.command_name).from_json(message.body)
             result = self._process(cls, command, message, wait, timeout)
         except RequestIdReused:
             raise  # about another request than the one recorded under this id: its record stands
@@ -538,7 +545,8 @@ class CommandGateway:
         recorded = book.get(cls.aggregate_name, tenant_id, request_id) if book is not None else None
         if recorded is not None and recorded.get(REFUSAL):
             # A kept refusal, unless a copy of the request stored its events after all (they raced).
-            result = self._stored_status(cls, request_id, tenant_id, aggregate_id) or CommandResult.from_json(recorded)
+            result: CommandResult | None = (self._stored_status(cls, request_id, tenant_id, aggregate_id)
+                                            or CommandResult.from_json(recorded))
         elif recorded is not None:
             result = CommandResult.from_json(recorded)
         else:
@@ -626,18 +634,16 @@ class CommandGateway:
 
     def _aggregate_for(self, command_name: str, aggregate: str | type[Aggregate] | None) -> type[Aggregate]:
         name = aggregate if isinstance(aggregate, str) or aggregate is None else aggregate.aggregate_name
-        if name is not None and aggregate_type(name) is None:
+        named = aggregate_type(name) if name is not None else None
+        if name is not None and named is None:
             raise UnknownAggregate(f"There is no aggregate named {name!r}.")
-        command_cls = command_type(command_name)
-        if command_cls is None:
-            raise UnknownCommand(f"There is no command named {command_name!r}.")
+        command_cls = _command_type(command_name)
         if command_cls in (DeleteAggregate, RecoverAggregate):
-            if name is None:
+            if name is None or named is None:
                 raise UnknownCommand(f"{command_name!r} needs the aggregate it applies to (aggregate=...).")
-            cls = aggregate_type(name)
-            if not cls.allow_delete:
+            if not named.allow_delete:
                 raise UnknownCommand(f"Aggregate {name!r} does not allow {command_name!r}.")
-            return cls
+            return named
         cls = aggregate_for_command(command_name)
         if cls is None or (name is not None and cls.aggregate_name != name):
             where = f"aggregate {name!r}" if name else "any aggregate"
@@ -773,7 +779,7 @@ class CommandGateway:
             if self.snapshot_mode == "follower" and self.projections is not None \
                     and self.snapshot_strategy != "none":
                 # The first request's snapshot is the snapshot follower's to write, as for a new command.
-                progress = self._snapshot_follower_passed(original, limit)
+                progress = self._snapshot_follower_passed(self.projections, original, limit)
                 if not progress.done:
                     return self._result(message, original.version, WaitStage.PROCESSED, names,
                                         duplicate=duplicate, **_timeout_error(progress, limit, "SNAPSHOT"))
@@ -790,7 +796,8 @@ class CommandGateway:
             reached = WaitStage.SNAPSHOT
         if wait in HANDLER_STAGES and self.projections is not None:
             # The first request's followers may not have run yet (its process died after the append).
-            progress = self._handlers_passed(original, wait, only, max(0.0, deadline - time.monotonic()))
+            progress = self._handlers_passed(self.projections, original, wait, only,
+                                             max(0.0, deadline - time.monotonic()))
             if not progress.done:
                 return self._result(message, original.version, reached, names, duplicate=duplicate,
                                     **_timeout_error(progress, limit, wait.value))
@@ -800,14 +807,15 @@ class CommandGateway:
                                 error_code="DispatchFailed", error_msg="appended, but: " + "; ".join(errors))
         return self._result(message, original.version, wait, names, duplicate=duplicate)
 
-    def _handlers_passed(self, stream: EventStream, stage: WaitStage, only: WaitFunction, limit: float) -> Progress:
+    def _handlers_passed(self, projections: ProjectionWaiter, stream: EventStream, stage: WaitStage,
+                         only: WaitFunction, limit: float) -> Progress:
         """Wait (at most ``limit`` s) for the followers of handler stage ``stage`` (narrowed by ``only``) to pass
         ``stream``; PROJECTED with no narrowing waits for every projection taking it."""
         if stage is WaitStage.PROJECTED and not only:
-            return self.projections.wait(stream, limit)
+            return projections.wait(stream, limit)
         names = stage_followers(stage.value, stream.aggregate_name, [event.name for event in stream.body],
                                 processor=only.processor, function=only.function)
-        return self.projections.wait(stream, limit, names=names)
+        return projections.wait(stream, limit, names=names)
 
     # --- the command's life -------------------------------------------------------
 
@@ -1013,7 +1021,7 @@ class CommandGateway:
         stage = WaitStage.PROCESSED
         if wait in (WaitStage.SNAPSHOT, WaitStage.PROJECTED):  # EVENT_HANDLED and SAGA_HANDLED come after PROCESSED
             if tracker is BY_FOLLOWER and self.projections is not None:
-                progress = self._snapshot_follower_passed(stream, limit)
+                progress = self._snapshot_follower_passed(self.projections, stream, limit)
                 if not progress.done:
                     return self._result(message, stream.version, WaitStage.PROCESSED, names,
                                         **_timeout_error(progress, limit, "SNAPSHOT"))
@@ -1026,7 +1034,8 @@ class CommandGateway:
             errors.extend(tracker.errors)
         if wait in HANDLER_STAGES:
             if self.projections is not None:
-                progress = self._handlers_passed(stream, wait, only, max(0.0, deadline - time.monotonic()))
+                progress = self._handlers_passed(self.projections, stream, wait, only,
+                                                 max(0.0, deadline - time.monotonic()))
                 if not progress.done:
                     return self._result(message, stream.version, stage, names,
                                         **_timeout_error(progress, limit, wait.value))
@@ -1037,12 +1046,12 @@ class CommandGateway:
                                 error_msg="appended, but: " + "; ".join(errors))
         return self._result(message, stream.version, stage, names)
 
-    def _snapshot_follower_passed(self, stream: EventStream, limit: float) -> Progress:
+    def _snapshot_follower_passed(self, projections: ProjectionWaiter, stream: EventStream, limit: float) -> Progress:
         """Wait (at most ``limit`` s) for the snapshot follower to pass ``stream``, hurrying this process's
         runner of it out of its linger."""
         if self.hurry is not None:
             self.hurry(SNAPSHOT_FOLLOWER)
-        return self.projections.wait(stream, limit, names=[SNAPSHOT_FOLLOWER])
+        return projections.wait(stream, limit, names=[SNAPSHOT_FOLLOWER])
 
     def close(self) -> None:
         self.dispatcher.close()

@@ -68,7 +68,7 @@ def _release_connections() -> None:
 
 class Dispatcher:
     def __init__(self, *, lanes: int = 4, save_snapshot: Callable[[Snapshot], None] | None = None,
-                 queue_snapshot: Callable[[EventStream], None] | None = None):
+                 queue_snapshot: Callable[[EventStream], object] | None = None):
         if lanes < 1:
             raise ValueError("lanes must be ≥ 1")
         self.lane_count = lanes
@@ -139,7 +139,7 @@ class InlineDispatcher(Dispatcher):
     """
 
     def __init__(self, *, save_snapshot: Callable[[Snapshot], None] | None = None,
-                 queue_snapshot: Callable[[EventStream], None] | None = None):
+                 queue_snapshot: Callable[[EventStream], object] | None = None):
         super().__init__(lanes=1, save_snapshot=save_snapshot, queue_snapshot=queue_snapshot)
 
     def submit(self, job: Job) -> None:

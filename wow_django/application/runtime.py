@@ -91,6 +91,9 @@ BACKENDS: dict[str, type[Backend]] = {"in_memory": MemoryBackend, "mongo": Mongo
 class Runtime:
     """Stores, gateway, bus and task queue built from the current ``WOW`` settings, each once."""
 
+    #: The snapshot follower's repository over these stores, set on first use (:func:`_snapshot_repository`).
+    _snapshot_repository: AggregateRepository
+
     def __init__(self, *, inline: bool | None = None) -> None:
         self._parts: dict[object, Any] = {}
         self._building: dict[object, threading.Lock] = {}
@@ -230,6 +233,7 @@ class Runtime:
     def _build_gateway(self) -> CommandGateway:
         inline = self.inline
         snapshots = self.snapshot_store
+        waiter: ProjectionWaiter
         if inline:
             dispatcher = InlineDispatcher(save_snapshot=snapshots.save, queue_snapshot=lambda stream: (
                 self.tasks.request_snapshot(stream.aggregate_name, stream.aggregate_id.id)))

@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
@@ -45,7 +46,7 @@ from kombu import Consumer as KombuConsumer
 from kombu.exceptions import OperationalError
 
 from wow_django.bus.context import bus_context
-from wow_django.bus.envelope import Envelope, build_envelope, check_consumer_id, check_topic
+from wow_django.bus.envelope import WIRE_FIELDS, Envelope, build_envelope, check_consumer_id, check_topic
 from wow_django.bus.inbox import BUSY, DONE, Inbox
 from wow_django.bus.ordering import SequenceTracker
 from wow_django.bus.rollup import outcome
@@ -330,6 +331,11 @@ class ConsumerWorker:
         try:
             if not isinstance(body, dict) or not body.get("eventId"):
                 raise EnvelopeValidationError("message has no eventId")
+            unknown = [key for key in body if key not in WIRE_FIELDS]
+            if unknown:  # a newer producer's fields: this consumer reads the ones it knows
+                logger.debug("consumer %s: ignoring fields %s of event %s", self.consumer_id, unknown,
+                             body.get("eventId"))
+                body = {key: value for key, value in body.items() if key in WIRE_FIELDS}
             envelope = build_envelope(body, default_service="")
         except EnvelopeValidationError as exc:
             self.stats.invalid += 1
@@ -399,19 +405,22 @@ class ConsumerWorker:
             return ACK
         if claim.state == BUSY:  # another worker of this consumer holds it
             return REQUEUE
+        token = cast(str, claim.token)  # claimed: a claimed Claim has its token
         handler = self.handlers.get(event.topic)
         if handler is None:
-            self.inbox.release(event_id, claim.token)
+            self.inbox.release(event_id, token)
             self.stats.failed += 1
             feedback(False, f"consumer {self.consumer_id!r} has no handler for topic {event.topic!r}",
                      dead_lettered=True)
             return ACK
-        ordered = handler.drop_stale and event.partition_key is not None and event.sequence is not None
-        previous = self.sequences.last(event.partition_key) if ordered else None
+        # (partition key, sequence) of an event whose handler drops stale ones, else None
+        ordered = ((event.partition_key, event.sequence) if handler.drop_stale and event.partition_key is not None
+                   and event.sequence is not None else None)
+        previous = self.sequences.last(ordered[0]) if ordered else None
         # Taken before handling, atomically: of two messages of one partition
         # handled at once, the older one is dropped, never applied after the newer.
-        if ordered and not self.sequences.accept(event.partition_key, event.sequence):
-            self.inbox.done(event_id, claim.token)
+        if ordered and not self.sequences.accept(*ordered):
+            self.inbox.done(event_id, token)
             self.stats.stale += 1
             feedback(True, note=f"stale: sequence {event.sequence} of {event.partition_key!r} is not newer "
                                  "than the last applied one; dropped")
@@ -435,19 +444,19 @@ class ConsumerWorker:
                 feedback(False, error, retrying=True)
                 if self._stop.wait(self.backoff_s * 2 ** (attempt - 1)):
                     if ordered:
-                        self.sequences.restore(event.partition_key, event.sequence, previous)
-                    self.inbox.release(event_id, claim.token)  # stopping: another worker takes it over
+                        self.sequences.restore(*ordered, previous)
+                    self.inbox.release(event_id, token)  # stopping: another worker takes it over
                     return REQUEUE
                 continue
-            if not self.inbox.done(event_id, claim.token):
+            if not self.inbox.done(event_id, token):
                 logger.warning("consumer %s: the inbox claim on %s expired while handling it (raise "
                                "WOW['BUS_INBOX_LEASE_S'])", self.consumer_id, event_id)
             self.stats.handled += 1
             feedback(True)
             return ACK
         if ordered:  # not applied: a re-push of this event must not be dropped as stale
-            self.sequences.restore(event.partition_key, event.sequence, previous)
-        self.inbox.release(event_id, claim.token)
+            self.sequences.restore(*ordered, previous)
+        self.inbox.release(event_id, token)
         self.stats.failed += 1
         feedback(False, error, dead_lettered=True)
         logger.error("consumer %s: %s dead-lettered after %d attempts: %s", self.consumer_id, event_id,

@@ -14,7 +14,7 @@ import re
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from wow_django.bus.context import current_context
 from wow_django.conf import KEY_NAME_RE, MAX_KEYS
@@ -127,7 +127,9 @@ class Envelope:
             "payloadType": self.payload_type, "initiator": self.initiator.to_json(),
             "occurredAt": iso(self.occurred_at), "sentAt": iso(self.sent_at),
             "contractVersion": self.contract_version, "partitionKey": self.partition_key,
-            "sequence": self.sequence, "expireAt": iso(self.expire_at), "keys": dict(self.keys),
+            "sequence": self.sequence, "expireAt": iso(self.expire_at),
+            # Only when there are keys: a consumer of an earlier version refuses a field it does not know.
+            **({"keys": dict(self.keys)} if self.keys else {}),
         }
 
     def to_document(self) -> dict:
@@ -196,7 +198,7 @@ def check_topic(value: Any, name: str = "topic") -> str:
                   rule="must be words of letters, digits, '_' or '-' separated by '.' (e.g. order.purchased)")
     if errors.items:
         raise EnvelopeValidationError.from_errors(name, errors.items)
-    return topic
+    return cast(str, topic)  # required: _text reported a None
 
 
 def search_key(name: str, value: str) -> str:
@@ -208,7 +210,7 @@ def check_search_key(value: Any, name: str = "key") -> str:
     """``value`` if it is a search key's text (``name=value``: a key name, then text of at most 200
     printable characters), else :class:`EnvelopeValidationError` naming ``name``."""
     key_name, _, key_value = value.partition("=") if isinstance(value, str) else ("", "", "")
-    if not KEY_NAME_RE.match(key_name) or not key_value or len(key_value) > MAX_TEXT_LENGTH \
+    if not KEY_NAME_RE.fullmatch(key_name) or not key_value or len(key_value) > MAX_TEXT_LENGTH \
             or not key_value.isprintable():
         raise EnvelopeValidationError.from_errors(name, [{"name": name, "msg": (
             "must be name=value: a name of letters, digits, '_', '.' or '-' starting with a letter (at most 64), "
@@ -222,9 +224,21 @@ def aggregate_keys(aggregate: str, aggregate_id: str) -> dict[str, str]:
     return {"aggregate": f"{aggregate}/{aggregate_id}", "aggregateId": aggregate_id}
 
 
+def _key_value(value: Any) -> str | None:
+    """``value`` as a search key's value: text of 1 to 200 printable characters without space at either end (an
+    integer as its digits); None if it cannot be one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value or len(value) > MAX_TEXT_LENGTH or not value.isprintable() \
+            or value != value.strip():
+        return None
+    return value
+
+
 def _keys(errors: _Errors, given: Any, payload: Any, search_fields: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """The envelope's search keys: those given, then each of ``search_fields`` the payload has at its top
-    level as text or an integer (a given key wins)."""
+    """The envelope's search keys: those given (at most 16), then each of ``search_fields`` the payload has at
+    its top level as text or an integer, while there is room (a given key wins; a payload field that cannot be a
+    key, or finds no room, is left out: the operator's settings never make a send fail)."""
     if given is None:
         given = {}
     if not isinstance(given, dict):
@@ -233,21 +247,20 @@ def _keys(errors: _Errors, given: Any, payload: Any, search_fields: tuple[str, .
     keys: dict[str, str] = {}
     for name, value in given.items():
         where = f"keys.{name}"
-        if not isinstance(name, str) or not KEY_NAME_RE.match(name):
+        if not isinstance(name, str) or not KEY_NAME_RE.fullmatch(name):
             errors.add(where, "a key name is letters, digits, '_', '.' or '-', starting with a letter, at most 64")
-        elif _text(errors, where, value, required=True) is not None:
+        elif not isinstance(value, str) or _key_value(value) is None:
+            errors.add(where, f"must be printable text of 1 to {MAX_TEXT_LENGTH} characters without space at "
+                              "either end")
+        else:
             keys[name] = value
+    if len(keys) > MAX_KEYS:
+        errors.add("keys", f"at most {MAX_KEYS} search keys; got {len(keys)}")
     if isinstance(payload, dict):
         for name in search_fields:
-            value = payload.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                value = str(value)
-            if name not in keys and isinstance(value, str) and value and len(value) <= MAX_TEXT_LENGTH \
-                    and value.isprintable():
+            value = _key_value(payload.get(name))
+            if name not in keys and value is not None and len(keys) < MAX_KEYS:
                 keys[name] = value
-    if len(keys) > MAX_KEYS:
-        errors.add("keys", f"at most {MAX_KEYS} search keys, with those taken from the payload "
-                           f"(WOW['BUS_SEARCH_FIELDS']); got {len(keys)}")
     return tuple(sorted(keys.items()))
 
 
@@ -257,7 +270,7 @@ def check_consumer_id(value: Any, name: str = "consumerId") -> str:
                      rule="must start with a letter or digit and hold only letters, digits, '.', '_' or '-'")
     if errors.items:
         raise EnvelopeValidationError.from_errors(name, errors.items)
-    return consumer
+    return cast(str, consumer)  # required: _text reported a None
 
 
 def _payload_problem(value: Any, depth: int = 0) -> str | None:
@@ -388,7 +401,7 @@ def build_envelope(data: dict, *, default_service: str, search_fields: tuple[str
         trace_id=trace_id or ctx.trace_id or new_trace_id(),
         span_id=span_id or new_span_id(),
         parent_event_id=parent or ctx.parent_event_id,
-        topic=topic,
+        topic=cast(str, topic),  # required: _text reported a None
         payload=payload,
         payload_type=payload_type,
         initiator=initiator,

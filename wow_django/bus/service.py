@@ -132,9 +132,10 @@ def encode_cursor(occurred_at: datetime, event_id: str, *more: int) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The key of :func:`encode_cursor`'s text for an event list; EnvelopeValidationError for anything else."""
-    moment, event_id = _decode_key(cursor, 2)
+def decode_cursor(cursor: str, name: str = "cursor") -> tuple[datetime, str]:
+    """The key of :func:`encode_cursor`'s text for an event list; EnvelopeValidationError naming ``name`` for
+    anything else."""
+    moment, event_id = _decode_key(cursor, 2, name)
     return moment, event_id
 
 
@@ -144,7 +145,7 @@ def decode_feedback_cursor(cursor: str) -> tuple[datetime, str, int]:
     return moment, event_id, attempt_no
 
 
-def _decode_key(cursor: str, size: int) -> tuple:
+def _decode_key(cursor: str, size: int, name: str = "cursor") -> tuple:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         key = json.loads(raw)
@@ -157,7 +158,7 @@ def _decode_key(cursor: str, size: int) -> tuple:
         return (parse_time(moment), event_id, *more)
     except (ValueError, TypeError, UnicodeDecodeError):
         raise EnvelopeValidationError.from_errors(
-            "event query", [{"name": "cursor", "msg": "is not a page cursor of this list; start from the first page"}]
+            "event query", [{"name": name, "msg": "is not a page cursor of this list; start from the first page"}]
         ) from None
 
 
@@ -645,7 +646,7 @@ class EventBus:
         """
         query, errors = self._query_and_errors(status, topic, service, since, until, trace_id, user_id,
                                                client_request_id, key)
-        if errors:
+        if errors or query is None:  # None comes with its errors
             raise EnvelopeValidationError.from_errors("event query", errors)
         return query
 
@@ -714,7 +715,7 @@ class EventBus:
             raise EnvelopeValidationError.from_errors("event query", [
                 {"name": "before", "msg": "cursor and before are two ways of paging (forward and back): give one of them"}])
         if before:
-            events = self.store.events_before(query, before=decode_cursor(before), limit=size + 1)
+            events = self.store.events_before(query, before=decode_cursor(before, "before"), limit=size + 1)
             newer, events = len(events) > size, events[-size:]
             if not events:  # nothing before it: the first page
                 return self.events_page(query, size=size)
@@ -759,14 +760,14 @@ class EventBus:
         after = decode_feedback_cursor(cursor) if cursor else None
         rows = self.store.consumer_feedback(consumer_id, success=success, after=after, limit=size + 1)
         more, rows = len(rows) > size, rows[:size]
-        events = {}
+        events: dict[str, dict | None] = {}
         for row in rows:
             if row["eventId"] not in events:
                 events[row["eventId"]] = self.store.get_event(
                     row["eventId"], fields=("eventId", "topic", "status", "occurredAt", "traceId", "retryCount"))
         last = rows[-1] if rows else None
-        return {"list": [{**document_to_json(row), "event": document_to_json(events[row["eventId"]])
-                          if events[row["eventId"]] else None} for row in rows],
+        return {"list": [{**document_to_json(row), "event": document_to_json(event)
+                          if (event := events[row["eventId"]]) else None} for row in rows],
                 "next": encode_cursor(last["consumedAt"], last["eventId"], last["attemptNo"])
                 if more and last else None}
 
@@ -782,7 +783,7 @@ class EventBus:
             errors.append({"name": "page", "msg": f"must be an integer from 1 to {MAX_PAGE}"})
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_size:
             errors.append({"name": "size", "msg": f"must be an integer from 1 to {max_size}"})
-        if errors:
+        if errors or query is None:  # None comes with its errors
             raise EnvelopeValidationError.from_errors("event query", errors)
         total, events = self.store.find_events(query, skip=(page - 1) * size, limit=size)
         summaries = self.summaries(events)

@@ -221,7 +221,7 @@ def aggregate_detail(request, name: str, aggregate_id: str):
     # The console serves every tenant: it reads the aggregate under the tenant it is stored under.
     key = runtime.event_store.locate(name, aggregate_id)
     streams = runtime.event_store.load(key, 1, MAX_STREAMS_SHOWN) if key is not None else []
-    if not streams:
+    if key is None or not streams:
         raise Http404(f"{name} {aggregate_id!r} has no events.")
     repository = runtime.gateway.repository
     states = []
@@ -255,7 +255,7 @@ def aggregate_detail(request, name: str, aggregate_id: str):
                 tenant=streams[0].aggregate_id.tenant_id,
                 bus_events_url=reverse("wow_console:events") + "?" + urlencode({"q": search_key(
                     "aggregate", aggregate_keys(name, aggregate_id)["aggregate"])})
-                if allowed(request.user, "view_bus_events") else None)
+                if allowed(request.user, "view_bus_events") and allowed(request.user, "view_payloads") else None)
 
 
 def snapshot_document(snapshot) -> dict:

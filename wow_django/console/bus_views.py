@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.contrib import messages
 from django.http import Http404
@@ -51,6 +51,11 @@ def _search(request, bus, filters: dict, query):
     if not text.isprintable():
         messages.error(request, "search: must be printable text (no NUL or control character)")
         return None
+    may_see_keys = allowed(request.user, "view_payloads")  # a search key may be a payload field's value
+    if "=" in text and not may_see_keys:
+        messages.error(request, "search: searching by key needs the permission to view payloads (its values are "
+                                "payload fields)")
+        return None
     if "=" in text:
         try:
             return bus.query_of(**_query_filters(filters), key=text)
@@ -58,11 +63,13 @@ def _search(request, bus, filters: dict, query):
             for problem in _errors(exc):
                 messages.error(request, f"search: {problem}")
             return None
-    found = bus.store.get_event(text) if ID_RE.match(text) else None
+    found = bus.store.get_event(text) if ID_RE.fullmatch(text) else None
     if found is not None and query.matches(found):
         return [document_to_json(found, bus.summaries([found])[found["eventId"]])]
     traced = bus.query_of(**_query_filters(filters), trace_id=text) if len(text) <= 200 else None
     if traced is not None and bus.store.events_after(traced, after=None, limit=1):
+        return traced
+    if not may_see_keys:
         return traced
     keys = [f"{name}={text}" for name in dict.fromkeys((*bus.search_fields, "aggregateId"))]
     try:
@@ -131,8 +138,9 @@ def event_list(request):
         size = min(PAGE_SIZE, bus.max_page_size)
         if at is not None:  # jump: the page of the events at or before that time
             cursor = before = None
-            end = at + timedelta(milliseconds=1)
-            result = bus.events_page(replace(query, until=min(end, query.until or end)), size=size)
+            end = at + timedelta(milliseconds=1) if at < datetime.max - timedelta(milliseconds=1) else None
+            until = min(end, query.until) if end is not None and query.until is not None else end or query.until
+            result = bus.events_page(replace(query, until=until), size=size)
             if result["list"]:
                 first = result["list"][0]
                 key = (parse_time(first["occurredAt"]), first["eventId"])
@@ -152,15 +160,15 @@ def event_list(request):
     kept = {key: value for key, value in filters.items() if value and key != "at"}
     consumers = sorted({r["consumerId"] for r in bus.topic_consumers()})
     return page(request, "events.html", "Bus events", events=rows, filters=filters, consumers=consumers,
-                statuses=choices, first_page=previous_cursor is not None, total=total,
+                statuses=choices, total=total,
                 more_than=total is not None and total > MAX_COUNTED, max_counted=MAX_COUNTED,
-                first_url=f"?{urlencode(kept)}",
+                first_url=f"?{urlencode(kept)}" if previous_cursor else None,
                 previous_url=f"?{urlencode({**kept, 'before': previous_cursor})}" if previous_cursor else None,
                 next_url=f"?{urlencode({**kept, 'cursor': next_cursor})}" if next_cursor else None)
 
 
 def _event_or_404(event_id: str) -> dict:
-    if not ID_RE.match(event_id):  # no event has such an id (and a NUL is an error on PostgreSQL)
+    if not ID_RE.fullmatch(event_id):  # no event has such an id (and a NUL is an error on PostgreSQL)
         raise Http404(f"There is no bus event {event_id!r}.")
     try:
         return get_bus().event_detail(event_id)
@@ -174,7 +182,8 @@ def event_detail(request, event_id: str):
     bus = get_bus()
     detail = _event_or_404(event_id)
     stored = bus.store.get_event(event_id) or {}
-    envelope = {k: v for k, v in detail["event"].items() if k not in ENVELOPE_HIDDEN}
+    hidden = ENVELOPE_HIDDEN if allowed(request.user, "view_payloads") else (*ENVELOPE_HIDDEN, "keys")
+    envelope = {k: v for k, v in detail["event"].items() if k not in hidden}
     can_repush = allowed(request.user, "repush_bus_events")
     refusal = bus.repush_refusal(stored) if can_repush and stored else None
     for consumer in detail["consumers"]:
@@ -182,7 +191,8 @@ def event_detail(request, event_id: str):
             attempt["errorHead"] = first_line(attempt["error"]) if attempt.get("error") else None
         consumer["refusal"] = bus.repush_refusal(stored, consumer["consumerId"]) if can_repush and stored else None
     return page(request, "event_detail.html", f"Bus event {event_id}", detail=detail, event=detail["event"],
-                keys=_key_links(request, detail["event"].get("keys") or {}),
+                keys=_key_links(request, detail["event"].get("keys") or {}) if allowed(request.user, "view_payloads")
+                else [],
                 envelope=pretty(envelope), payload=pretty(detail["event"].get("payload")),
                 show_payload=allowed(request.user, "view_payloads"), can_repush=can_repush, refusal=refusal)
 
@@ -192,7 +202,7 @@ def event_detail(request, event_id: str):
 def event_repush(request, event_id: str):
     """GET: what a re-push (whole, or ``consumer``) will send; POST (CSRF-protected): re-push, audit, redirect."""
     bus = get_bus()
-    event = bus.store.get_event(event_id) if ID_RE.match(event_id) else None
+    event = bus.store.get_event(event_id) if ID_RE.fullmatch(event_id) else None
     if event is None:
         raise Http404(f"There is no bus event {event_id!r}.")
     consumer = (request.POST if request.method == "POST" else request.GET).get("consumer") or None
@@ -221,6 +231,7 @@ def event_repush(request, event_id: str):
     shown = document_to_json(event)
     if not allowed(request.user, "view_payloads"):
         shown["payload"] = "(hidden: you lack the permission to view payloads)"
+        shown.pop("keys", None)  # payload fields (WOW['BUS_SEARCH_FIELDS']) among them
     consumers = [consumer] if consumer else list(event.get("consumers") or ())
     return page(request, "repush_confirm.html", f"Re-push {event_id}?", event=shown, consumer=consumer,
                 consumers=consumers, sent=pretty(shown), retry_count=event.get("retryCount", 0),
@@ -260,8 +271,8 @@ def consumer_feedback(request, consumer_id: str):
     kept = {"outcome": outcome} if outcome else {}
     topics = [r["topic"] for r in bus.topic_consumers(consumer_id=consumer_id)]
     return page(request, "consumer_feedback.html", f"Deliveries to {consumer_id}", consumer_id=consumer_id,
-                rows=result["list"], outcome=outcome, topics=topics, first_page=cursor is not None,
-                first_url=f"?{urlencode(kept)}",
+                rows=result["list"], outcome=outcome, topics=topics,
+                first_url=f"?{urlencode(kept)}" if cursor is not None else None,
                 next_url=f"?{urlencode({**kept, 'cursor': result['next']})}" if result["next"] else None)
 
 
@@ -288,7 +299,7 @@ def not_consumed(request):
              "refusal": bus.repush_refusal(event) if can_repush else None} for event in events]
     last = events[-1] if events and more else None
     return page(request, "not_consumed.html", "Not consumed in time", rows=rows, can_repush=can_repush,
-                timeout=bus.repush_timeout_s, cutoff=query.sent_before, first_page=cursor is not None,
+                timeout=bus.repush_timeout_s, cutoff=query.sent_before, first_url="?" if cursor else None,
                 next_url=f"?{urlencode({'cursor': encode_cursor(last['occurredAt'], last['eventId'])})}"
                 if last else None)
 
@@ -300,7 +311,10 @@ def not_consumed_repush(request):
     POST (CSRF-protected): re-push those to every consumer still waiting, audited as one bulk re-push."""
     bus = get_bus()
     data = request.POST if request.method == "POST" else request.GET
-    chosen = list(dict.fromkeys(value for value in data.getlist("event") if value))
+    given = [value for value in data.getlist("event") if value]
+    chosen = list(dict.fromkeys(value for value in given if ID_RE.fullmatch(value)))
+    if len(chosen) < len(set(given)):  # never looked up, nor written to the audit (a NUL is an error in jsonb)
+        messages.error(request, f"event: {len(set(given)) - len(chosen)} value(s) are not event ids; left out.")
     back = reverse("wow_console:not_consumed")
     if not chosen:
         messages.error(request, "Choose the events to re-push first.")
@@ -310,7 +324,7 @@ def not_consumed_repush(request):
         return redirect(back)
     ready, refused = [], []
     for event_id in chosen:
-        event = bus.store.get_event(event_id) if ID_RE.match(event_id) else None
+        event = bus.store.get_event(event_id)
         refusal = "there is no such event" if event is None else bus.repush_refusal(event)
         (refused if refusal is not None else ready).append({"eventId": event_id, "event": event,
                                                             "why": str(refusal) if refusal else None})

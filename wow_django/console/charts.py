@@ -26,7 +26,8 @@ def stacked_bars(buckets: list[tuple[str, dict[str, int]]], series: list[str], *
              f'<line x1="{left}" y1="{20 + plot_h}" x2="{left + plot_w}" y2="{20 + plot_h}" stroke="currentColor" '
              'stroke-width=".5"/>']
     for index, (label, counts) in enumerate(buckets):
-        x, y = left + index * step + step * 0.15, 20 + plot_h
+        x = left + index * step + step * 0.15
+        y: float = 20 + plot_h  # each series' bar goes up from the last one's top
         for name in series:
             count = counts.get(name, 0)
             if not count:

@@ -31,7 +31,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -48,6 +49,9 @@ from wow_django.exceptions import DeclarationError
 
 _HANDLES = "_wow_handles"
 _SOURCING = "_wow_sourcing"
+
+#: A decorated method, returned as it is (marked) by the decorators.
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 class State(BaseModel):
@@ -76,36 +80,36 @@ class State(BaseModel):
             getattr(self, attr)(event)
 
 
-def sourcing(*events: type[Event]):
+def sourcing(*events: type[Event]) -> Callable[[_Method], _Method]:
     """Mark a state method as the handler that applies ``events``."""
     for event in events:
         if not (isinstance(event, type) and issubclass(event, Event)):
             raise DeclarationError(f"@sourcing takes Event classes, got {event!r}")
 
-    def decorate(fn):
+    def decorate(fn: _Method) -> _Method:
         setattr(fn, _SOURCING, tuple(getattr(fn, _SOURCING, ())) + events)
         return fn
 
     return decorate
 
 
-def _handler_decorator(command: type[Command], create: bool):
+def _handler_decorator(command: type[Command], create: bool) -> Callable[[_Method], _Method]:
     if not (isinstance(command, type) and issubclass(command, Command)):
         raise DeclarationError(f"expected a Command class, got {command!r}")
 
-    def decorate(fn):
+    def decorate(fn: _Method) -> _Method:
         setattr(fn, _HANDLES, (command, create))
         return fn
 
     return decorate
 
 
-def creates(command: type[Command]):
+def creates(command: type[Command]) -> Callable[[_Method], _Method]:
     """Mark the method that handles ``command`` by creating a new aggregate."""
     return _handler_decorator(command, True)
 
 
-def handles(command: type[Command]):
+def handles(command: type[Command]) -> Callable[[_Method], _Method]:
     """Mark the method that handles ``command`` on an existing aggregate."""
     return _handler_decorator(command, False)
 
@@ -141,7 +145,7 @@ class CommandContext:
         """Run ``fn`` if this command attempt ends without its events stored."""
         self._compensations.append(fn)
 
-    def prepare(self, name: str, key: str, value: Any, ttl=None) -> bool:
+    def prepare(self, name: str, key: str, value: Any, ttl: timedelta | datetime | None = None) -> bool:
         """Reserve ``key`` for ``value``; ``False`` when another value holds it.
 
         A key this same value already holds (an earlier attempt of this
@@ -244,12 +248,14 @@ class Aggregate:
 
 def aggregate_type(name: str) -> type[Aggregate] | None:
     """The aggregate class declared under ``name`` (current registry), or None."""
-    return registry.current().aggregate_type(name)
+    found: type[Aggregate] | None = registry.current().aggregate_type(name)
+    return found
 
 
 def aggregate_for_command(command_name: str) -> type[Aggregate] | None:
     """The aggregate class that handles ``command_name``, or None."""
-    return registry.current().aggregate_for_command(command_name)
+    found: type[Aggregate] | None = registry.current().aggregate_for_command(command_name)
+    return found
 
 
 def aggregates() -> dict[str, type[Aggregate]]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -100,7 +100,8 @@ class Command(BaseModel):
             command = cls.model_validate(data)
         except ValidationError as exc:
             raise CommandValidationError.from_pydantic(cls.command_name, exc) from None
-        return _untyped_numbers_as_floats(command)
+        # A model comes back as itself (its fields converted in place).
+        return cast(Command, _untyped_numbers_as_floats(command))
 
 
 class Event(BaseModel):
@@ -156,7 +157,7 @@ class Event(BaseModel):
         return cls.model_validate(body)
 
 
-def upcaster(event: type[Event], *, from_revision: int):
+def upcaster(event: type[Event], *, from_revision: int) -> Callable[[Callable[[dict], dict]], Callable[[dict], dict]]:
     """Register ``fn(body) -> body`` turning ``from_revision`` bodies into the next revision."""
 
     def decorate(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:

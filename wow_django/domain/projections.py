@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from wow_django.domain import registry
 from wow_django.domain.registry import EventHandler, check_name
 from wow_django.exceptions import DeclarationError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+#: A handler: ``fn(message)``, returned as it is by the decorators.
+_Handler = TypeVar("_Handler", bound=Callable[[Any], object])
 
 
 def default_name(kind: str, aggregate_name: str, fn: Any) -> str:
@@ -46,7 +49,8 @@ def default_name(kind: str, aggregate_name: str, fn: Any) -> str:
     return name
 
 
-def _declare(kind: str, aggregate: Any, events: Iterable[Any] | None, name: str | None = None):
+def _declare(kind: str, aggregate: Any, events: Iterable[Any] | None,
+             name: str | None = None) -> Callable[[_Handler], _Handler]:
     aggregate_name = aggregate if isinstance(aggregate, str) else getattr(aggregate, "aggregate_name", None)
     if not isinstance(aggregate_name, str) or not aggregate_name:
         raise DeclarationError(f"@{kind} takes an aggregate name or Aggregate class, got {aggregate!r}")
@@ -58,7 +62,7 @@ def _declare(kind: str, aggregate: Any, events: Iterable[Any] | None, name: str 
     if name is not None:
         check_name(name, f"@{kind} name")
 
-    def decorate(fn):
+    def decorate(fn: _Handler) -> _Handler:
         registry.current().add_handler(EventHandler(aggregate_name, names, fn, short,
                                                     name or default_name(short, aggregate_name, fn)))
         return fn
@@ -66,13 +70,15 @@ def _declare(kind: str, aggregate: Any, events: Iterable[Any] | None, name: str 
     return decorate
 
 
-def projection(aggregate: Any, events: Iterable[Any] | None = None, *, name: str | None = None):
+def projection(aggregate: Any, events: Iterable[Any] | None = None, *,
+               name: str | None = None) -> Callable[[_Handler], _Handler]:
     """Run ``fn(message)`` for the aggregate's events (all, or those listed) on follower ``name``;
     PROJECTED waits for it."""
     return _declare("projection", aggregate, events, name)
 
 
-def event_processor(aggregate: Any, events: Iterable[Any] | None = None, *, name: str | None = None):
+def event_processor(aggregate: Any, events: Iterable[Any] | None = None, *,
+                    name: str | None = None) -> Callable[[_Handler], _Handler]:
     """Run ``fn(message)`` for the aggregate's events on follower ``name``, e.g. to publish integration
     events (the bus relay: send with an ``event_id`` derived from ``message.event_id``)."""
     return _declare("event_processor", aggregate, events, name)

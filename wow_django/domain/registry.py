@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -69,8 +69,9 @@ class Registry:
         self._lock = threading.RLock()
         self._commands: dict[str, type] = {}
         self._events: dict[str, type] = {}
-        self._aggregates: dict[str, type] = {}
-        self._command_owner: dict[str, type] = {}
+        # Aggregate classes (typed Any as add_aggregate's argument: the aggregate module imports this one).
+        self._aggregates: dict[str, Any] = {}
+        self._command_owner: dict[str, Any] = {}
         self._prepare_keys: set[str] = set()
         self._handlers: list[EventHandler] = []
 
@@ -229,7 +230,7 @@ def current() -> Registry:
     return _current.get()
 
 
-def use_registry(registry: Registry):
+def use_registry(registry: Registry) -> AbstractContextManager[Registry]:
     """Make ``registry`` the current one inside a ``with`` block; the previous one comes back after it."""
     return _current.use(registry)
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -113,7 +113,8 @@ def _key(key: Any) -> str:
 
 def stored(model: BaseModel) -> dict:
     """``model`` as it is stored: its python-mode dump with Decimals kept and times canonical."""
-    return _typed(model.model_dump(mode="python"))
+    # A dict: model_dump gives one, and _typed maps a dict to a dict.
+    return cast(dict, _typed(model.model_dump(mode="python")))
 
 
 class _Exact(Exception):
@@ -134,6 +135,15 @@ def decimal_text(value: Decimal) -> str:
     return text if "E" not in text else text.replace("E", "e")
 
 
+class _DumpsOptions(TypedDict):
+    """The keyword arguments :func:`dumps` passes to :func:`json.dumps`."""
+
+    sort_keys: bool
+    separators: tuple[str, str]
+    allow_nan: bool
+    ensure_ascii: bool
+
+
 def dumps(value: Any, *, sort_keys: bool = False, default: Callable[[Any], Any] | None = None,
           ensure_ascii: bool = True) -> str:
     """Compact JSON of ``value``, each Decimal written as a number with its exact digits.
@@ -141,7 +151,8 @@ def dumps(value: Any, *, sort_keys: bool = False, default: Callable[[Any], Any] 
     ``default`` converts other objects (as in :func:`json.dumps`); NaN and
     infinities are refused (``ValueError``), as no JSON reader takes them.
     """
-    options = {"sort_keys": sort_keys, "separators": (",", ":"), "allow_nan": False, "ensure_ascii": ensure_ascii}
+    options: _DumpsOptions = {"sort_keys": sort_keys, "separators": (",", ":"), "allow_nan": False,
+                              "ensure_ascii": ensure_ascii}
 
     def fallback(item: Any) -> Any:
         if isinstance(item, Decimal):
@@ -191,7 +202,7 @@ class ExactJSONEncoder(json.JSONEncoder):
         return dumps(o, sort_keys=self.sort_keys, ensure_ascii=self.ensure_ascii,
                      default=None if type(self).default is json.JSONEncoder.default else self.default)
 
-    def iterencode(self, o: Any, _one_shot: bool = False):
+    def iterencode(self, o: Any, _one_shot: bool = False) -> Iterator[str]:
         yield self.encode(o)
 
 

@@ -62,7 +62,7 @@ def default_authentication_classes() -> list[type]:
     """``WOW["API_AUTHENTICATION_CLASSES"]``, else DRF's ``DEFAULT_AUTHENTICATION_CLASSES``."""
     if wow_settings.API_AUTHENTICATION_CLASSES is not None:
         return import_classes(wow_settings.API_AUTHENTICATION_CLASSES)
-    return list(api_settings.DEFAULT_AUTHENTICATION_CLASSES)
+    return list(api_settings.DEFAULT_AUTHENTICATION_CLASSES)  # type: ignore[arg-type]  # classes at runtime, not str
 
 
 class WowView(APIView):

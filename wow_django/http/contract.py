@@ -32,13 +32,15 @@ import functools
 import math
 import re
 import zoneinfo
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
 import jsonschema
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
-from pydantic.json_schema import GenerateJsonSchema, models_json_schema
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
 
 from wow_django.application.gateway import MAX_ID_LENGTH, WaitStage, id_pattern, printable_characters
 from wow_django.conf import wow_settings
@@ -63,6 +65,9 @@ from wow_django.query.condition import (
 )
 
 REF = "#/components/schemas/{model}"
+#: A pydantic model and the mode its JSON schema is rendered in: "validation" (what it takes, a command's) or
+#: "serialization" (what it answers, a state's).
+ModelMode = tuple[type[BaseModel], JsonSchemaMode]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: A number in a command or a bus event: within the 64-bit integer range (their JSON parser refuses an integer
 #: outside it; JSON Schema cannot tell 1e20 from 100000000000000000000, so both are kept within it).
@@ -71,7 +76,7 @@ NUMBER = {"type": "number", "minimum": INT64_MIN, "maximum": INT64_MAX}
 QUERY_NUMBER = {"type": "number"}
 
 
-def choice(values: list, **extra) -> dict:
+def choice(values: Iterable[str | None], **extra) -> dict:
     """One of ``values``. (Wrapped in a one-branch anyOf: drf-spectacular's enum post-processing, which renames
     and splits a property's own ``enum``, leaves it as written.)"""
     return {"anyOf": [{"enum": list(values)}], **extra}
@@ -487,7 +492,7 @@ def _decimal_text(schema, whole_digits: int | None, places: int | None, digits: 
 
 
 @functools.lru_cache(maxsize=16)
-def pydantic_schemas(models: tuple[tuple[type, str], ...]) -> tuple[dict, dict]:
+def pydantic_schemas(models: tuple[ModelMode, ...]) -> tuple[dict, dict]:
     """``(keys, definitions)`` of ``models`` (``(model, mode)`` pairs) rendered together by
     :class:`WowJsonSchema`, referring to each other as OpenAPI components."""
     keys, definitions = models_json_schema(list(models), ref_template=REF, schema_generator=WowJsonSchema)
@@ -789,7 +794,7 @@ def bus_components(max_page_size: int) -> dict[str, dict]:
             {"type": "object", "required": ["total", "page", "size", "list"], "description": "By page number.",
              "properties": {"total": {"type": "integer", "minimum": 0}, "page": {"type": "integer"},
                             "size": {"type": "integer"}, "list": {"type": "array", "items": ref("WowBusEvent")}}},
-            {"type": "object", "required": ["size", "list", "next"], "description": "By cursor.",
+            {"type": "object", "required": ["size", "list", "next", "previous"], "description": "By cursor.",
              "properties": {"size": {"type": "integer"}, "list": {"type": "array", "items": ref("WowBusEvent")},
                             "next": {**nullable_string, "description": "The cursor of the next page."},
                             "previous": {**nullable_string,
@@ -911,12 +916,12 @@ _Validator = jsonschema.validators.extend(
 
 
 @functools.lru_cache(maxsize=64)
-def _validator(name: str, limits: tuple, models: tuple[tuple[type, str], ...] | None) -> Any:
+def _validator(name: str, limits: tuple, models: tuple[ModelMode, ...] | None) -> Any:
     components = _wow_components(limits) if models is None else _command_components(models, limits)
     return _Validator({"components": {"schemas": components}, "$ref": REF.format(model=name)})
 
 
-def violations(instance: Any, name: str, models: tuple[tuple[type, str], ...] | None = None) -> list[dict]:
+def violations(instance: Any, name: str, models: tuple[ModelMode, ...] | None = None) -> list[dict]:
     """The binding errors (``{name, msg}``) of ``instance`` against the component ``name`` — a shared one, or with
     ``models`` one of theirs (:func:`component_name`) — deepest first; empty when it conforms."""
     validator = _validator(name, _limits(), models)
@@ -949,24 +954,24 @@ def _path(parts) -> str:
     return out
 
 
-def command_components(models: tuple[tuple[type, str], ...]) -> dict[str, dict]:
+def command_components(models: tuple[ModelMode, ...]) -> dict[str, dict]:
     """The components a command body is checked against: the shared ones and every command's."""
     return _command_components(models, _limits())
 
 
 @functools.lru_cache(maxsize=16)
-def _command_components(models: tuple[tuple[type, str], ...], limits: tuple) -> dict[str, dict]:
+def _command_components(models: tuple[ModelMode, ...], limits: tuple) -> dict[str, dict]:
     _keys, definitions = pydantic_schemas(models)
     return {**_wow_components(limits), **definitions}
 
 
-def component_name(model: type, mode: str, models: tuple[tuple[type, str], ...]) -> str:
+def component_name(model: type[BaseModel], mode: JsonSchemaMode, models: tuple[ModelMode, ...]) -> str:
     keys, _ = pydantic_schemas(models)
     return keys[(model, mode)]["$ref"].rsplit("/", 1)[-1]
 
 
 __all__ = [
-    "NUMBER", "QUERY_NUMBER", "REF", "WowJsonSchema", "choice", "command_components", "component_name",
+    "NUMBER", "QUERY_NUMBER", "REF", "ModelMode", "WowJsonSchema", "choice", "command_components", "component_name",
     "condition_components", "integer", "pydantic_schemas", "python_pattern", "ref", "time_zones", "violations",
     "wow_components",
 ]

@@ -155,7 +155,7 @@ def error_body(code: str, message: str, binding_errors=()) -> dict:
 
 
 # Checked in order: subclasses before their bases.
-_WOW_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+_WOW_STATUS: tuple[tuple[type[WowError], int], ...] = (
     (QueryValidationError, status.HTTP_400_BAD_REQUEST),
     (CommandValidationError, status.HTTP_400_BAD_REQUEST),
     (InvalidRequest, status.HTTP_400_BAD_REQUEST),
@@ -271,13 +271,14 @@ def _error_response(exc: BaseException) -> Response | None:
                         status=status.HTTP_403_FORBIDDEN)
     if isinstance(exc, drf.APIException):
         headers = {}
-        if getattr(exc, "auth_header", None):
-            headers["WWW-Authenticate"] = exc.auth_header
-        if getattr(exc, "wait", None):
-            headers["Retry-After"] = str(int(exc.wait))
+        auth_header = getattr(exc, "auth_header", None)  # DRF's handle_exception sets it on a 401
+        if auth_header:
+            headers["WWW-Authenticate"] = auth_header
+        wait = getattr(exc, "wait", None)  # Throttled's
+        if wait:
+            headers["Retry-After"] = str(int(wait))
         binding = _drf_binding_errors(exc.detail) if isinstance(exc.detail, dict | list) else []
-        code = drf_error_code(exc)
-        return Response(error_body(code, _drf_message(exc.detail), binding), status=exc.status_code,
+        return Response(error_body(drf_error_code(exc), _drf_message(exc.detail), binding), status=exc.status_code,
                         headers=headers or None)
     return None
 

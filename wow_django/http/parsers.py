@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from decimal import Decimal
 
 from django.conf import settings
@@ -90,8 +91,9 @@ def _check_text(value, text: str) -> None:
 class WowJSONParser(BaseParser):
     media_type = "application/json"
     renderer_class = JSONRenderer
-    parse_float = staticmethod(_finite)
-    parse_int = staticmethod(_int64)
+    # How ``json.loads`` reads a number with a fraction or an exponent, and a whole number (see the subclasses).
+    parse_float: Callable[[str], float | Decimal] = staticmethod(_finite)
+    parse_int: Callable[[str], int | float] = staticmethod(_int64)
 
     def parse(self, stream, media_type=None, parser_context=None):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Protocol, cast
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode
 
 from wow_django.application.followers import STAGE_KINDS, stage_candidates
 from wow_django.application.gateway import WaitStage, printable_characters
 from wow_django.bus.service import MAX_FILTER_LENGTH, MAX_PAGE
 from wow_django.conf import wow_settings
-from wow_django.domain.aggregate import aggregates
-from wow_django.domain.messages import RecoverAggregate
+from wow_django.domain.aggregate import Aggregate, aggregates
+from wow_django.domain.messages import Command, RecoverAggregate
 from wow_django.http import contract
 from wow_django.http.headers import (
     AGGREGATE_ID_HEADER,
@@ -83,13 +86,13 @@ def wow_components() -> dict[str, dict]:
     return contract.wow_components()
 
 
-def _pydantic_schemas(models: tuple[tuple[type, str], ...]) -> tuple[dict, dict]:
+def _pydantic_schemas(models: tuple[contract.ModelMode, ...]) -> tuple[dict, dict]:
     return contract.pydantic_schemas(models)
 
 
-def pydantic_models() -> tuple[tuple[type, str], ...]:
+def pydantic_models() -> tuple[contract.ModelMode, ...]:
     """Every command (validation) and state (serialization) of the registered aggregates, in a stable order."""
-    found: dict[tuple[type, str], None] = {(RecoverAggregate, "validation"): None}
+    found: dict[contract.ModelMode, None] = {(RecoverAggregate, "validation"): None}
     for _, cls in sorted(aggregates().items()):
         for command_name in sorted(cls.handlers):
             found[(cls.handlers[command_name].command, "validation")] = None
@@ -118,6 +121,8 @@ def _nul_free(parameters: list) -> list:
 class _Components:
     """Registers the API's components with drf-spectacular's registry and refers to them."""
 
+    registry: ComponentRegistry  # drf-spectacular's AutoSchema sets it for each operation
+
     def _register(self, name: str, schema: dict) -> dict:
         component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name)
         if component not in self.registry:
@@ -135,7 +140,7 @@ class _Components:
         if not getattr(self.registry, "wow_components_registered", False):
             for other, schema in wow_components().items():
                 self._register(other, schema)
-            self.registry.wow_components_registered = True
+            self.registry.wow_components_registered = True  # type: ignore[attr-defined]  # our mark on the registry
         return _ref(name)
 
     def _get_request_body(self, direction="request"):
@@ -148,10 +153,26 @@ class _Components:
 # --- the inspector -------------------------------------------------------------------------------
 
 
+class _DescribedView(Protocol):
+    """What :class:`WowAutoSchema` reads of the view it describes: a :class:`~wow_django.http.views.WowAPIView`
+    as :mod:`wow_django.http.urls` routes it, so with its aggregate. ``command`` is a command view's (read for the
+    action ``command`` only), ``kind`` and ``operation`` a query view's (``snapshot_query``, ``event_query``)."""
+
+    aggregate: type[Aggregate]
+    action: str
+    command: type[Command]
+    kind: str
+    operation: str
+
+
 class WowAutoSchema(_Components, AutoSchema):
     """Describes the generated Wow views (see the module docstring)."""
 
-    def _pydantic(self, model: type, mode: str) -> dict:
+    @property
+    def _wow_view(self) -> _DescribedView:
+        return cast(_DescribedView, self.view)  # DRF's stubs say APIView: it is the schema of WowAPIView
+
+    def _pydantic(self, model: type[BaseModel], mode: JsonSchemaMode) -> dict:
         keys, definitions = _pydantic_schemas(pydantic_models())
         for name, schema in definitions.items():
             self._register(name, schema)
@@ -165,10 +186,10 @@ class WowAutoSchema(_Components, AutoSchema):
 
     @property
     def _aggregate_name(self) -> str:
-        return self.view.aggregate.aggregate_name
+        return self._wow_view.aggregate.aggregate_name
 
     def _key(self) -> str:
-        view = self.view
+        view = self._wow_view
         action = view.action
         if action == "command":
             return view.command.command_name
@@ -202,7 +223,7 @@ class WowAutoSchema(_Components, AutoSchema):
         return [self._aggregate_name]
 
     def get_summary(self) -> str:
-        view, name = self.view, self._aggregate_name
+        view, name = self._wow_view, self._aggregate_name
         action = view.action
         if action == "command":
             doc = (view.command.__doc__ or "").strip().splitlines()
@@ -225,8 +246,8 @@ class WowAutoSchema(_Components, AutoSchema):
             "status": f"What became of a command to {name}, by its request id",
         }[action]
 
-    def get_description(self) -> str:
-        action = self.view.action
+    def get_description(self) -> str:  # type: ignore[override]  # drf-spectacular's signature (it ignores DRF's too)
+        action = self._wow_view.action
         if action in ("command", "delete", "recover"):
             return (
                 "The command's events are stored for the resolved tenant. 200 when the wait stage was reached; "
@@ -250,7 +271,7 @@ class WowAutoSchema(_Components, AutoSchema):
     # --- inputs -------------------------------------------------------------------------------
 
     def get_override_parameters(self) -> list:
-        view = self.view
+        view = self._wow_view
         parameters: list = []
         path_id, any_id = self._wow("WowPathId"), self._wow("WowId")
         if "{id}" in self.path:
@@ -325,7 +346,7 @@ class WowAutoSchema(_Components, AutoSchema):
         (a header this aggregate has no value for is left out: any value of it is refused)."""
         contexts = [wow_settings.CONTEXT_NAME] + ([wow_settings.CONTEXT_ALIAS] if wow_settings.CONTEXT_ALIAS else [])
         candidates = [(stage, *found) for stage in STAGE_KINDS
-                      for found in stage_candidates(stage, self.view.aggregate.aggregate_name)]
+                      for found in stage_candidates(stage, self._aggregate_name)]
         processors = sorted({name for _, name, _, _ in candidates})
         functions = sorted({fn for _, _, fn, _ in candidates if fn})
         rule = ("Narrows the wait stages PROJECTED, EVENT_HANDLED and SAGA_HANDLED only (with another stage: 400), "
@@ -351,7 +372,7 @@ class WowAutoSchema(_Components, AutoSchema):
         return parameters
 
     def get_request_serializer(self):
-        view = self.view
+        view = self._wow_view
         if view.action == "command":
             return {"application/json": self._pydantic(view.command, "validation")}
         if view.action == "recover":
@@ -362,14 +383,14 @@ class WowAutoSchema(_Components, AutoSchema):
 
     def _get_request_body(self, direction="request"):
         body = super()._get_request_body(direction)
-        if body is not None and self.view.action == "recover":
+        if body is not None and self._wow_view.action == "recover":
             body["required"] = False  # a body-less PUT recovers too
         return body
 
     # --- outputs ------------------------------------------------------------------------------
 
     def _success(self) -> dict:
-        view = self.view
+        view = self._wow_view
         action = view.action
         if action in ("command", "delete", "recover"):
             result = self._wow("WowCommandResult")
@@ -405,7 +426,7 @@ class WowAutoSchema(_Components, AutoSchema):
     def get_response_serializers(self):
         responses = self._success()
         error = self._wow("WowError")
-        commands = self.view.action in ("command", "delete", "recover")
+        commands = self._wow_view.action in ("command", "delete", "recover")
         if commands:
             # A command refused once its request was read answers its result (as Wow's server does), with the
             # error's code and message; one refused before (its body, a header) answers the error alone.
@@ -414,7 +435,7 @@ class WowAutoSchema(_Components, AutoSchema):
             responses[code] = error
         if commands:
             responses["409"] = error
-        if self.view.action in ("command", "delete", "state"):
+        if self._wow_view.action in ("command", "delete", "state"):
             responses["410"] = error
         return responses
 
@@ -524,7 +545,7 @@ class WowBusSchema(_Components, AutoSchema):
     def get_summary(self) -> str:
         return self._key()[1]
 
-    def get_description(self) -> str:
+    def get_description(self) -> str:  # type: ignore[override]  # drf-spectacular's signature (it ignores DRF's too)
         return (self.view.__doc__ or "").strip()
 
     def get_tags(self) -> list[str]:

@@ -60,14 +60,16 @@ def streaming_response(request, events: Iterable[bytes]) -> StreamingHttpRespons
     return response
 
 
-_END = object()
+def _next_event(events: Iterator[bytes]) -> bytes | None:
+    """The next event, or None past the last."""
+    return next(events, None)
 
 
 async def _in_a_thread(events: Iterator[bytes]) -> AsyncIterator[bytes]:
-    step = sync_to_async(next, thread_sensitive=True)
+    step = sync_to_async(_next_event, thread_sensitive=True)
     while True:
-        chunk = await step(events, _END)
-        if chunk is _END:
+        chunk = await step(events)
+        if chunk is None:
             return
         yield chunk
 

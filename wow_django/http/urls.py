@@ -44,6 +44,7 @@ be deleted over HTTP (``a/<command>`` is that command's route).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import EllipsisType
 
 from django.core.exceptions import ImproperlyConfigured
 from django.urls import include, path, re_path
@@ -62,15 +63,15 @@ RESERVED = frozenset({"snapshot", "event", "state", "recover"})
 class ViewClasses:
     """The view class of each kind of route (subclass the views and pass your own)."""
 
-    command: type = views.CommandView
-    delete: type = views.DeleteAggregateView
-    recover: type = views.RecoverAggregateView
-    state: type = views.StateView
-    snapshot: type = views.SnapshotView
-    status: type = views.CommandStatusView
-    event_range: type = views.EventRangeView
-    query: type = views.QueryView
-    not_found: type = views.NotFoundView
+    command: type[views.CommandView] = views.CommandView
+    delete: type[views.DeleteAggregateView] = views.DeleteAggregateView
+    recover: type[views.RecoverAggregateView] = views.RecoverAggregateView
+    state: type[views.StateView] = views.StateView
+    snapshot: type[views.SnapshotView] = views.SnapshotView
+    status: type[views.CommandStatusView] = views.CommandStatusView
+    event_range: type[views.EventRangeView] = views.EventRangeView
+    query: type[views.QueryView] = views.QueryView
+    not_found: type[views.NotFoundView] = views.NotFoundView
 
 
 def aggregate_urlpatterns(cls: type[Aggregate], view_classes: ViewClasses | None = None) -> list:
@@ -126,15 +127,17 @@ ATTRIBUTION_PREFIXES = (
 )
 
 
-def build_urlpatterns(view_classes: ViewClasses | None = None, *, context_alias: str | None = ...) -> list:
+def build_urlpatterns(view_classes: ViewClasses | None = None, *,
+                      context_alias: str | None | EllipsisType = ...) -> list:
     """Routes for every registered aggregate — as they are, below Wow's attribution prefixes
     (``tenant/{tenantId}/``, ``owner/{ownerId}/``, both) and, with a context alias (``WOW["CONTEXT_ALIAS"]``
     unless given), all of those again below ``{alias}/`` — then the JSON 404 for any other path."""
     view_classes = view_classes or ViewClasses()
-    if context_alias is ...:
+    if isinstance(context_alias, EllipsisType):  # not given
         from wow_django.conf import wow_settings
 
-        context_alias = wow_settings.CONTEXT_ALIAS
+        setting: str | None = wow_settings.CONTEXT_ALIAS
+        context_alias = setting
     routes = []
     for name, cls in sorted(aggregates().items()):
         if name in ("tenant", "owner") or name == context_alias:

@@ -28,6 +28,7 @@ from rest_framework import status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
+from rest_framework.schemas.inspectors import ViewInspector
 from rest_framework.settings import api_settings
 
 from wow_django.application import queries
@@ -96,7 +97,7 @@ class WowAPIView(WowView):
     aggregate: type[Aggregate] | None = None
     action = ""
     resolves_tenant = True
-    schema = WowAutoSchema()
+    schema: ViewInspector | None = WowAutoSchema()
 
     # --- policy: the aggregate's own, else WOW's API_*_CLASSES, else DRF's defaults ---------------
 
@@ -112,7 +113,7 @@ class WowAPIView(WowView):
             return import_classes(own)
         if wow_settings.API_PERMISSION_CLASSES is not None:
             return import_classes(wow_settings.API_PERMISSION_CLASSES)
-        return list(api_settings.DEFAULT_PERMISSION_CLASSES)
+        return list(api_settings.DEFAULT_PERMISSION_CLASSES)  # type: ignore[arg-type]  # classes at runtime, not str
 
     def get_permissions(self):
         return [cls() for cls in self.get_permission_classes()]
@@ -244,6 +245,7 @@ class CommandSenderView(WowAPIView):
         (refused with a 400 naming the header when they name none of this aggregate's, another context, or
         narrow a stage that waits for no follower). Wow's ``Command-Wait-Tail-*`` (a wait for the command a saga
         sends) is refused: not supported."""
+        assert self.aggregate is not None  # as_view(aggregate=...) sets it
         for name in self.request.headers:
             if name.lower().startswith(WAIT_TAIL_PREFIX.lower()):
                 raise CommandValidationError(
@@ -284,6 +286,7 @@ class CommandSenderView(WowAPIView):
         """The owner of this tenant's aggregate ``aggregate_id`` ("" for none), or None when the tenant has no
         such aggregate (for :class:`~wow_django.http.permissions.IsOwnerOrPermitted`; one read of its last
         event stream: the owner is set when the aggregate is created and never changes)."""
+        assert self.aggregate is not None  # as_view(aggregate=...) sets it
         key = AggregateId(self.aggregate.aggregate_name, aggregate_id, wow_settings.CONTEXT_NAME,
                           self.get_tenant_id())
         last = get_runtime().event_store.last(key)
@@ -309,6 +312,7 @@ class CommandSenderView(WowAPIView):
         return value
 
     def send_command(self, *, aggregate_id: str | None, body) -> Response:
+        assert self.aggregate is not None and self.command is not None  # as_view(aggregate=..., command=...)
         aggregate_id = self.get_aggregate_id(aggregate_id)
         if self.get_path_owner() is not None:
             self.owner_only = True  # owner/{ownerId}/…: only that owner's aggregates
@@ -340,6 +344,7 @@ class CommandSenderView(WowAPIView):
         timeout (see :mod:`wow_django.http.sse`). The request's facts are read (and refused) before streaming;
         the stages after PROCESSED are waited for by sending the same request again, which the gateway answers
         from what is stored once the stage is reached, appending nothing."""
+        assert self.aggregate is not None and self.command is not None  # as_view(aggregate=..., command=...)
         asked = self.get_wait_stage()
         wait_for = self.get_wait_function(asked)
         timeout = self.get_wait_timeout()
@@ -388,6 +393,7 @@ class CommandSenderView(WowAPIView):
         what pydantic would coerce (``"5"`` for an integer, ``" 1.5"`` for a Decimal): CommandValidationError."""
         if self.command is DeleteAggregate:  # no body: nothing to check
             return
+        assert self.command is not None  # as_view(command=...) sets it
         self.command.from_json(body if body is not None else {})
         models = pydantic_models()
         if (self.command, "validation") not in models:  # declared after the schema's models were listed
@@ -474,6 +480,7 @@ class StateView(WowAPIView):
         """The tenant's aggregate: current, at ``version`` (``{id}/state/{version}``: its state after that version,
         or the current one below it), or as it was at ``create_time`` (``{id}/state/time/{createTime}``, epoch
         ms), as Wow's routes answer."""
+        assert self.aggregate is not None  # as_view(aggregate=...) sets it
         check_aggregate_id(aggregate_id)
         repository = self.get_gateway().repository
         if version is not None:
@@ -509,6 +516,7 @@ class CommandStatusView(WowAPIView):
     action = "status"
 
     def get(self, request, request_id: str):
+        assert self.aggregate is not None  # as_view(aggregate=...) sets it
         check_aggregate_id(request_id, "requestId")
         aggregate_id = request.query_params.get("aggregateId")
         if aggregate_id is not None:
@@ -536,6 +544,7 @@ class SnapshotView(WowAPIView):
         return Response(self.load_snapshot(id))
 
     def load_snapshot(self, aggregate_id: str) -> dict:
+        assert self.aggregate is not None  # as_view(aggregate=...) sets it
         check_aggregate_id(aggregate_id)
         parts = [Condition(operator=Operator.ID, value=aggregate_id),
                  Condition(operator=Operator.DELETED, value=DeletionState.ALL)]
@@ -561,6 +570,7 @@ class EventRangeView(WowAPIView):
         return Response([present(EVENT_STREAM, stream_to_document(stream)) for stream in streams])
 
     def load_events(self, aggregate_id: str, head: int, tail: int) -> list[EventStream]:
+        assert self.aggregate is not None  # as_view(aggregate=...) sets it
         check_aggregate_id(aggregate_id)
         for name, value in (("head", head), ("tail", tail)):
             if not 1 <= value <= MAX_VERSION:
@@ -708,10 +718,11 @@ class NotFoundView(WowAPIView):
     def respond(self, request, path: str = ""):
         segments = path.split("/")
         name = segments[0]
-        if name and aggregate_type(name) is None:
+        aggregate = aggregate_type(name) if name else None
+        if name and aggregate is None:
             raise UnknownAggregate(f"There is no aggregate named {name!r}.")
-        if name and request.method == "POST" and len(segments) in (2, 3) and all(segments):
-            raise UnknownCommand(_misrouted(aggregate_type(name), segments[-1], with_id=len(segments) == 3))
+        if aggregate is not None and request.method == "POST" and len(segments) in (2, 3) and all(segments):
+            raise UnknownCommand(_misrouted(aggregate, segments[-1], with_id=len(segments) == 3))
         raise ResourceNotFound(f"No API route for {request.method} {request.path}.")
 
     get = post = put = patch = delete = head = options = respond

@@ -18,6 +18,8 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 from wow_django.exceptions import RecoverableStoreError
 from wow_django.persistence.contracts import EventStore
@@ -138,30 +140,32 @@ class BatchingEventStore(EventStore):
     def append_many(self, streams: Sequence[EventStream]) -> list[Exception | None]:
         return self.inner.append_many(streams)
 
-    def load(self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION):
+    def load(self, aggregate_id: AggregateId, head_version: int = 1,
+             tail_version: int = MAX_VERSION) -> list[EventStream]:
         return self.inner.load(aggregate_id, head_version, tail_version)
 
-    def load_by_time(self, aggregate_id: AggregateId, start_time: int, end_time: int):
+    def load_by_time(self, aggregate_id: AggregateId, start_time: int, end_time: int) -> list[EventStream]:
         return self.inner.load_by_time(aggregate_id, start_time, end_time)
 
-    def last(self, aggregate_id: AggregateId):
+    def last(self, aggregate_id: AggregateId) -> EventStream | None:
         return self.inner.last(aggregate_id)
 
-    def scan_aggregate_ids(self, aggregate_name, after_id="", limit=100, *, context_name=None, tenant_id=None):
+    def scan_aggregate_ids(self, aggregate_name: str, after_id: str = "", limit: int = 100, *,
+                           context_name: str | None = None, tenant_id: str | None = None) -> list[AggregateId]:
         return self.inner.scan_aggregate_ids(
             aggregate_name, after_id, limit, context_name=context_name, tenant_id=tenant_id
         )
 
-    def exists_request_id(self, aggregate_name, request_id, aggregate_id=None):
+    def exists_request_id(self, aggregate_name: str, request_id: str, aggregate_id: str | None = None) -> bool:
         return self.inner.exists_request_id(aggregate_name, request_id, aggregate_id)
 
-    def get_by_request_id(self, aggregate_id, request_id):
+    def get_by_request_id(self, aggregate_id: AggregateId, request_id: str) -> EventStream | None:
         return self.inner.get_by_request_id(aggregate_id, request_id)
 
     def locate(self, aggregate_name: str, aggregate_id: str) -> AggregateId | None:
         return self.inner.locate(aggregate_name, aggregate_id)
 
-    def deadline(self, seconds: float | None):
+    def deadline(self, seconds: float | None) -> AbstractContextManager:
         # Bounds this thread's reads; a batched append runs on the lane's thread, which its waiter bounds.
         return self.inner.deadline(seconds)
 
@@ -171,7 +175,7 @@ class BatchingEventStore(EventStore):
             lane.close()
         self.inner.close()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # Backend extras (e.g. the Mongo store's collection()) stay reachable.
         if name == "inner":
             raise AttributeError(name)

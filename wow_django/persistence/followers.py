@@ -181,8 +181,12 @@ class AppendNotifier:
 class StreamFeed(ABC):
     """One context's event streams in position order (see the module docstring)."""
 
-    #: Whether a position missing below a visible one can never appear later.
-    gaps_are_final: bool = False
+    @property
+    def gaps_are_final(self) -> bool:
+        """Whether a position missing below a visible one can never appear later (a subclass may answer with a
+        class attribute, or a property that asks its server)."""
+        return False
+
     #: Notified after each append of this process to the feed's store; None: followers poll with backoff.
     notifier: AppendNotifier | None = None
 

@@ -187,7 +187,7 @@ def split_text_search(condition: Condition) -> tuple[Condition, Condition | None
 
 #: Wow's fields a document carries that wow_django keeps constant: every aggregate is in its tenant's default
 #: space (``spaceId`` "", of snapshots and event streams) and carries no ABAC tags (``tags``, of snapshots).
-CONSTANT_FIELDS = {SNAPSHOT: {"spaceId": "", "tags": {}}, EVENT_STREAM: {"spaceId": ""}}
+CONSTANT_FIELDS: dict[str, dict[str, object]] = {SNAPSHOT: {"spaceId": "", "tags": {}}, EVENT_STREAM: {"spaceId": ""}}
 
 
 def present(kind: str, document: dict, projection: Projection = ALL_FIELDS) -> dict:
@@ -256,7 +256,8 @@ class QueryService(ABC):
         typed = type_condition(condition, self.value_types())
         return scoped_condition(self.kind, typed, tenant_id=tenant_id, scope=scope)
 
-    def _find(self, query: SingleQuery, tenant_id, scope, *, skip: int, limit: int) -> list[dict]:
+    def _find(self, query: SingleQuery, tenant_id: str | None, scope: Condition | None, *, skip: int,
+              limit: int) -> list[dict]:
         documents = self.find_documents(
             self.scope(query.condition, tenant_id, scope),
             projection=query.projection,

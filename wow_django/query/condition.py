@@ -376,7 +376,7 @@ def _preview(value: Any, budget: int) -> str:
             text = str(item)
         elif isinstance(item, dict | list | tuple):
             is_dict = isinstance(item, dict)
-            entries = list(itertools.islice(item.items() if is_dict else item, budget))
+            entries = list(itertools.islice(item.items() if isinstance(item, dict) else item, budget))
             pieces: list[Any] = []
             for i, entry in enumerate(entries):
                 if i:
@@ -726,7 +726,7 @@ class _ConditionParser:
         return list(raw)
 
     @staticmethod
-    def _comparable(raw: Any, path: str, operator: Operator) -> int | float | str:
+    def _comparable(raw: Any, path: str, operator: Operator) -> int | float | str | datetime:
         if isinstance(raw, str | datetime):  # a datetime (from Python code) compares as canonical time text
             return raw
         if _is_number(raw) and math.isfinite(raw):

@@ -70,10 +70,10 @@ MAX_DAYS = 36_500
 
 @dataclass(frozen=True, slots=True)
 class DateWindow:
-    """``start <= instant < end``; ``None`` means unbounded on that side."""
+    """``start <= instant < end``; a ``None`` start means unbounded below (every window has an end)."""
 
     start: datetime | None
-    end: datetime | None
+    end: datetime
 
 
 def resolve_now(now: datetime | None) -> datetime:
@@ -226,12 +226,11 @@ def parse_date_pattern(pattern: str) -> DatePattern:
     return DatePattern(pattern, tuple(parts))
 
 
-def window_bounds(window: DateWindow, pattern: DatePattern | None = None) -> tuple[int | str | None, int | str | None]:
-    """``(low, high)`` to compare a stored field with: epoch ms, or text in ``pattern``."""
+def window_bounds(window: DateWindow, pattern: DatePattern | None = None) -> tuple[int | str | None, int | str]:
+    """``(low, high)`` to compare a stored field with: epoch ms, or text in ``pattern`` (no low: unbounded below;
+    a window always ends)."""
 
-    def bound(moment: datetime | None) -> int | str | None:
-        if moment is None:
-            return None
+    def bound(moment: datetime) -> int | str:
         return pattern.format(moment) if pattern is not None else to_epoch_ms(moment)
 
-    return bound(window.start), bound(window.end)
+    return (None if window.start is None else bound(window.start)), bound(window.end)

@@ -26,6 +26,7 @@ matches when any word of the search text is a word of any string in it
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -344,7 +345,7 @@ def _sort_key(value: Any) -> tuple:
 
 def _field_sort_key(document: dict, path: str, descending: bool) -> tuple:
     """An array sorts by its smallest element ascending and its largest descending; [] before null."""
-    keys = []
+    keys: list[tuple] = []
     for leaf in reach(document, path.split(".")):
         if isinstance(leaf, list):
             keys.extend(_sort_key(item) for item in leaf)
@@ -363,7 +364,7 @@ def sort_documents(
     for item in reversed(list(sort)):
         path = map_field(item.field, field_map)
         descending = item.direction is Direction.DESC
-        result.sort(key=lambda doc, p=path, d=descending: _field_sort_key(doc, p, d), reverse=descending)
+        result.sort(key=functools.partial(_field_sort_key, path=path, descending=descending), reverse=descending)
     return result
 
 

@@ -58,7 +58,7 @@ def map_field(path: str, field_map: dict[str, str] | None) -> str:
     return field_map.get(head, head) + dot + rest
 
 
-def date_bounds(condition: Condition, now: datetime) -> tuple[int | str | None, int | str | None]:
-    """``(low, high)`` of a date condition at ``now``: ``low <= field < high`` (``None`` = unbounded)."""
+def date_bounds(condition: Condition, now: datetime) -> tuple[int | str | None, int | str]:
+    """``(low, high)`` of a date condition at ``now``: ``low <= field < high`` (a ``None`` low: unbounded below)."""
     window = dates.date_window(condition.operator.value, now=now, zone=condition.options.zone, days=condition.value)
     return dates.window_bounds(window, condition.options.parsed_date_pattern)

@@ -90,10 +90,10 @@ def annotation_type(annotation: Any, segments: tuple[str, ...]) -> ValueType | N
             segments = segments[1:]
         return annotation_type(element, segments)
     if origin is not None and isinstance(origin, type) and issubclass(origin, dict):
-        args = typing.get_args(annotation)
-        if len(args) != 2 or not segments:
+        key_value = typing.get_args(annotation)
+        if len(key_value) != 2 or not segments:
             return None
-        return annotation_type(args[1], segments[1:])
+        return annotation_type(key_value[1], segments[1:])
     if not segments:
         if annotation is Decimal:
             return ValueType.DECIMAL

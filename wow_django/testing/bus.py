@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from kombu import Connection, Exchange, Queue
@@ -21,6 +22,13 @@ from kombu import Connection, Exchange, Queue
 from wow_django.application.runtime import get_runtime
 from wow_django.bus.consumer import ConsumerWorker, consumer, run_in_thread
 from wow_django.bus.transport import queue_name
+
+if TYPE_CHECKING:
+    from wow_django.bus.consumer import ConsumerContext
+    from wow_django.bus.envelope import Envelope
+    from wow_django.bus.service import EventBus
+
+_T = TypeVar("_T")
 
 AMQP_ENV = "WOW_TEST_AMQP_URL"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -35,7 +43,8 @@ def unique_exchange(prefix: str = "wow.test") -> str:
     return f"{prefix}.{uuid.uuid4().hex[:10]}"
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.02, what: str = "condition"):
+def wait_for(predicate: Callable[[], _T], timeout: float = 20.0, interval: float = 0.02,
+             what: str = "condition") -> _T:
     """Poll ``predicate`` until it returns something truthy; return it, or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -62,7 +71,9 @@ def queue_depth(url: str, exchange: str, consumer_id: str) -> int:
     """Messages ready in a consumer's queue (passive declare: the queue must exist)."""
     with Connection(url, connect_timeout=5) as connection:
         declared = Queue(queue_name(exchange, consumer_id))(connection.channel()).queue_declare(passive=True)
-        return declared.message_count
+        # kombu is untyped: queue_declare gives a queue_declare_ok_t (queue, message_count, consumer_count).
+        message_count: int = declared.message_count
+        return message_count
 
 
 class TcpProxy:
@@ -84,7 +95,8 @@ class TcpProxy:
     def _free_port() -> int:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
-            return probe.getsockname()[1]
+            port: int = probe.getsockname()[1]  # an AF_INET address: (host, port)
+            return port
 
     def url(self, user: str = "guest", password: str = "guest", vhost: str = "/") -> str:
         return f"amqp://{user}:{password}@127.0.0.1:{self.port}/{vhost.lstrip('/')}"
@@ -158,7 +170,7 @@ class TcpProxy:
 
 def take_messages(url: str, exchange: str, consumer_id: str, limit: int = 1000) -> list:
     """Remove and return the messages ready in a consumer's queue (kombu ``Message`` objects, acknowledged)."""
-    taken = []
+    taken: list = []
     with Connection(url, connect_timeout=5, transport_options={"polling_interval": 0.01}) as connection:
         bound = Queue(queue_name(exchange, consumer_id))(connection.channel())
         while len(taken) < limit:
@@ -175,17 +187,18 @@ class RunningConsumers:
     Leaving the block stops them and waits for their threads (failing if one hangs).
     """
 
-    def __init__(self, *consumer_ids: str, join_timeout: float = 15.0, bus=None, **kwargs):
+    def __init__(self, *consumer_ids: str, join_timeout: float = 15.0, bus: EventBus | None = None,
+                 **kwargs: Any):
         bus = bus or get_runtime().bus
         self.workers = [ConsumerWorker(c, bus=bus, **kwargs) for c in consumer_ids]
         self.join_timeout = join_timeout
         self.threads: list[threading.Thread] = []
 
-    def __enter__(self):
+    def __enter__(self) -> list[ConsumerWorker]:
         self.threads = [run_in_thread(w) for w in self.workers]
         return self.workers
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for worker in self.workers:
             worker.stop()
         for thread in self.threads:
@@ -195,7 +208,10 @@ class RunningConsumers:
 
 def event_status(event_id: str) -> str:
     """The stored status of an event of the process's bus."""
-    return get_runtime().bus.store.get_event(event_id)["status"]
+    event = get_runtime().bus.store.get_event(event_id)
+    assert event is not None, f"no stored event {event_id}"
+    status: str = event["status"]
+    return status
 
 
 @contextlib.contextmanager
@@ -238,14 +254,14 @@ class ConsumerRecorder:
             consumer(consumer_id, topics=[topic])(self.handler_for(consumer_id))
         return self
 
-    def handler_for(self, consumer_id: str) -> Callable:
-        def handle(event, ctx):
+    def handler_for(self, consumer_id: str) -> Callable[[Envelope, ConsumerContext], None]:
+        def handle(event: Envelope, ctx: ConsumerContext) -> None:
             self.handle(consumer_id, event, ctx)
 
         handle.__qualname__ = f"ConsumerRecorder.handle[{consumer_id}]"
         return handle
 
-    def handle(self, consumer_id: str, event, ctx) -> None:
+    def handle(self, consumer_id: str, event: Envelope, ctx: ConsumerContext) -> None:
         with self.lock:
             self.deliveries[(consumer_id, event.event_id)] += 1
             self.calls.append((consumer_id, event.event_id, ctx.attempt))

@@ -12,9 +12,14 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, cast
 
 from wow_django.exceptions import ConsumerNotExpected
 from wow_django.persistence.bus import BusStore, EventQuery, EventStatus, status_revision
+from wow_django.testing._case import TestCaseMixin
+
+if TYPE_CHECKING:
+    from wow_django.backends.mongo.bus_store import MongoBusStore
 
 T0 = datetime(2024, 2, 28, 10, 0, 0)
 
@@ -67,7 +72,7 @@ def run_together(count: int, fn: Callable[[int], object]) -> tuple[list, list]:
     return results, errors
 
 
-class BusStoreCase:
+class BusStoreCase(TestCaseMixin):
     """What every mixin below shares: ``self.store`` built by :meth:`make_store` for each test.
 
     Each mixin calls only the methods of its own concern, so a store that
@@ -894,6 +899,8 @@ class PurgeContract(BusStoreCase):
         self.store.insert_event(make_event("evt-gone", status="SENT", searchKeys=["orderId=o-10"]))
         total, page = self.store.find_events(EventQuery(keys=("orderId=o-9",)), skip=0, limit=10)
         self.assertEqual([e["eventId"] for e in page], ["evt-kept"])
+        total, page = self.store.find_events(EventQuery(keys=("orderId=o-10",)), skip=0, limit=10)
+        self.assertEqual([e["eventId"] for e in page], ["evt-gone"])
 
     def test_each_rule_alone_and_none(self):
         self.store.insert_event(make_event("evt-c", status="CONSUMED", statusAt=T0))
@@ -967,7 +974,7 @@ class MongoPurgePlanContract(BusStoreCase):
     def recorded_purge(self, **arguments) -> tuple[list[str], list[dict]]:
         from wow_django.backends.mongo import bus_schema
 
-        store = self.store
+        store = cast("MongoBusStore", self.store)  # make_store's, as the class says
         real = store.events
         queries: list[dict] = []
 
@@ -998,11 +1005,15 @@ class MongoPurgePlanContract(BusStoreCase):
                 return Cursor(real.find(filter_, projection, **options), query)
 
         collection = store.collection
-        store.collection = lambda spec: Recording() if spec is bus_schema.EVENTS_SPEC else collection(spec)
+
+        def recording(spec):
+            return Recording() if spec is bus_schema.EVENTS_SPEC else collection(spec)
+
+        store.collection = recording  # type: ignore[method-assign]  # patched on the instance for this purge only
         try:
             return store.purge_events(**arguments), queries
         finally:
-            store.collection = collection
+            store.collection = collection  # type: ignore[method-assign]  # the store's own method again
 
     def test_each_purge_rule_is_one_query_read_in_order_from_an_index(self):
         day = timedelta(days=1)

@@ -11,6 +11,7 @@ from wow_django.domain.ids import generate_id
 from wow_django.exceptions import DuplicateAggregateId, DuplicateRequestId, EventVersionConflict
 from wow_django.persistence.contracts import EventStore
 from wow_django.persistence.records import AggregateId, DomainEventRecord, EventStream, now_ms
+from wow_django.testing._case import TestCaseMixin
 
 
 def make_stream(
@@ -43,7 +44,7 @@ def make_stream(
     )
 
 
-class EventStoreContract:
+class EventStoreContract(TestCaseMixin):
     """Mix into ``unittest.TestCase``; implement :meth:`make_store`."""
 
     aggregate_name = "order"

@@ -31,6 +31,7 @@ from wow_django.exceptions import (
 from wow_django.persistence.contracts import EventStore
 from wow_django.persistence.followers import FollowerStore, Gap, PoisonEvent, PositionedStream, StreamFeed
 from wow_django.persistence.records import AggregateId
+from wow_django.testing._case import TestCaseMixin
 from wow_django.testing.clock import FakeClock
 from wow_django.testing.event_store import make_stream
 
@@ -79,7 +80,7 @@ class HidingFeed(StreamFeed):
         return sorted(void)
 
 
-class _FollowerHarness:
+class _FollowerHarness(TestCaseMixin):
     """The factories a backend's test implements, and what the contracts share."""
 
     def make_event_store(self) -> EventStore:  # pragma: no cover - abstract

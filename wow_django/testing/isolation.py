@@ -81,6 +81,7 @@ from django.test import TestCase, TransactionTestCase, override_settings
 from wow_django.application.runtime import close_runtime, inline_background
 from wow_django.backends.mongo import configured_uri, connect, database_name, parse_uri
 from wow_django.conf import wow_settings
+from wow_django.testing._case import TestCaseMixin
 
 #: The prefix a MongoDB server's databases get under isolation (Django's, for its test databases).
 TEST_DATABASE_PREFIX = "test_"
@@ -128,7 +129,7 @@ def isolated_wow(*, inline: bool | None = None) -> Iterator[WowIsolation]:
                 _clear(databases)
 
 
-class IsolatedWowMixin:
+class IsolatedWowMixin(TestCaseMixin):
     """Isolation of every wow_django store for each test of a Django ``TestCase`` or ``TransactionTestCase``
     (put it before the test case class); the test's :class:`WowIsolation` is ``self.wow_isolation``.
 
@@ -140,18 +141,18 @@ class IsolatedWowMixin:
     wow_inline: bool | None = None
 
     @classmethod
-    def setUpClass(cls):
+    def setUpClass(cls) -> None:
         inline = cls.wow_inline if cls.wow_inline is not None else issubclass(cls, TestCase)
         # Entered before Django's own class set-up, so what setUpTestData sends is isolated too.
         cls.enterClassContext(isolated_wow(inline=inline))
         super().setUpClass()
 
     @classmethod
-    def tearDownClass(cls):
+    def tearDownClass(cls) -> None:
         close_runtime()  # inside the class's transaction still (a TestCase rolls it back below)
         super().tearDownClass()
 
-    def setUp(self):
+    def setUp(self) -> None:
         super().setUp()
         self.wow_isolation = self.enterContext(isolated_wow(inline=self.wow_inline))
 

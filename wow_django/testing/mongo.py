@@ -15,10 +15,15 @@ import contextlib
 import os
 import unittest
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from wow_django.backends.mongo.client import MongoConnection
 from wow_django.backends.mongo.schema import SchemaGuard
+from wow_django.testing._case import TestCaseMixin
+
+#: A test class or function, returned as it is (or skipped) by :func:`requires_real_mongo`.
+_Test = TypeVar("_Test", bound=Callable[..., Any])
 
 REAL_MONGO_ENV = "WOW_TEST_MONGO_URI"
 REAL_MONGO_REASON = (
@@ -31,7 +36,7 @@ def real_mongo_uri() -> str | None:
     return os.environ.get(REAL_MONGO_ENV) or None
 
 
-def requires_real_mongo(obj):
+def requires_real_mongo(obj: _Test) -> _Test:
     """Skip unless ``WOW_TEST_MONGO_URI`` is set, showing how to set it."""
     return unittest.skipUnless(real_mongo_uri(), REAL_MONGO_REASON)(obj)
 
@@ -59,7 +64,7 @@ def server_connection() -> MongoConnection:
     return MongoConnection(uri)
 
 
-class EmbeddedMongoDatabase:
+class EmbeddedMongoDatabase(TestCaseMixin):
     """A ``unittest.TestCase`` mixin: each test gets its own database on a fresh embedded connection."""
 
     schema_context = "test-context"

@@ -9,10 +9,11 @@ from datetime import datetime, timedelta
 from wow_django.exceptions import KeyAlreadyPrepared, KeyNotHeld
 from wow_django.persistence.contracts import Clock, PrepareKey
 from wow_django.persistence.records import PreparedValue
+from wow_django.testing._case import TestCaseMixin
 from wow_django.testing.clock import FakeClock
 
 
-class PrepareKeyContract:
+class PrepareKeyContract(TestCaseMixin):
     """Mix into ``unittest.TestCase``; implement :meth:`make_prepare_key`.
 
     ``self.clock`` is a :class:`~wow_django.testing.clock.FakeClock`: the

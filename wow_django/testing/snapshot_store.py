@@ -9,6 +9,7 @@ from decimal import Decimal
 
 from wow_django.persistence.contracts import SnapshotStore
 from wow_django.persistence.records import AggregateId, Snapshot
+from wow_django.testing._case import TestCaseMixin
 
 
 def make_snapshot(aggregate_id: AggregateId, version: int, **state) -> Snapshot:
@@ -26,7 +27,7 @@ def make_snapshot(aggregate_id: AggregateId, version: int, **state) -> Snapshot:
     )
 
 
-class SnapshotStoreContract:
+class SnapshotStoreContract(TestCaseMixin):
     """Mix into ``unittest.TestCase``; implement :meth:`make_store`."""
 
     aggregate_name = "order"

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from django.apps import apps
 from django.conf import settings
@@ -58,6 +58,7 @@ from wow_django.backends.django.bus_models import (
 )
 from wow_django.backends.django.connection import database, prepare_database
 from wow_django.backends.django.errors import store_errors
+from wow_django.backends.django.meta import concrete_field
 from wow_django.persistence.bus import (
     SEARCH_KEYS,
     STATUS_REVISION,
@@ -144,6 +145,10 @@ def from_json(value: Any) -> Any:
     return value
 
 
+@overload
+def text(value: str, where: str) -> str: ...
+@overload
+def text(value: object, where: str) -> str | None: ...
 def text(value: Any, where: str) -> str | None:
     """A string for a text column (an enum member is its value)."""
     if isinstance(value, enum.Enum):
@@ -205,7 +210,7 @@ class Layout:
         self.what = what
         self.required = required
         self.keys = model.RECORD_KEYS
-        self.kinds = {key: _column_kind(model._meta.get_field(key)) for key in self.keys}
+        self.kinds = {key: _column_kind(concrete_field(model, key)) for key in self.keys}
         self.bits = {key: 1 << index for index, key in enumerate(self.keys)}
         self.full = (1 << len(self.keys)) - 1
         self.fields = (*self.keys, "absent", "extra")

@@ -304,13 +304,15 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 
 
-def _scalar_column(path: _Path) -> bool:
-    return path.column is not None and path.column.kind is not Kind.JSON
+def _scalar_column(path: _Path) -> Column | None:
+    """The column of ``path`` when it is a scalar one (not JSON), else None."""
+    column = path.column
+    return column if column is not None and column.kind is not Kind.JSON else None
 
 
-def _always_missing(path: _Path | None) -> bool:
-    """Whether nothing can be found there: no such document field, or a path below a scalar column."""
-    return path is None or (_scalar_column(path) and bool(path.segments))
+def _always_missing(path: _Path) -> bool:
+    """Whether nothing can be found there: a path below a scalar column (no such document field has no path)."""
+    return _scalar_column(path) is not None and bool(path.segments)
 
 
 def _as_integer(value: Any) -> int | None:
@@ -328,6 +330,7 @@ def _column_test(column: Column, test: Any) -> Any:
     if isinstance(test, _IsNull):
         return test
     if isinstance(test, _Equals):
+        kept: tuple[str | bool | int, ...]
         if kind is Kind.STRING:
             kept = tuple(dict.fromkeys(v for v in test.values if isinstance(v, str)))
         elif kind is Kind.BOOLEAN:
@@ -346,29 +349,30 @@ def _column_test(column: Column, test: Any) -> Any:
 
 
 def _any(path: _Path | None, test: Any) -> Any:
-    if _always_missing(path):
+    if path is None or _always_missing(path):
         return FALSE
-    if _scalar_column(path):
-        test = _column_test(path.column, test)
+    column = _scalar_column(path)
+    if column is not None:
+        test = _column_test(column, test)
         if test == FALSE:
             return FALSE
     return _Any(path, test)
 
 
 def _missing(path: _Path | None) -> Any:
-    if _always_missing(path):
+    if path is None or _always_missing(path):
         return TRUE
     return _Missing(path) if path.segments else FALSE  # a column is always there
 
 
 def _exists(path: _Path | None) -> Any:
-    if _always_missing(path):
+    if path is None or _always_missing(path):
         return FALSE
     return _Exists(path) if path.segments else TRUE
 
 
 def _elem_match(path: _Path | None, child: Any, condition: Condition, now: datetime) -> Any:
-    if _always_missing(path) or _scalar_column(path) or child == FALSE:
+    if path is None or _always_missing(path) or _scalar_column(path) or child == FALSE:
         return FALSE
     relative = Condition(operator=Op.ELEM_MATCH, field=".".join(("r", *path.segments)),
                          children=condition.children)
@@ -1233,6 +1237,8 @@ class SortKeyExpression(_ColumnsExpression):
     FIELDS = {"rank": IntegerField, "number": FloatField, "string": TextField, "boolean": BooleanField}
 
     def __init__(self, path: _Path, part: str, descending: bool, columns: Columns):
+        if path.column is None:
+            raise ValueError(f"a sort key's path starts at a column, got {path!r}")
         super().__init__(columns, [path.column.name], self.FIELDS[part]())
         self.path = path
         self.part = part
@@ -1269,15 +1275,18 @@ class CodePointOrder(_ColumnsExpression):
 
 def _column_lookup(ir: Any) -> Q | None:
     """A plain ORM lookup for a test on a scalar column itself, when there is one."""
-    if not isinstance(ir, _Any) or not _scalar_column(ir.path) or ir.path.segments:
+    if not isinstance(ir, _Any) or ir.path.segments:
         return None
-    name, test = ir.path.column.name, ir.test
+    column = _scalar_column(ir.path)
+    if column is None:
+        return None
+    name, test = column.name, ir.test
     if isinstance(test, _Equals):  # narrowed to the column's type by _column_test
         values = list(test.values)
         return Q(**{name: values[0]}) if len(values) == 1 else Q(**{f"{name}__in": values})
     if isinstance(test, _IsNull):
         return Q(**{f"{name}__isnull": True})
-    if isinstance(test, _Compare) and ir.path.column.kind is Kind.INTEGER and isinstance(test.bound, int):
+    if isinstance(test, _Compare) and column.kind is Kind.INTEGER and isinstance(test.bound, int):
         if INT64[0] <= test.bound <= INT64[1]:
             return Q(**{f"{name}__{test.op}": test.bound})
     return None
@@ -1353,9 +1362,9 @@ def compile_order_by(
     size = 0
     for index, item in enumerate(sort):
         check_path_length(item.field, f"sort[{index}].field")
-        rest = tuple(map_field(item.field, field_map).split(".")[1:])
+        below = tuple(map_field(item.field, field_map).split(".")[1:])
         # four sort keys, each walking the path and checking where it ends early
-        size += 4 * STEP_COST * (_walk_steps(rest) + _missing_steps(rest))
+        size += 4 * STEP_COST * (_walk_steps(below) + _missing_steps(below))
         check_query_size(size, "sort", "sort")
         name = map_field(item.field, field_map)
         if name in seen:

@@ -42,6 +42,7 @@ from django.db import (
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from wow_django.backends.django.connection import discard_if_broken
+from wow_django.backends.django.meta import concrete_field
 from wow_django.exceptions import RecoverableStoreError
 
 # SQLite result codes (the low byte of an extended code).
@@ -91,7 +92,7 @@ def violated_constraint(exc: IntegrityError, model: type[models.Model]) -> str |
     columns = tuple(part.strip().rpartition(".")[2] for part in target.split(","))
     for constraint in model._meta.constraints:
         fields = getattr(constraint, "fields", ())
-        if fields and tuple(model._meta.get_field(f).column for f in fields) == columns:
+        if fields and tuple(concrete_field(model, f).column for f in fields) == columns:
             return constraint.name
     return None
 

@@ -13,11 +13,13 @@ import contextlib
 import logging
 import threading
 from collections.abc import Sequence
+from types import EllipsisType
 
 from django.db import DataError, IntegrityError, OperationalError, transaction
 
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
+from wow_django.backends.django.meta import concrete_field
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow, StreamContextRow
 from wow_django.conf import wow_settings
 from wow_django.domain.values import loads
@@ -141,7 +143,7 @@ class DjangoEventStore(EventStore):
     one_statement = True
 
     def __init__(self, using: str = "default", *, request_id_index: str = "aggregate",
-                 lock_timeout_s: float | None | object = ...):
+                 lock_timeout_s: float | None | EllipsisType = ...):
         #: How long an append waits for its context's lock; ``...``: ``WOW['APPEND_LOCK_TIMEOUT_S']`` at each append.
         self.lock_timeout_s = lock_timeout_s
         if request_id_index not in ("aggregate", "global"):
@@ -439,7 +441,8 @@ class DjangoEventStore(EventStore):
 
     def _conflict(self, connection, stream: EventStream, exc: IntegrityError) -> EventStoreError:
         """The error for a unique violation, confirmed by a read when the constraint is not named."""
-        kind = CONSTRAINT_KINDS.get(violated_constraint(exc, EventStreamRow))
+        constraint = violated_constraint(exc, EventStreamRow)
+        kind = CONSTRAINT_KINDS.get(constraint) if constraint is not None else None
         if kind is None:
             return self._refused(connection, [stream], exc)[0]
         return _conflict_error(kind, stream)
@@ -449,7 +452,7 @@ class DjangoEventStore(EventStore):
         """The error of each stream a unique constraint refused, from one read of the streams' keys."""
         quote = connection.ops.quote_name
         name, aggregate_id, version, request_id, scope, stream_id = (
-            quote(EventStreamRow._meta.get_field(f).column)
+            quote(concrete_field(EventStreamRow, f).column)
             for f in ("aggregate_name", "aggregate_id", "version", "request_id", "request_scope", "stream_id"))
         conditions, params = [], []
         for stream in streams:
@@ -506,7 +509,8 @@ class DjangoEventStore(EventStore):
         self, aggregate_id: AggregateId, head_version: int = 1, tail_version: int = MAX_VERSION
     ) -> list[EventStream]:
         check_version_range(head_version, tail_version)
-        condition, params = "", ()
+        condition = ""
+        params: tuple[int, ...] = ()
         if head_version > 1:
             condition, params = "AND {version} >= %s", (head_version,)
         if tail_version < MAX_VERSION:

@@ -197,7 +197,7 @@ class DjangoFollowerStore(FollowerStore):
                 generation: int | None = None) -> None:
         check_position(position)
         micros = to_micros(now)
-        big = BigIntegerField()
+        big: BigIntegerField[int, int] = BigIntegerField()
         changes: dict = {
             "position": Case(When(position__lt=position, then=Value(position, big)), default=F("position"),
                              output_field=big),

@@ -22,6 +22,7 @@ from typing import Any
 
 from wow_django.backends.django.connection import database, prepare_database
 from wow_django.backends.django.errors import store_errors
+from wow_django.backends.django.meta import concrete_field
 from wow_django.backends.django.models import CanonicalJSONEncoder, PrepareKeyRow
 from wow_django.persistence.contracts import (
     NOT_GIVEN,
@@ -45,7 +46,8 @@ class DjangoPrepareKey(PrepareKey):
         quote = connection.ops.quote_name
         meta = PrepareKeyRow._meta
         table = quote(meta.db_table)
-        name_, key, value, ttl_at = (quote(meta.get_field(f).column) for f in ("name", "key", "value", "ttl_at"))
+        name_, key, value, ttl_at = (quote(concrete_field(PrepareKeyRow, f).column)
+                                     for f in ("name", "key", "value", "ttl_at"))
         live = f"{name_} = %s AND {key} = %s AND {ttl_at} > %s"
         self._prepare_sql = (
             f"INSERT INTO {table} ({name_}, {key}, {value}, {ttl_at}) VALUES (%s, %s, %s, %s) "

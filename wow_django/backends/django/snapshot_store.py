@@ -19,6 +19,7 @@ from __future__ import annotations
 from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.event_store import STREAM_COLUMNS, DjangoEventStore, streams_of
+from wow_django.backends.django.meta import concrete_field
 from wow_django.backends.django.models import EventStreamRow, SnapshotRow
 from wow_django.domain.values import loads
 from wow_django.persistence.contracts import SnapshotStore
@@ -53,8 +54,8 @@ def upsert_sql(quote, rows: int = 1) -> str:
     """The one-statement version-guarded save of ``rows`` snapshots (``%s`` placeholders in :data:`_COLUMNS`
     order, row after row; no two rows of one aggregate: a statement cannot update a row twice)."""
     table = quote(SnapshotRow._meta.db_table)
-    columns = [quote(SnapshotRow._meta.get_field(name).column) for name in _COLUMNS]
-    key = [quote(SnapshotRow._meta.get_field(name).column) for name in _KEY]
+    columns = [quote(concrete_field(SnapshotRow, name).column) for name in _COLUMNS]
+    key = [quote(concrete_field(SnapshotRow, name).column) for name in _KEY]
     updates = ", ".join(f"{column} = excluded.{column}" for column in columns if column not in key)
     version = quote(SnapshotRow._meta.get_field("version").column)
     row = f"({', '.join(['%s'] * len(columns))})"
@@ -73,17 +74,17 @@ class DjangoSnapshotStore(SnapshotStore):
         self.using = using
         self._sql = upsert_sql(connection.ops.quote_name)
         quote = connection.ops.quote_name
-        column = {name: quote(SnapshotRow._meta.get_field(name).column) for name in _COLUMNS}
+        column = {name: quote(concrete_field(SnapshotRow, name).column) for name in _COLUMNS}
         # Raw, as the event store's reads: compiling this through the ORM costs more than the query.
         self._load_sql = (f"SELECT {', '.join(column[name] for name in _COLUMNS)} "
                           f"FROM {quote(SnapshotRow._meta.db_table)} "
                           f"WHERE {column['aggregate_name']} = %s AND {column['aggregate_id']} = %s "
                           # another tenant's aggregate id finds nothing (defence in depth behind the callers)
                           f"AND {column['tenant_id']} = %s")
-        self._fields = [SnapshotRow._meta.get_field(name) for name in _COLUMNS]
+        self._fields = [concrete_field(SnapshotRow, name) for name in _COLUMNS]
         # The snapshot and the event streams after it in one statement (load_with_tail): a row per stream of
         # the tail, each with the snapshot's columns (NULL without one); one row of NULL streams without a tail.
-        stream_columns = ", ".join(f"wow_e.{quote(EventStreamRow._meta.get_field(name).column)}"
+        stream_columns = ", ".join(f"wow_e.{quote(concrete_field(EventStreamRow, name).column)}"
                                    for name in STREAM_COLUMNS)
         snapshot_columns = ", ".join(f"wow_s.{column[name]}" for name in _COLUMNS)
         key = ("{alias}." + column["aggregate_name"] + " = %s AND {alias}." + column["aggregate_id"] + " = %s AND {alias}."

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from wow_django.persistence.bus import (
     SEARCH_KEYS,
@@ -70,7 +70,7 @@ def _time(value: datetime | None) -> datetime | None:
     return None if value is None else to_bson_time(value)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -277,7 +277,7 @@ class InMemoryBusStore(BusStore):
             return [self._events[i] for status in dict.fromkeys(statuses) for i in self._by_status.get(status, {})]
         query = replace(query, since=_time(query.since), until=_time(query.until),
                         sent_before=_time(query.sent_before))
-        ids: Iterable[str] | None = None
+        ids: Collection[str] | None = None
         if query.trace_id is not None:
             ids = self._by_trace.get(query.trace_id, ())
         if statuses is not None:
@@ -361,7 +361,10 @@ class InMemoryBusStore(BusStore):
                         if not index[key]:
                             del index[key]
                 for key in _search_keys(event):
-                    self._by_key.get(key, {}).pop(event_id, None)
+                    bucket = self._by_key.get(key, {})
+                    bucket.pop(event_id, None)
+                    if not bucket:
+                        self._by_key.pop(key, None)
                 for consumer_id in self._consumers_of.pop(event_id, set()):
                     self._attempts.pop((event_id, consumer_id), None)
                     self._events_of_consumer.get(consumer_id, set()).discard(event_id)
@@ -426,7 +429,7 @@ class InMemoryBusStore(BusStore):
                     if isinstance(row.get("consumedAt"), datetime)
                     and (success is None or row.get("success") is success)]
             if after is not None:
-                key = _feedback_key(_time(after[0]), after[1], after[2])
+                key = _feedback_key(to_bson_time(after[0]), after[1], after[2])
                 rows = [row for row in rows if _feedback_key(row["consumedAt"], row["eventId"], row["attemptNo"]) > key]
             page = heapq.nsmallest(limit, rows, key=lambda r: _feedback_key(r["consumedAt"], r["eventId"],
                                                                             r["attemptNo"]))

@@ -21,6 +21,9 @@ may drop: user indexes are never dropped for it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from wow_django.backends.mongo.schema import CollectionSpec, IndexSpec
 
 EVENTS = "events"
@@ -85,7 +88,7 @@ BUS_SPECS = (EVENTS_SPEC, TOPIC_CONSUMERS_SPEC, EVENT_CONSUMPTIONS_SPEC, CONSUME
              CONSUMER_SEQUENCES_SPEC, EVENT_REPUSHES_SPEC)
 
 
-def duplicate_on(error: dict | None, index: IndexSpec) -> bool | None:
+def duplicate_on(error: Mapping[str, Any] | None, index: IndexSpec) -> bool | None:
     """Whether a duplicate-key error hit ``index``: True/False when the engine said, None when it did not.
 
     MongoDB reports ``keyPattern`` (and names the index in the message); the

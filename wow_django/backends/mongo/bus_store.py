@@ -239,7 +239,8 @@ class MongoBusStore(BusStore):
         found = [self.run(self.events, "finding events to purge", lambda c, rule=rule: list(
             c.find(rule, PURGE_FIELDS, max_time_ms=self.max_time_ms).sort(PURGE_ORDER).limit(limit)))
             for rule in rules]
-        docs, seen = [], set()
+        docs: list[dict] = []
+        seen: set[str] = set()
         for doc in heapq.merge(*found, key=purge_order):
             if doc["eventId"] not in seen and len(docs) < limit:  # an event both rules match comes once
                 seen.add(doc["eventId"])

@@ -198,8 +198,8 @@ class ChangeWatcher:
                 if isinstance(exc, pymongo_errors.OperationFailure) and exc.code == HISTORY_LOST:
                     self._fallback(f"the resume point left the oplog (error {HISTORY_LOST})")
                 else:
-                    self._fallback(f"non-resumable error {type(exc).__name__}"
-                                   f"{f' {exc.code}' if getattr(exc, 'code', None) else ''}: {exc}")
+                    code = getattr(exc, "code", None)
+                    self._fallback(f"non-resumable error {type(exc).__name__}{f' {code}' if code else ''}: {exc}")
                 failures += 1
                 if failures >= self.max_fresh_failures:
                     self._set(state="unavailable", detail=f"{failures} change streams in a row failed without "

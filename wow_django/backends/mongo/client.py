@@ -16,11 +16,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from django.core.exceptions import ImproperlyConfigured
 
 from wow_django.conf import redact_url
+
+if TYPE_CHECKING:
+    from pymongo import MongoClient
 
 EMBEDDED_SCHEME = "mongomock"
 SERVER_SCHEMES = ("mongodb", "mongodb+srv")
@@ -86,6 +90,8 @@ class MongoConnection:
         self._transactional: bool | None = None
         # Embedded engine: the collections this process wrote a Decimal128 into (see note_decimals).
         self._decimal_collections: set[tuple[str, str]] = set()
+        # The embedded engine's client (mongomock's) stands in for pymongo's, with its interface.
+        self.client: MongoClient[dict[str, Any]]
         if self.embedded:
             try:
                 import mongomock

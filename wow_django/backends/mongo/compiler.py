@@ -75,9 +75,9 @@ class _Compiler:
             return {name: {"$eq": value == DeletionState.DELETED}}
         if op in (Op.EQ, Op.NE):
             if condition.options.ignore_case and isinstance(value, str):
-                regex = {name: {"$regex": text_pattern(op, value), "$options": "i"}}
+                clause: dict[str, Any] = {name: {"$regex": text_pattern(op, value), "$options": "i"}}
                 # $nor of one clause is "not", and unlike $not it accepts $regex with $options everywhere.
-                return regex if op is Op.EQ else {"$nor": [regex]}
+                return clause if op is Op.EQ else {"$nor": [clause]}
             return {name: {"$eq" if op is Op.EQ else "$ne": _plain(value)}}
         if op in COMPARISON_OPERATORS:
             return {name: {_COMPARISON[op]: value}}

@@ -9,7 +9,8 @@ reports neither; the caller then confirms with a read of the conflicting key
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pymongo import errors as pymongo_errors
 
@@ -49,7 +50,7 @@ def is_duplicate_key(error: dict) -> bool:
     return error.get("code") in DUPLICATE_KEY_CODES
 
 
-def duplicate_key_kind(error: dict | None) -> str | None:
+def duplicate_key_kind(error: Mapping[str, Any] | None) -> str | None:
     """``"version"``, ``"request"``, ``"id"`` or ``None`` (engine did not say)."""
     if not error:
         return None

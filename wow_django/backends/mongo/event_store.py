@@ -31,9 +31,11 @@ trust a missing position depends on the deployment:
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import bson
 from bson import errors as bson_errors
@@ -89,7 +91,7 @@ MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 #: Encodes as a 64-bit integer, the widest a position takes: a document checked with it fits with any position.
 _POSITION_PROBE = 2**62
 #: The codec options of the stores' clients (``uuidRepresentation="standard"``), for the embedded engine.
-_CODEC_OPTIONS = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
+_CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
 #: What the driver raises for a document it cannot send: each fails its own stream only.
 UNSTORABLE = (bson_errors.InvalidDocument, OverflowError, pymongo_errors.DocumentTooLarge)
 
@@ -264,8 +266,7 @@ class MongoEventStore(EventStore):
             try:
                 with recoverable_errors(f"appending {len(batch)} {name} stream(s)"):
                     with self.connection.write_limit():
-                        self._transaction(lambda session, batch=batch: self._position_and_insert(
-                            collection, batch, session))
+                        self._transaction(functools.partial(self._position_and_insert, collection, batch))
                 break
             except pymongo_errors.BulkWriteError as exc:
                 write_errors = exc.details.get("writeErrors") or []
@@ -282,8 +283,8 @@ class MongoEventStore(EventStore):
                 break
         # Mapped once the others are stored: a stream refused for another of the same batch (the aborted
         # transaction took that one back with it) is confirmed against the stored one.
-        for index, write_error, exc in refused:
-            results[index] = self._refusal(name, collection, streams[index], write_error, exc)
+        for index, write_error, refusal in refused:
+            results[index] = self._refusal(name, collection, streams[index], write_error, refusal)
         return results
 
     def _void(self, context_name: str, positions: list[int]) -> None:
@@ -379,7 +380,7 @@ class MongoEventStore(EventStore):
                 with self.connection.guard(collection, write=True):
                     result = collection.insert_many(documents, ordered=False)
             if not result.acknowledged:
-                error = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
+                error: Exception = UnacknowledgedWriteError(f"batched append of {name} streams was not acknowledged")
                 for index in indexes:
                     results[index] = error
         except pymongo_errors.BulkWriteError as exc:
@@ -417,6 +418,7 @@ class MongoEventStore(EventStore):
     def _refusal(self, name: str, collection, stream: EventStream, write_error: dict,
                  batch: pymongo_errors.BulkWriteError) -> Exception:
         """The error for one document's write error of a batch, caused by the driver's."""
+        error: Exception
         if is_duplicate_key(write_error):
             error = self._conflict(collection, stream, write_error)
         elif write_error.get("code") in RECOVERABLE_CODES:
@@ -494,7 +496,7 @@ class MongoEventStore(EventStore):
             for offset, document in enumerate(group):
                 document["position"] = first + offset
 
-    def _conflict(self, collection, stream: EventStream, error: dict | None) -> EventStoreError:
+    def _conflict(self, collection, stream: EventStream, error: Mapping[str, Any] | None) -> EventStoreError:
         """The error for a duplicate key, confirmed by a read when the engine did not name the index."""
         agg = stream.aggregate_id
         kind = duplicate_key_kind(error)

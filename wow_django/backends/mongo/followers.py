@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 from datetime import datetime
+from typing import Any, cast
 
 from pymongo import ASCENDING, DESCENDING
 from pymongo import errors as pymongo_errors
@@ -281,7 +282,7 @@ class MongoFollowerStore(FollowerStore):
 
     @staticmethod
     def _leased(name: str, owner: str, now: datetime, generation: int | None = None) -> dict:
-        leased = {"_id": name, "leaseOwner": owner, "leaseUntil": {"$gt": to_micros(now)}}
+        leased: dict[str, Any] = {"_id": name, "leaseOwner": owner, "leaseUntil": {"$gt": to_micros(now)}}
         if generation is not None:  # a document from before generations has none: it is generation 0
             leased["generation"] = {"$in": [generation, None]} if generation == 0 else generation
         return leased
@@ -380,7 +381,7 @@ class MongoFollowerStore(FollowerStore):
         """Every gap follower ``name`` skipped, oldest first."""
         with recoverable_errors(f"reading the gaps of follower {name!r}"), self.connection.guard(self.gap_records):
             documents = list(self.gap_records.find({"follower": name}).sort([("at", ASCENDING), ("_id", ASCENDING)]))
-        return [gap_from_json(d) for d in documents]
+        return cast(list[Gap], [gap_from_json(d) for d in documents])  # a gap record is never empty: each a Gap
 
 
 __all__ = ["MongoFollowerStore", "MongoStreamFeed"]

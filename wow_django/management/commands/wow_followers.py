@@ -39,7 +39,10 @@ def status(state: FollowerState | None, name: str, feed: StreamFeed, now: dateti
         if waiting:
             created = datetime.fromtimestamp(waiting[0].stream.create_time / 1000, UTC)
             lag_seconds = round(max(0.0, (now - created).total_seconds()), 3)
-    leased = state is not None and state.lease_owner and state.lease_until and state.lease_until > now
+    lease_holder: str | None = None  # who holds the lease, and until when, while it lasts
+    lease_until: str | None = None
+    if state is not None and state.lease_owner and state.lease_until and state.lease_until > now:
+        lease_holder, lease_until = state.lease_owner, state.lease_until.isoformat()
     poison = state.poison if state else None
     gap = state.last_gap if state else None
     return {
@@ -56,8 +59,8 @@ def status(state: FollowerState | None, name: str, feed: StreamFeed, now: dateti
         "error": {"position": poison.position, "stream_id": poison.stream_id, "aggregate": poison.aggregate,
                   "error": poison.error, "at": poison.at.isoformat()} if poison else None,
         "paused": state.paused if state else False,
-        "lease_holder": state.lease_owner if leased else None,
-        "lease_until": state.lease_until.isoformat() if leased else None,
+        "lease_holder": lease_holder,
+        "lease_until": lease_until,
         "updated_at": state.updated_at.isoformat() if state else None,
     }
 
