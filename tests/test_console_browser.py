@@ -382,8 +382,10 @@ def test_list_pages_cost_the_same_with_a_thousand_and_a_hundred_thousand_events(
                     response = page.goto(live_server.url + path)
                     assert response.status == 200, path
                     measured[size][name] = work["instructions"]
-                    rows = page.locator("table.wow-table tbody tr").count()
-                    assert rows >= 1, (size, name)
+                    shown = page.locator("table.wow-table tbody tr td:first-child").all_inner_texts()
+                    assert shown and "No events" not in shown[0] and "nothing" not in shown[0], (size, name, shown)
+                    if name == "events by search key":
+                        assert [text.strip() for text in shown] == ["evt-000007"], shown
                 next_page = page.goto(live_server.url + "/admin/wow/events/")
                 assert next_page.status == 200
                 follow(page, "#next-page")  # a page deep in the list, by key, and one back
@@ -395,7 +397,9 @@ def test_list_pages_cost_the_same_with_a_thousand_and_a_hundred_thousand_events(
                       f"{large} with 100,000")
                 # Flat once a filter has more than the 1,000 matches the list counts (bus_views.MAX_COUNTED), and
                 # never near the 100× of a page whose reads grow with the table.
-                assert 0 < large <= 1.5 * measured[10_000][name] + 1_000, (name, measured)
-                assert large <= 5 * small, (name, measured)
+                # (A page whose own reads are a few index seeks, the search by key, costs under the handler's
+                # granularity of 100 instructions; what the page shows is checked above.)
+                assert large <= 1.5 * measured[10_000][name] + 1_000, (name, measured)
+                assert large <= 5 * small + 1_000, (name, measured)
     finally:
         connection_created.disconnect(count)
