@@ -14,6 +14,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -429,17 +430,65 @@ def test_rollup_many_goes_on_past_a_failed_event_and_stops_at_a_store_error(coal
             raise ValueError("corrupt row")
         return real_rollup(event_id)
 
+    def batch_read_fails(*args, **kwargs):
+        raise ValueError("corrupt batch")
+
+    # The batched read fails: each event is rolled up on its own, and one failing does not stop the others.
     monkeypatch.setattr(env.bus, "rollup", rollup)
+    monkeypatch.setattr(env.bus.store, "get_events", batch_read_fails)
     with caplog.at_level(logging.ERROR, logger="wow_django.bus"):
         assert env.bus.rollup_many(ids) == {ids[0]: "CONSUMED", ids[1]: None, ids[2]: "CONSUMED"}
+    assert "the batched rollup of 3 events failed" in caplog.text
     assert f"rollup of {ids[1]} failed" in caplog.text
 
-    def store_down(event_id):
+    def store_down(*args, **kwargs):
         raise RecoverableStoreError("primary stepped down")
 
     monkeypatch.setattr(env.bus, "rollup", store_down)
     with pytest.raises(RecoverableStoreError):
         env.bus.rollup_many(ids)
+    monkeypatch.setattr(env.bus, "rollup", real_rollup)
+    monkeypatch.setattr(env.bus.store, "get_events", store_down)
+    with pytest.raises(RecoverableStoreError):  # from the batched read as well: the caller retries the batch
+        env.bus.rollup_many(ids)
+
+
+def test_rollup_many_reads_the_batch_once_and_rolls_up_alone_what_lost_a_race(coalescing, monkeypatch):
+    env = coalescing
+    ids = send_events(env.bus, 4, "b")
+    for event_id in ids[:3]:
+        env.bus.record_feedback(event_id, ALPHA, True)
+        env.bus.record_feedback(event_id, BETA, True)
+    env.bus.record_feedback(ids[3], ALPHA, True)  # one of two: still SENT
+    store, calls, depth = env.bus.store, Counter(), [0]
+    def counting(name, real):
+        def counted(*args, **kwargs):
+            calls[name] += depth[0] == 0  # the bus's calls, not those a store makes inside them
+            depth[0] += 1
+            try:
+                return real(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return counted
+
+    for name in ("get_event", "get_events", "consumption_rows", "latest_consumptions", "set_status_if"):
+        monkeypatch.setattr(store, name, counting(name, getattr(store, name)))
+    real_set = store.set_status_if
+
+    def loses_once(event_id, *args, **kwargs):  # a concurrent writer changed ids[1] between read and write
+        if event_id == ids[1] and calls["lost"] == 0:
+            calls["lost"] += 1
+            return False
+        return real_set(event_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "set_status_if", loses_once)
+    statuses = env.bus.rollup_many([*ids, "no-such-event"])
+    assert statuses == {ids[0]: "CONSUMED", ids[1]: "CONSUMED", ids[2]: "CONSUMED", ids[3]: "SENT",
+                        "no-such-event": None}
+    # One read of the events and one of their feedback for the batch; alone: the lost race and the unknown id.
+    assert (calls["get_events"], calls["consumption_rows"]) == (1, 1)
+    assert calls["get_event"] == 2 and calls["latest_consumptions"] == 1
+    assert [status(event_id) for event_id in ids] == ["CONSUMED", "CONSUMED", "CONSUMED", "SENT"]
 
 
 def test_an_unreachable_redis_rolls_up_inline(shared_cache, monkeypatch):

@@ -203,6 +203,29 @@ class EventKeysTogether:
         self.assertEqual(self.store.find_events(EventQuery(keys=("orderId=o-2",)), skip=0, limit=5), (0, []))
 
 
+    def test_an_event_whose_pending_rows_cannot_be_stored_is_not_stored(self):
+        from unittest import mock
+
+        from django.db.models.query import QuerySet
+
+        from wow_django.backends.django.bus_models import ConsumptionRecord
+
+        real = QuerySet.bulk_create
+
+        def fail_for_rows(queryset, objs, *args, **kwargs):
+            if queryset.model is ConsumptionRecord:
+                raise RuntimeError("disk full")
+            return real(queryset, objs, *args, **kwargs)
+
+        event = make_event("evt-r", consumers=["member-service"], searchKeys=["orderId=o-1"])
+        with mock.patch.object(QuerySet, "bulk_create", autospec=True, side_effect=fail_for_rows):
+            with self.assertRaises(RuntimeError):
+                self.store.insert_event_with_consumptions(event, T0)
+        self.assertIsNone(self.store.get_event("evt-r"))  # one transaction: the event went with its rows
+        self.assertEqual(self.store.find_events(EventQuery(keys=("orderId=o-1",)), skip=0, limit=5), (0, []))
+        self.assertTrue(self.store.insert_event_with_consumptions(event, T0))
+        self.assertEqual([r["consumerId"] for r in self.store.consumption_rows(["evt-r"])], ["member-service"])
+
 class DjangoBusStoreOnSQLiteTests(EventKeysTogether, ValuesAndTables, StoreCase):
     alias = "wow_sqlite"
     databases = {"wow_sqlite"}

@@ -234,6 +234,9 @@ class ConsumerWorker:
         self._stop = threading.Event()
         self._last_activity = time.monotonic()
         self._handled: list = []  # messages of the current burst, acknowledged once its rollups are queued
+        # Whether this thread's database connections were checked since the last wait for the broker: a
+        # message handled right after another one needs no check before it (the one after it counts).
+        self._connections_checked = False
 
     @property
     def topics(self) -> list[str]:
@@ -285,6 +288,7 @@ class ConsumerWorker:
                         if max_messages is not None and self.stats.received >= max_messages:
                             return self.stats
                         idle = False
+                        self._connections_checked = False
                         # A burst: the next message, then those already delivered (up to the prefetch
                         # count); their rollups are queued in one request when it ends, then they are
                         # acknowledged. A crash before that redelivers them, and the redelivery queues
@@ -322,6 +326,11 @@ class ConsumerWorker:
 
     def _acknowledge_handled(self) -> None:
         handled, self._handled = self._handled, []
+        if len(handled) > 1 and self.bus.transport.is_amqp:
+            # One frame for the burst: every message of this channel up to the last one's delivery tag.
+            # Those of them not in the burst were rejected or requeued already, so none is left out.
+            handled[-1].ack(multiple=True)
+            return
         for message in handled:
             message.ack()
 
@@ -343,7 +352,8 @@ class ConsumerWorker:
             message.reject()
             return
         redelivered = bool((message.delivery_info or {}).get("redelivered"))
-        release_database_connections()
+        if not self._connections_checked:  # the first message after a wait: as at a request's start
+            release_database_connections()
         try:
             verdict = self.process(envelope, redelivered=redelivered)
         except Exception as exc:  # the store failed: leave the message to a later delivery
@@ -351,7 +361,8 @@ class ConsumerWorker:
             logger.exception("consumer %s: processing %s failed; requeueing it", self.consumer_id, envelope.event_id)
             verdict = REQUEUE
         finally:
-            release_database_connections()
+            release_database_connections()  # as at a request's end; it is the next message's start too
+            self._connections_checked = True
         if verdict == REQUEUE:
             self.stats.requeued += 1
             self._stop.wait(min(max(self.backoff_s, 0.05), 1.0))

@@ -238,13 +238,12 @@ class EventBus:
             "status": EventStatus.PENDING.value, "statusAt": now, "retryCount": 0, "lastSentAt": None,
             "lastError": None, "consumers": consumers, "createdAt": now,
         }
-        if not self.store.insert_event(document):
+        if not self.store.insert_event_with_consumptions(document, now):
             existing = self.store.get_event(envelope.event_id) or {}
             logger.info("bus: event %s was sent before; keeping the stored record (status %s)",
                         envelope.event_id, existing.get("status"))
             return SendResult(envelope.event_id, existing.get("status"), stored=True, duplicate=True,
                               consumers=tuple(existing.get("consumers") or ()))
-        self.store.init_consumptions(envelope.event_id, consumers, now)
         status, error = self._publish(envelope, consumers)
         return SendResult(envelope.event_id, status, stored=True, consumers=tuple(consumers), error=error)
 
@@ -459,11 +458,24 @@ class EventBus:
     def rollup_many(self, event_ids: Iterable[str]) -> dict[str, str | None]:
         """:meth:`rollup` each event; ``{eventId: status}`` (None: no such event, or its rollup failed).
 
-        A failed rollup is logged and the others go on; the resweep repairs it. A
-        ``RecoverableStoreError`` ends the batch: the caller retries the whole of it.
+        The batch is read at once: its events (one :meth:`~BusStore.get_events`) and their feedback (one
+        :meth:`~BusStore.consumption_rows`); each status the feedback changes is written as :meth:`rollup`
+        writes it, conditional on the status and revision read. An event whose write lost to a concurrent
+        change, or that the batch read did not find, is rolled up on its own. A failed rollup is logged and
+        the others go on; the resweep repairs it. A ``RecoverableStoreError`` ends the batch: the caller
+        retries the whole of it.
         """
+        ids = list(dict.fromkeys(event_ids))
         statuses: dict[str, str | None] = {}
-        for event_id in event_ids:
+        try:
+            statuses.update(self._rollup_batch(ids))
+        except RecoverableStoreError:
+            raise
+        except Exception:
+            logger.exception("bus: the batched rollup of %d events failed; rolling them up one by one", len(ids))
+        for event_id in ids:
+            if event_id in statuses:
+                continue
             try:
                 statuses[event_id] = self.rollup(event_id)
             except RecoverableStoreError:
@@ -472,6 +484,28 @@ class EventBus:
                 logger.exception("bus: rollup of %s failed; the resweep rolls it up later", event_id)
                 statuses[event_id] = None
         return statuses
+
+    def _rollup_batch(self, event_ids: list[str]) -> dict[str, str]:
+        """One round of :meth:`rollup` for many events, reading them and their feedback once; the statuses
+        it settled (those left out are for :meth:`rollup`)."""
+        if len(event_ids) < 2:
+            return {}
+        settled: dict[str, str] = {}
+        with self._rollup_lock:
+            events = self.store.get_events(event_ids, fields=ROLLUP_FIELDS)
+            if not events:
+                return settled
+            rows: dict[str, list[dict]] = {}
+            for row in self.store.consumption_rows(list(events)):
+                rows.setdefault(row["eventId"], []).append(row)
+            now = utcnow()
+            for event_id, event in events.items():
+                latest = latest_by_consumer(rows.get(event_id, ()))
+                target = compute_status(expected_consumers(event, latest), latest, event["status"])
+                if target == event["status"] or self.store.set_status_if(
+                        event_id, event["status"], status_revision(event), target, now):
+                    settled[event_id] = target
+        return settled
 
     # --- re-push (§5) ------------------------------------------------------------------------
 

@@ -214,9 +214,29 @@ __all__ = ["ExactJSONEncoder", "canonical_time", "decimal_text", "dumps", "loads
 NUL_RULE = "must not contain NUL characters (\\u0000)"
 
 
+def _holds_nul(value: Any) -> bool:
+    """Whether a NUL character is anywhere in a JSON-like value, its keys included."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            for key in item:
+                if "\x00" in (key if isinstance(key, str) else str(key)):
+                    return True
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return False
+
+
 def nul_path(value: Any, root: str = "") -> str | None:
     """Where the first NUL character of a JSON-like value is (``items[0].sku``; a key holding one names its
     object, ``root`` or ``"body"`` at the top), or ``None``. Iterative: any depth."""
+    if not _holds_nul(value):  # the common case, without building a path for every item
+        return None
     pending: list[tuple[str, Any]] = [(root, value)]
     while pending:
         path, item = pending.pop()

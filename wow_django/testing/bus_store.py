@@ -190,6 +190,46 @@ class EventRecordsContract(BusStoreCase):
         self.assertEqual(self.store.get_event("evt-f", fields=["eventId"]), {"eventId": "evt-f"})
         self.assertIsNone(self.store.get_event("evt-none", fields=["status"]))
 
+    def test_get_events_reads_many_events_as_get_event_reads_each(self):
+        self.insert(*(make_event(f"evt-m{n}", status="SENT" if n % 2 else "PENDING", payload={"n": n})
+                      for n in range(5)))
+        wanted = ["evt-m3", "evt-none", "evt-m0", "evt-m3", "evt-m4"]
+        self.assertEqual(self.store.get_events(wanted),
+                         {i: self.store.get_event(i) for i in ("evt-m3", "evt-m0", "evt-m4")})
+        fields = ("status", "statusRevision", "consumers", "nothing")
+        self.assertEqual(self.store.get_events(wanted, fields=fields),
+                         {i: self.store.get_event(i, fields=fields) for i in ("evt-m3", "evt-m0", "evt-m4")})
+        self.assertEqual(self.store.get_events(["evt-m1"], fields=["eventId"]), {"evt-m1": {"eventId": "evt-m1"}})
+        self.assertEqual(self.store.get_events([]), {})
+        copy = self.store.get_events(["evt-m1"])["evt-m1"]
+        copy["payload"]["n"] = "changed after read"
+        self.assertEqual(self.store.get_event("evt-m1")["payload"], {"n": 1})
+
+    def test_get_events_reads_more_events_than_one_query_takes(self):
+        self.insert(*(make_event(f"evt-{n:04d}") for n in range(1, 1202)))
+        ids = [f"evt-{n:04d}" for n in range(1203, 0, -1)]  # two unknown ones among them
+        found = self.store.get_events(ids, fields=["status"])
+        self.assertEqual(sorted(found), [f"evt-{n:04d}" for n in range(1, 1202)])
+        self.assertEqual(set(map(str, found.values())), {"{'status': 'PENDING'}"})
+
+    def test_insert_event_with_consumptions_stores_the_event_and_its_pending_rows_once(self):
+        event = make_event("evt-w", consumers=["message-service", "member-service"])
+        self.assertTrue(self.store.insert_event_with_consumptions(event, T0))
+        self.assertEqual(self.store.get_event("evt-w"), event)
+        self.assertEqual([(r["consumerId"], r["attemptNo"], r["source"], r["success"])
+                          for r in self.store.consumption_rows(["evt-w"])],
+                         [("member-service", 0, "send", None), ("message-service", 0, "send", None)])
+        again = make_event("evt-w", consumers=["audit-service"], payload={"n": 2})
+        self.assertFalse(self.store.insert_event_with_consumptions(again, T0))
+        self.assertEqual(self.store.get_event("evt-w"), event)  # the first one's event and rows, unchanged
+        self.assertEqual(len(self.store.consumption_rows(["evt-w"])), 2)
+        results, errors = run_together(6, lambda i: self.store.insert_event_with_consumptions(
+            make_event("evt-wrace", consumers=[f"c{i}-service"]), T0))
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(results), [False] * 5 + [True])
+        [winner] = self.store.get_event("evt-wrace")["consumers"]
+        self.assertEqual([r["consumerId"] for r in self.store.consumption_rows(["evt-wrace"])], [winner])
+
     def test_event_id_is_unique(self):
         self.assertTrue(self.store.insert_event(make_event("evt-dup", payload={"n": 1})))
         self.assertFalse(self.store.insert_event(make_event("evt-dup", payload={"n": 2}, status="SENT")))

@@ -443,6 +443,30 @@ class DjangoBusStore(BusStore):
                     EventKeyRecord(eventId=event_id, key=key, occurredAt=values.get("occurredAt")) for key in keys])
             return True
 
+    def insert_event_with_consumptions(self, document: dict, now: datetime) -> bool:
+        event_id = document.get("eventId")
+        with self.errors(f"storing event {event_id}"), self.atomic():  # one transaction: one commit per send
+            if not self.insert_event(document):
+                return False
+            self.init_consumptions(document["eventId"], document.get("consumers") or (), now)
+        return True
+
+    def get_events(self, event_ids: Iterable[str], fields: Iterable[str] | None = None) -> dict[str, dict]:
+        ids = list(dict.fromkeys(event_ids))
+        wanted = None if fields is None else list(dict.fromkeys(fields))
+        columns = (list(EVENTS.fields) if wanted is None
+                   else [*(key for key in EVENTS.keys if key in wanted or key == "eventId"), "absent", "extra"])
+        rows: list[dict] = []
+        with self.errors("reading events"):
+            for start in range(0, len(ids), IN_CHUNK):
+                rows.extend(self.events().filter(eventId__in=ids[start:start + IN_CHUNK]).values(*columns))
+        found: dict[str, dict] = {}
+        for row in rows:
+            record = EVENTS.record(row)
+            found[row["eventId"]] = record if wanted is None else {
+                field: record[field] for field in wanted if field in record}
+        return found
+
     def read_event(self, event_id: str) -> dict | None:
         row = self.first(self.events().filter(eventId=event_id).values(*EVENTS.fields))
         return None if row is None else EVENTS.record(row)

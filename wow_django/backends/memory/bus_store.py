@@ -105,7 +105,7 @@ def _feedback_key(consumed_at: datetime, event_id: str, attempt_no: int) -> tupl
 
 class InMemoryBusStore(BusStore):
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._events: dict[str, dict] = {}
         self._by_trace: dict[str, list[str]] = {}
         self._by_parent: dict[str, list[str]] = {}
@@ -175,6 +175,17 @@ class InMemoryBusStore(BusStore):
             for key in _search_keys(event):
                 self._by_key.setdefault(key, {})[event_id] = None
         return True
+
+    def get_events(self, event_ids: Iterable[str], fields: Iterable[str] | None = None) -> dict[str, dict]:
+        wanted = None if fields is None else list(fields)
+        found: dict[str, dict] = {}
+        with self._lock:
+            for event_id in dict.fromkeys(event_ids):
+                event = self._events.get(event_id)
+                if event is not None:
+                    found[event_id] = (_copy(event) if wanted is None
+                                       else {field: _copy(event[field]) for field in wanted if field in event})
+        return found
 
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
         with self._lock:
@@ -271,10 +282,25 @@ class InMemoryBusStore(BusStore):
         event["statusAt"] = at
         event[STATUS_REVISION] = status_revision(event) + 1
 
-    def _matching(self, query: EventQuery) -> list[dict]:
+    def _status_only(self, query: EventQuery) -> tuple[str, ...] | None:
+        """The statuses of a query that asks for nothing else (the status index answers it), else None."""
         statuses = query.statuses
-        if query == EventQuery(status=query.status) and statuses is not None:  # the status index answers
-            return [self._events[i] for status in dict.fromkeys(statuses) for i in self._by_status.get(status, {})]
+        if statuses is not None and query == EventQuery(status=query.status):
+            return tuple(dict.fromkeys(statuses))
+        return None
+
+    def _count(self, query: EventQuery) -> int:
+        """How many events match. Call with the lock held."""
+        statuses = self._status_only(query)
+        if statuses is not None:  # the index's sizes: no event is looked at
+            return sum(len(self._by_status.get(status, {})) for status in statuses)
+        return len(self._matching(query))
+
+    def _matching(self, query: EventQuery) -> list[dict]:
+        indexed = self._status_only(query)
+        if indexed is not None:  # the status index answers
+            return [self._events[i] for status in indexed for i in self._by_status.get(status, {})]
+        statuses = query.statuses
         query = replace(query, since=_time(query.since), until=_time(query.until),
                         sent_before=_time(query.sent_before))
         ids: Collection[str] | None = None
@@ -293,8 +319,10 @@ class InMemoryBusStore(BusStore):
 
     def find_events(self, query: EventQuery, *, skip: int, limit: int) -> tuple[int, list[dict]]:
         with self._lock:
+            if limit <= 0:
+                return self._count(query), []
             found = self._matching(query)
-            page = _newest_first(found, skip + limit)[skip:skip + limit] if limit > 0 else []
+            page = _newest_first(found, skip + limit)[skip:skip + limit]
             return len(found), [_copy(e) for e in page]
 
     def events_after(self, query: EventQuery, *, after: tuple[datetime, str] | None, limit: int) -> list[dict]:
@@ -309,7 +337,7 @@ class InMemoryBusStore(BusStore):
 
     def count_events(self, query: EventQuery, *, up_to: int) -> int:
         with self._lock:
-            return max(0, min(len(self._matching(query)), up_to))
+            return max(0, min(self._count(query), up_to))
 
     def events_before(self, query: EventQuery, *, before: tuple[datetime, str], limit: int) -> list[dict]:
         if limit <= 0:
@@ -386,6 +414,13 @@ class InMemoryBusStore(BusStore):
             return False
         attempts[row["attemptNo"]] = row
         return True
+
+    def insert_event_with_consumptions(self, document: dict, now: datetime) -> bool:
+        with self._lock:  # the event and its rows appear together
+            if not self.insert_event(document):
+                return False
+            self.init_consumptions(document["eventId"], document.get("consumers") or (), now)
+            return True
 
     def init_consumptions(self, event_id: str, consumers: Iterable[str], now: datetime) -> None:
         now = to_bson_time(now)

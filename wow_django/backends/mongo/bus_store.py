@@ -86,6 +86,9 @@ def event_filter(query: EventQuery) -> dict:
     return found
 
 
+IN_BATCH = 500  # event ids per $in (a query document stays far below MongoDB's 16 MB)
+
+
 class MongoBusStore(BusStore):
     def __init__(self, connection: MongoConnection, database_name: str, *, schema_guard: SchemaGuard,
                  max_time_ms: int = 10_000):
@@ -192,6 +195,21 @@ class MongoBusStore(BusStore):
             return False
         self.acknowledged(result, "storing an event")
         return True
+
+    def get_events(self, event_ids: Iterable[str], fields: Iterable[str] | None = None) -> dict[str, dict]:
+        ids = list(dict.fromkeys(event_ids))
+        wanted = None if fields is None else list(fields)
+        projection = NO_ID if wanted is None else {**{field: 1 for field in wanted}, "eventId": 1, "_id": 0}
+        found: dict[str, dict] = {}
+        for start in range(0, len(ids), IN_BATCH):
+            chunk = ids[start:start + IN_BATCH]
+            for document in self.run(self.events, "reading events", lambda c, chunk=chunk: list(
+                    c.find({"eventId": {"$in": chunk}}, projection, max_time_ms=self.max_time_ms))):
+                event_id = document["eventId"]
+                if wanted is not None and "eventId" not in wanted:
+                    del document["eventId"]
+                found[event_id] = document
+        return found
 
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
         projection = NO_ID if fields is None else {**{field: 1 for field in fields}, "_id": 0}
