@@ -336,3 +336,30 @@ def test_delete_entities_removes_the_queues_and_exchange_it_declared_and_nothing
         theirs.delete_entities([ALPHA])
         ours.close()
         theirs.close()
+
+
+def test_a_burst_is_acknowledged_at_once_past_a_message_requeued_inside_it(rabbit, recorder, monkeypatch):
+    """40 events wait in the queues, so each consumer takes them in bursts of its prefetch count; one message
+    in the first burst is requeued (its store read fails once). Every message ends up acknowledged once: the
+    queues are empty once the workers stop, and each event had its effect once."""
+    bus = get_bus()
+    ids = [f"evt-burst-{n:02d}" for n in range(40)]
+    for event_id in ids:
+        bus.send(TOPIC, {"n": event_id}, event_id=event_id)
+    real = bus.store.latest_consumption
+    failed: list[str] = []
+
+    def fails_once(event_id, consumer_id):
+        if event_id == ids[5] and consumer_id == ALPHA and not failed:
+            failed.append(event_id)
+            raise RuntimeError("store unavailable for a moment")
+        return real(event_id, consumer_id)
+
+    monkeypatch.setattr(bus.store, "latest_consumption", fails_once)
+    with Running(ALPHA, BETA, prefetch=16) as workers:
+        wait_for(lambda: all(status(event_id) == "CONSUMED" for event_id in ids), what="40 CONSUMED", timeout=60)
+    assert failed == [ids[5]] and workers[0].stats.requeued == 1
+    assert workers[0].stats.received == 41 and workers[1].stats.received == 40
+    settings = rabbit
+    assert [queue_depth(amqp_url(), settings["BUS_EXCHANGE"], c) for c in (ALPHA, BETA)] == [0, 0]
+    assert recorder.effects == {(c, event_id): 1 for c in (ALPHA, BETA) for event_id in ids}
