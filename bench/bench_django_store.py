@@ -19,6 +19,11 @@ from the same threads, with no Python layer of ours and no Django: what the sche
 PostgreSQL once with the context's lock (the append's statement as it is) and once without it (positions
 then commit in any order): the lock's price.
 
+A second table runs the default rows (ours with batching off, the baselines) again from ``--processes``
+processes (default 2, spawned) x ``--threads`` threads at once, the aggregates shared out between them:
+each phase is timed from the first process's start to the last one's end. It shows what the GIL of one
+process hides, and what several processes writing one SQLite file cost.
+
 Round trips: after the timed runs, each row appends and loads a few more
 aggregates in one thread while this process counts what it sends to the
 database: every statement psycopg sends (each cursor execute, and the BEGIN,
@@ -37,9 +42,10 @@ Like for like: on SQLite both sides use WAL and SQLite's default
 ``synchronous`` (FULL), both commit each append. On PostgreSQL both commit each
 append (``synchronous_commit`` as the server says); pyeventsourcing sends
 prepared statements, while Django by default sends every statement unprepared
-(``prepare_threshold`` None, client-side binding), so one more django row runs
-with ``OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}``: the
-same statements, prepared by psycopg from the fifth use.
+(``prepare_threshold`` None, client-side binding); the event store prepares its
+own statements regardless (``WOW['PG_PREPARED_STATEMENTS']``, on by default).
+One more django row runs with ``OPTIONS = {"server_side_binding": True,
+"prepare_threshold": 5}``, what Django's own queries would need to be prepared too.
 
     python bench/bench_django_store.py
     python bench/bench_django_store.py --aggregates 500 --versions 10 --threads 8
@@ -57,6 +63,7 @@ import sqlite3
 import sys
 import tempfile
 import threading
+import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -263,12 +270,121 @@ class _Stub:
         context_name = "default"
 
 
+def _process_work(spec: tuple, databases: dict, aggregates: int, versions: int, threads: int, barrier,
+                  results) -> None:
+    """One process of a multi-process row (spawned: nothing of the parent's connections or threads is shared).
+
+    ``spec``: ``("ours", alias)``, ``("sqlite baseline", path)`` or ``("pg baseline", database)``. The
+    processes start each phase together (``barrier``) and put their phases' wall-clock bounds on ``results``.
+    """
+    try:
+        import django
+        from django.conf import settings
+
+        settings.configure(DATABASES=databases, INSTALLED_APPS=["wow_django"], USE_TZ=True)
+        django.setup()
+        import json
+
+        from bench_store import LOAD_ROUNDS, run_threads, split
+        from eventsourcing.persistence import StoredEvent
+
+        from wow_django.persistence.records import AggregateId
+        from wow_django.testing.event_store import make_stream
+
+        kind, target = spec
+        closing = []
+        if kind == "ours":
+            from wow_django.backends.django.event_store import DjangoEventStore
+
+            store = DjangoEventStore(using=target)
+            ids: list = [AggregateId("order", uuid.uuid4().hex) for _ in range(aggregates)]
+            work = [[make_stream(agg, v) for v in range(1, versions + 1)] for agg in ids]
+            append, load = store.append, store.load
+            closing.append(store.close)
+        else:
+            if kind == "sqlite baseline":
+                from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteDatastore
+
+                recorder = SQLiteAggregateRecorder(SQLiteDatastore(target))
+            else:
+                from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore
+
+                datastore = PostgresDatastore(target, PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"],
+                                              pool_size=threads)
+                closing.append(datastore.close)
+                recorder = PostgresAggregateRecorder(datastore)
+            ids = [uuid.uuid4() for _ in range(aggregates)]
+            work = [[StoredEvent(originator_id=agg, originator_version=v, topic="tests:ThingHappened",
+                                 state=json.dumps({"n": v, "i": 0, "text": f"event 0 of v{v}"}).encode())
+                     for v in range(1, versions + 1)] for agg in ids]
+
+            def append(event):
+                recorder.insert_events([event])
+
+            load = recorder.select_events
+
+        def appends(chunk):
+            for items in chunk:
+                for item in items:
+                    append(item)
+
+        def loads(chunk):
+            for _ in range(LOAD_ROUNDS):
+                for agg in chunk:
+                    if len(load(agg)) != versions:
+                        raise MalformedRun(f"a load found the wrong number of streams in {kind}")
+
+        barrier.wait(120)
+        started = time.time()
+        run_threads(appends, split(work, threads))
+        appended = time.time()
+        barrier.wait(600)
+        loading = time.time()
+        run_threads(loads, split(ids, threads))
+        results.put((started, appended, loading, time.time(), None))
+        for close in closing:
+            close()
+    except BaseException as exc:  # the parent reports it: the run is malformed
+        barrier.abort()
+        results.put((0.0, 0.0, 0.0, 0.0, f"{type(exc).__name__}: {exc}"))
+
+
+def bench_processes(spec: tuple, databases: dict, aggregates: int, versions: int, threads: int,
+                    processes: int) -> tuple[float, float]:
+    """Appends/s and loads/s of ``processes`` processes × ``threads`` threads doing the work together
+    (``aggregates`` shared out between them), each phase from the first process's start to the last one's end."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes), context.Queue()
+    share = [aggregates // processes + (1 if n < aggregates % processes else 0) for n in range(processes)]
+    workers = [context.Process(target=_process_work, args=(spec, databases, n, versions, threads, barrier, results))
+               for n in share]
+    for worker in workers:
+        worker.start()
+    try:
+        bounds = [results.get(timeout=900) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(60)
+    errors = [error for *_, error in bounds if error]
+    if errors or any(worker.exitcode != 0 for worker in workers):
+        raise MalformedRun(f"a process of the {spec[0]} row failed: {errors or [w.exitcode for w in workers]}")
+    append_s = max(b[1] for b in bounds) - min(b[0] for b in bounds)
+    load_s = max(b[3] for b in bounds) - min(b[2] for b in bounds)
+    from bench_store import LOAD_ROUNDS
+
+    return aggregates * versions / append_s, aggregates * LOAD_ROUNDS / load_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--aggregates", type=int, default=300)
     parser.add_argument("--versions", type=int, default=10)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3, help="best of N runs per row")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="the second table: this many processes x --threads threads (0: leave it out)")
     args = parser.parse_args()
     try:
         report(args)
@@ -283,7 +399,7 @@ def report(args) -> None:
 
     # Fresh databases per row: SQLite files in a temporary directory, PostgreSQL databases dropped at the end.
     directory = tempfile.mkdtemp(prefix="wow-bench-")
-    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 5)]
+    pg_names = [f"wow_bench_{os.getpid()}_{n}" for n in range(len(BATCHING) + 7)]
     with admin_connection() as admin:
         for name in pg_names:
             admin.execute(f'CREATE DATABASE "{name}"')
@@ -298,6 +414,9 @@ def report(args) -> None:
     databases["sqlite floor"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(directory, "floor.sqlite3")}
     databases["pg floor"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-4], **PG}
     databases["pg floor unlocked"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-5], **PG}
+    databases["sqlite processes"] = {"ENGINE": "django.db.backends.sqlite3",
+                                     "NAME": os.path.join(directory, "processes.sqlite3")}
+    databases["pg processes"] = {"ENGINE": "django.db.backends.postgresql", "NAME": pg_names[-6], **PG}
 
     import django
     from django.conf import settings
@@ -352,7 +471,31 @@ def report(args) -> None:
         plan.append(("PostgreSQL", "wow_django django backend, PostgreSQL, prepared", "off",
                      lambda: bench_ours(django_store("pg prepared", "off"), a, v, t),
                      lambda: trips_ours(django_store("pg prepared", "off"), v)))
-        runs = [[run() for *_, run, _ in plan] for _ in range(args.repeat)]
+        # The second table: the default rows and the baselines again, from several processes at once.
+        process_plan = []
+        if args.processes > 0:
+            procs = args.processes
+            baseline_file = os.path.join(directory, "baseline-processes.sqlite3")
+            SQLiteAggregateRecorder(SQLiteDatastore(baseline_file)).create_table()
+            process_plan.append(("SQLite", "pyeventsourcing SQLite recorder (baseline)", lambda: bench_processes(
+                ("sqlite baseline", baseline_file), databases, a, v, t, procs)))
+            django_store("sqlite processes", "off")  # migrated
+            process_plan.append(("SQLite", "wow_django django backend, SQLite", lambda: bench_processes(
+                ("ours", "sqlite processes"), databases, a, v, t, procs)))
+            if any(engine == "PostgreSQL" and "(baseline)" in name for engine, name, *_ in plan):
+                datastore = PostgresDatastore(pg_names[-7], PG["HOST"], PG["PORT"], PG["USER"], PG["PASSWORD"])
+                PostgresAggregateRecorder(datastore).create_table()
+                datastore.close()
+                process_plan.append(("PostgreSQL", "pyeventsourcing PostgreSQL recorder (baseline)",
+                                     lambda: bench_processes(("pg baseline", pg_names[-7]), databases, a, v, t,
+                                                             procs)))
+            django_store("pg processes", "off")
+            process_plan.append(("PostgreSQL", "wow_django django backend, PostgreSQL", lambda: bench_processes(
+                ("ours", "pg processes"), databases, a, v, t, procs)))
+        runs, process_runs = [], []
+        for _ in range(args.repeat):
+            runs.append([run() for *_, run, _ in plan])
+            process_runs.append([run() for *_, run in process_plan])
         trips = [count() for *_, count in plan]
     finally:
         for datastore in datastores:
@@ -383,6 +526,23 @@ def report(args) -> None:
         for side, row in (("wow_django", ours), ("baseline", base)):
             print(f"{engine:10} {side:10} {row[3]:10,.0f} {row[4]:10,.0f} {row[5][0]:12.2f} {row[5][1]:10.2f}")
         print(f"{engine:10} {'ratio':10} {ours[3] / base[3]:9.2f}x {ours[4] / base[4]:9.2f}x")
+    if process_plan:
+        print(f"\n# {args.processes} processes x {t} threads, the {a} aggregates shared out, best of {args.repeat}; "
+              "default settings against the baseline of the same engine")
+        print(f"{'engine':10} {'side':10} {'appends/s':>10} {'loads/s':>10}")
+        figures = {(engine, "(baseline)" in name): (max(run[i][0] for run in process_runs),
+                                                    max(run[i][1] for run in process_runs))
+                   for i, (engine, name, _) in enumerate(process_plan)}
+        for (engine, _), (appends, loads) in figures.items():
+            if appends <= 0 or loads <= 0:
+                raise MalformedRun(f"{engine}: a multi-process figure is not positive")
+        for engine in dict.fromkeys(engine for engine, _ in figures):
+            if (engine, True) not in figures or (engine, False) not in figures:
+                continue
+            ours, base = figures[engine, False], figures[engine, True]
+            print(f"{engine:10} {'wow_django':10} {ours[0]:10,.0f} {ours[1]:10,.0f}")
+            print(f"{engine:10} {'baseline':10} {base[0]:10,.0f} {base[1]:10,.0f}")
+            print(f"{engine:10} {'ratio':10} {ours[0] / base[0]:9.2f}x {ours[1] / base[1]:9.2f}x")
 
 
 if __name__ == "__main__":

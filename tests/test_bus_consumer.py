@@ -234,6 +234,30 @@ def test_messages_already_delivered_are_a_burst_acknowledged_after_its_rollups_a
     assert in_thread(ConsumerWorker(ALPHA, bus=bus).run, idle_timeout=0.3).received == 0  # all acknowledged
 
 
+def test_database_connections_are_checked_before_a_burst_and_after_each_message(bus_env, recorder, monkeypatch):
+    """As Django does around a request: a connection that broke or outlived CONN_MAX_AGE is closed before
+    the first message after a wait and after every message (the end of one is the start of the next)."""
+    import importlib
+
+    consumer_module = importlib.import_module("wow_django.bus.consumer")  # the package's name is a function
+    bus = get_bus()
+    for n in range(6):
+        bus.send(TOPIC, {}, event_id=f"evt-conn{n}")
+    worker = ConsumerWorker(ALPHA, bus=bus, prefetch=4)
+    steps: list[str] = []
+    real_process = worker.process
+    monkeypatch.setattr(consumer_module, "release_database_connections", lambda: steps.append("check"))
+
+    def process(event, **kwargs):
+        steps.append("message")
+        return real_process(event, **kwargs)
+
+    monkeypatch.setattr(worker, "process", process)
+    in_thread(worker.run, max_messages=6, idle_timeout=2)
+    burst = lambda size: ["check"] + ["message", "check"] * size  # noqa: E731
+    assert steps == burst(4) + burst(2)
+
+
 def test_a_consumer_that_is_not_expected_skips_the_event(bus_env, recorder):
     bus = get_bus()
     bus.set_topic_consumer(TOPIC, BETA, enabled=False)

@@ -16,6 +16,7 @@ from amqp.exceptions import PreconditionFailed
 from django.contrib.auth import get_user_model
 from django.test import override_settings
 from kombu import Connection, Exchange, Queue
+from kombu.message import Message
 from rest_framework.test import APIClient
 
 from wow_django.backends.mongo.client import disconnect
@@ -356,6 +357,14 @@ def test_a_burst_is_acknowledged_at_once_past_a_message_requeued_inside_it(rabbi
         return real(event_id, consumer_id)
 
     monkeypatch.setattr(bus.store, "latest_consumption", fails_once)
+    acks: list[bool] = []
+    real_ack = Message.ack
+
+    def ack(message, multiple=False):
+        acks.append(multiple)
+        return real_ack(message, multiple=multiple)
+
+    monkeypatch.setattr(Message, "ack", ack)
     with Running(ALPHA, BETA, prefetch=16) as workers:
         wait_for(lambda: all(status(event_id) == "CONSUMED" for event_id in ids), what="40 CONSUMED", timeout=60)
     assert failed == [ids[5]] and workers[0].stats.requeued == 1
@@ -363,3 +372,4 @@ def test_a_burst_is_acknowledged_at_once_past_a_message_requeued_inside_it(rabbi
     settings = rabbit
     assert [queue_depth(amqp_url(), settings["BUS_EXCHANGE"], c) for c in (ALPHA, BETA)] == [0, 0]
     assert recorder.effects == {(c, event_id): 1 for c in (ALPHA, BETA) for event_id in ids}
+    assert True in acks and len(acks) < 80  # bursts acknowledged with one frame, not one per message

@@ -56,6 +56,7 @@ from wow_django.exceptions import EnvelopeValidationError
 from wow_django.log import describe_failure, first_line
 
 logger = logging.getLogger("wow_django.bus.consumer")
+_WIRE_NAMES = frozenset(WIRE_FIELDS)  # the envelope fields this version knows
 
 CHILD_ID_NAMESPACE = uuid.UUID("8f0c3a52-4f5e-4c8e-9a7d-2b1f6d0e9c11")
 
@@ -340,11 +341,11 @@ class ConsumerWorker:
         try:
             if not isinstance(body, dict) or not body.get("eventId"):
                 raise EnvelopeValidationError("message has no eventId")
-            unknown = [key for key in body if key not in WIRE_FIELDS]
+            unknown = sorted(body.keys() - _WIRE_NAMES)
             if unknown:  # a newer producer's fields: this consumer reads the ones it knows
                 logger.debug("consumer %s: ignoring fields %s of event %s", self.consumer_id, unknown,
                              body.get("eventId"))
-                body = {key: value for key, value in body.items() if key in WIRE_FIELDS}
+                body = {key: value for key, value in body.items() if key in _WIRE_NAMES}
             envelope = build_envelope(body, default_service="")
         except EnvelopeValidationError as exc:
             self.stats.invalid += 1

@@ -12,7 +12,8 @@ Context variables follow the thread (and asyncio task) that set them.
 from __future__ import annotations
 
 import contextlib
-from contextvars import ContextVar, Token
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 
 
@@ -35,29 +36,17 @@ def current_context() -> BusContext:
     return _current.get() or _EMPTY
 
 
-class bus_context(contextlib.AbstractContextManager):  # noqa: N801 (used as a function, as it was one)
+@contextlib.contextmanager
+def bus_context(**values: str | None) -> Iterator[BusContext]:
     """Set context fields (``trace_id``, ``parent_event_id``, ``service``, ``operation``,
-    ``user_id``, ``client_request_id``) for the block; the others are kept. ``with`` gives the context."""
-
-    __slots__ = ("_values", "_token")
-
-    def __init__(self, **values: str | None):
-        unknown = values.keys() - _NAMES
-        if unknown:
-            raise TypeError(f"bus_context() got unknown fields {sorted(unknown)}; known: {sorted(_NAMES)}")
-        self._values = values
-        self._token: Token[BusContext | None] | None = None
-
-    def __enter__(self) -> BusContext:
-        current = _current.get()
-        if current is None or current is _EMPTY:  # a consumer's handler: nothing to keep
-            context = BusContext(**self._values)
-        else:
-            context = replace(current, **self._values)
-        self._token = _current.set(context)
-        return context
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._token is not None:
-            _current.reset(self._token)
-            self._token = None
+    ``user_id``, ``client_request_id``) for the block; the others are kept."""
+    unknown = set(values) - _NAMES
+    if unknown:
+        raise TypeError(f"bus_context() got unknown fields {sorted(unknown)}; known: {sorted(_NAMES)}")
+    current = _current.get()
+    context = BusContext(**values) if current is None else replace(current, **values)
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)

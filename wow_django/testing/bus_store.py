@@ -188,6 +188,7 @@ class EventRecordsContract(BusStoreCase):
         self.assertEqual(self.store.get_event("evt-f", fields=("status", "statusAt", "consumers", "nothing")),
                          {"status": "SENT", "statusAt": T0, "consumers": ["member-service"]})
         self.assertEqual(self.store.get_event("evt-f", fields=["eventId"]), {"eventId": "evt-f"})
+        self.assertEqual(self.store.get_event("evt-f", fields=[]), {})
         self.assertIsNone(self.store.get_event("evt-none", fields=["status"]))
 
     def test_get_events_reads_many_events_as_get_event_reads_each(self):
@@ -201,11 +202,12 @@ class EventRecordsContract(BusStoreCase):
                          {i: self.store.get_event(i, fields=fields) for i in ("evt-m3", "evt-m0", "evt-m4")})
         self.assertEqual(self.store.get_events(["evt-m1"], fields=["eventId"]), {"evt-m1": {"eventId": "evt-m1"}})
         self.assertEqual(self.store.get_events([]), {})
+        self.assertEqual(self.store.get_events(["evt-m2"], fields=[]), {"evt-m2": {}})
         copy = self.store.get_events(["evt-m1"])["evt-m1"]
         copy["payload"]["n"] = "changed after read"
         self.assertEqual(self.store.get_event("evt-m1")["payload"], {"n": 1})
 
-    def test_get_events_reads_more_events_than_one_query_takes(self):
+    def test_get_events_reads_over_a_thousand_events_at_once(self):
         self.insert(*(make_event(f"evt-{n:04d}") for n in range(1, 1202)))
         ids = [f"evt-{n:04d}" for n in range(1203, 0, -1)]  # two unknown ones among them
         found = self.store.get_events(ids, fields=["status"])

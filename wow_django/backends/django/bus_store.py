@@ -445,7 +445,7 @@ class DjangoBusStore(BusStore):
 
     def insert_event_with_consumptions(self, document: dict, now: datetime) -> bool:
         event_id = document.get("eventId")
-        with self.errors(f"storing event {event_id}"), self.atomic():  # one transaction: one commit per send
+        with self.errors(f"storing event {event_id}"), self.atomic():  # one transaction, one commit
             if not self.insert_event(document):
                 return False
             self.init_consumptions(document["eventId"], document.get("consumers") or (), now)

@@ -17,7 +17,7 @@ from types import EllipsisType
 
 from django.db import DataError, IntegrityError, OperationalError, transaction
 
-from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
+from wow_django.backends.django.connection import database, hot_cursor, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.meta import concrete_field
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow, StreamContextRow
@@ -267,12 +267,12 @@ class DjangoEventStore(EventStore):
         """
         timeout = self._timeout()
         if timeout is None or connection.vendor not in ("postgresql", "sqlite"):
-            with atomic, connection.cursor() as cursor:
+            with atomic, hot_cursor(connection) as cursor:
                 yield cursor
             return
         try:
             if connection.vendor == "postgresql":
-                with atomic, connection.cursor() as cursor:
+                with atomic, hot_cursor(connection) as cursor:
                     if connection.in_atomic_block:
                         cursor.execute("SELECT current_setting('lock_timeout')")
                         previous = cursor.fetchone()[0]
@@ -500,7 +500,7 @@ class DjangoEventStore(EventStore):
         if sql is None:  # a few constant shapes: built once each
             sql = self._read_sql[condition, order] = f"{self._select_sql} {condition} {order}".format_map(self._names)
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
-            with connection.cursor() as cursor:
+            with hot_cursor(connection) as cursor:
                 cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id, *params))
                 found = cursor.fetchall()
         return streams_of(aggregate_id, found)

@@ -212,9 +212,14 @@ class MongoBusStore(BusStore):
         return found
 
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
-        projection = NO_ID if fields is None else {**{field: 1 for field in fields}, "_id": 0}
-        return self.run(self.events, f"reading event {event_id}",
-                        lambda c: c.find_one({"eventId": event_id}, projection, max_time_ms=self.max_time_ms))
+        wanted = None if fields is None else list(fields)
+        # eventId always: a projection of no field would be the whole document.
+        projection = NO_ID if wanted is None else {**{field: 1 for field in wanted}, "eventId": 1, "_id": 0}
+        document = self.run(self.events, f"reading event {event_id}",
+                            lambda c: c.find_one({"eventId": event_id}, projection, max_time_ms=self.max_time_ms))
+        if document is not None and wanted is not None and "eventId" not in wanted:
+            del document["eventId"]
+        return document
 
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         result = self.run(self.events, f"marking {event_id} sent", lambda c: c.update_one(
