@@ -479,7 +479,41 @@ def vars_of(row: EventStreamRow) -> dict:
 
 
 class TestSQLiteDjangoBackend(OnSQLite, DjangoBackendBehaviour, TransactionTestCase):
-    pass
+    def test_a_load_reads_its_rows_as_one_json_array_with_every_value_as_stored(self):
+        """SQLite gives a load's rows as one JSON array (one step of one statement): the streams are those the
+        row-by-row read gives, in version order whatever order the rows were written in, every value exact."""
+        from decimal import Decimal
+
+        from wow_django.persistence.records import DomainEventRecord, EventStream
+
+        store = self.store()
+        a, other = agg(), agg()
+        body = {"big": 2**70, "price": Decimal("0.10"), "tiny": Decimal("1E-400"), "text": "é😀\\u0000 \"q\"",
+                "nested": [{"k": None}, True, -0, 1.5e300], "": "empty key"}
+        streams = [EventStream(id=f"s-{uuid.uuid4().hex}", aggregate_id=a, version=version,
+                               body=(DomainEventRecord(id=f"e-{version}", name="changed", revision="1.0",
+                                                       body_type="order.Changed", body=body),),
+                               request_id=f"r-{version}", command_id=f"c-{version}",
+                               owner_id="" if version == 2 else "owner-ü", header={"h": version, "x": [1, "2"]},
+                               create_time=1_700_000_000_000 + version)
+                   for version in (1, 2, 3)]
+        with connections[self.alias].cursor() as cursor:  # the store's own insert, rows out of version order
+            for stream in (streams[2], streams[0], streams[1]):
+                cursor.execute(store._insert_sql + store._row_sql, store._values(stream))
+        store.append(make_stream(other, 1))
+        with CaptureQueriesContext(connections[self.alias]) as queries:
+            loaded = store.load(a)
+        self.assertEqual(len(queries), 1)
+        self.assertIn("json_group_array", queries[0]["sql"])
+        self.assertEqual([s.version for s in loaded], [1, 2, 3])
+        row_by_row = DjangoEventStore(using=self.alias)
+        row_by_row._json_read_sql = None
+        self.assertEqual(loaded, row_by_row.load(a))
+        self.assertEqual(loaded[0].body[0].body, {**body, "nested": [{"k": None}, True, 0, Decimal("1.5e300")]})
+        self.assertEqual(loaded[1].owner_id, "")
+        self.assertEqual(loaded[2].header, {"h": 3, "x": [1, "2"]})
+        self.assertEqual(store.load(a, 2, 2), [loaded[1]])
+        self.assertEqual(store.load(agg()), [])
 
 
 class TestPostgreSQLDjangoBackend(OnPostgreSQL, DjangoBackendBehaviour, TransactionTestCase):
