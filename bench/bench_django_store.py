@@ -42,10 +42,10 @@ Like for like: on SQLite both sides use WAL and SQLite's default
 ``synchronous`` (FULL), both commit each append. On PostgreSQL both commit each
 append (``synchronous_commit`` as the server says); pyeventsourcing sends
 prepared statements, while Django by default sends every statement unprepared
-(``prepare_threshold`` None, client-side binding); the event store prepares its
-own statements regardless (``WOW['PG_PREPARED_STATEMENTS']``, on by default).
-One more django row runs with ``OPTIONS = {"server_side_binding": True,
-"prepare_threshold": 5}``, what Django's own queries would need to be prepared too.
+(``prepare_threshold`` None, client-side binding), so one more django row runs
+with ``OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}``: the
+same statements, prepared by psycopg from the fifth use (a project's choice:
+not safe behind PgBouncer in transaction mode without prepared-statement support).
 
     python bench/bench_django_store.py
     python bench/bench_django_store.py --aggregates 500 --versions 10 --threads 8

@@ -27,7 +27,6 @@ from unittest import mock
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, InternalError, OperationalError, ProgrammingError, connections, transaction
 from django.test import TransactionTestCase, override_settings
@@ -587,44 +586,7 @@ class TestPostgreSQLConnections(OnPostgreSQL, TransactionTestCase):
         self.assertEqual(snapshots.load(a).version, 2)
         self.assertEqual(keys.get(key).value, "v")
 
-    def prepared(self) -> list[str]:
-        """The statements prepared in this thread's session (pg_prepared_statements is per session)."""
-        with connections[self.alias].cursor() as cursor:
-            cursor.execute("SELECT statement FROM pg_prepared_statements ORDER BY prepare_time")
-            return [statement for (statement,) in cursor.fetchall()]
-
-    def test_the_hot_statements_are_prepared_on_the_server_by_default(self):
-        store, snapshots = DjangoEventStore(using=self.alias), DjangoSnapshotStore(using=self.alias)
-        connections[self.alias].close()  # a new session: nothing prepared in it yet
-        a = agg()
-        store.append(make_stream(a, 1))
-        store.append(make_stream(a, 2))
-        with self.assertRaises(EventVersionConflict):  # a refusal through the prepared statement is Django's error
-            store.append(make_stream(a, 2))
-        self.assertEqual([s.version for s in store.load(a)], [1, 2])
-        snapshots.save(make_snapshot(a, 2))
-        self.assertEqual(snapshots.load(a).version, 2)
-        self.assertEqual(snapshots.load_with_tail(a, store)[0].version, 2)
-        prepared = self.prepared()
-        table = EventStreamRow._meta.db_table
-        self.assertEqual(len([sql for sql in prepared if f"INSERT INTO \"{table}\"" in sql]), 1)  # once, reused
-        self.assertEqual(len([sql for sql in prepared if sql.startswith("SELECT") and table in sql]), 2)
-        self.assertEqual(len([sql for sql in prepared if SnapshotRow._meta.db_table in sql]), 3)
-        self.assertTrue(all("$1" in sql for sql in prepared))  # server-side parameters, not values in the text
-        for _ in range(6):  # Django's own queries stay as DATABASES says: unprepared
-            self.assertEqual(EventStreamRow.objects.using(self.alias).filter(aggregate_id=a.id).count(), 2)
-        self.assertEqual(self.prepared(), prepared)
-
-    def test_without_prepared_statements_nothing_is_prepared(self):
-        store = DjangoEventStore(using=self.alias)
-        connections[self.alias].close()
-        a = agg()
-        with override_settings(WOW={**settings.WOW, "PG_PREPARED_STATEMENTS": False}):
-            store.append(make_stream(a, 1))
-            self.assertEqual(len(store.load(a)), 1)
-        self.assertEqual(self.prepared(), [])
-
-    def test_execute_wrappers_see_the_prepared_statements_and_can_refuse_them(self):
+    def test_execute_wrappers_see_the_stores_statements_and_can_refuse_them(self):
         store = DjangoEventStore(using=self.alias)
         seen: list[str] = []
 

@@ -500,10 +500,8 @@ class TestGatewayDuringAnOutage(OnPostgreSQL, TransactionTestCase):
 
 
 class CuttingProxy:
-    """A TCP proxy to PostgreSQL that, once armed, closes the client's side right after passing on the message
-    that runs the statement containing ``marker``: the server runs it (and commits it), the client never hears
-    back. A statement sent unprepared runs in the message holding its text; a prepared one (a Parse message,
-    ``P``, holds its text) runs in the connection's next message (Bind and Execute)."""
+    """A TCP proxy to PostgreSQL that, once armed, closes the client's side right after passing on a message
+    containing ``marker``: the server runs the statement (and commits it), the client never hears back."""
 
     def __init__(self, host: str, port: int, marker: bytes):
         self.target = (host, int(port))
@@ -531,20 +529,15 @@ class CuttingProxy:
                 thread.start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, watch: bool, cut: threading.Event) -> None:
-        parsed = False  # this connection has just prepared the statement: it runs with the next message
         try:
             while data := source.recv(65536):
-                if watch and self.armed and not parsed and data[:1] == b"P" and self.marker in data:
-                    parsed = True
-                    sink.sendall(data)
-                    continue
                 if not watch and cut.is_set():
                     # The answer to the cut statement: the server ran (and committed) it. Only now is the
                     # client's side closed, so it can neither hear the answer nor ask again before it landed.
                     with contextlib.suppress(OSError):
                         sink.shutdown(socket.SHUT_RDWR)
                     return
-                if watch and self.armed and (parsed or self.marker in data):
+                if watch and self.armed and self.marker in data:
                     self.armed = False
                     self.cuts += 1
                     cut.set()  # before the statement is passed on: the answer cannot slip through first
@@ -569,15 +562,7 @@ class CuttingProxy:
 class TestALostReply(OnPostgreSQL, TransactionTestCase):
     def test_an_append_that_landed_without_an_answer_is_the_commands_result(self):
         """The INSERT commits but its answer is lost: the gateway finds its own stream and reports success, once,
-        not a DuplicateRequestId or DuplicateAggregateId from its retry. The append's statement is prepared (the
-        default): it runs in the Bind and Execute after its Parse."""
-        self.lose_the_answers()
-
-    @override_settings(WOW={**WOW, "PG_PREPARED_STATEMENTS": False})
-    def test_an_unprepared_append_that_landed_without_an_answer_is_the_commands_result(self):
-        self.lose_the_answers()
-
-    def lose_the_answers(self) -> None:
+        not a DuplicateRequestId or DuplicateAggregateId from its retry."""
         settings = connections[ALIAS].settings_dict
         proxy = CuttingProxy(settings["HOST"], settings["PORT"], b"INSERT INTO \"wow_event_stream\"")
         self.addCleanup(proxy.close)
@@ -592,7 +577,6 @@ class TestALostReply(OnPostgreSQL, TransactionTestCase):
                     ("lost-0-cancel", cancel_order("lost-0"), ready.aggregate_id),
                     (None, place_order("lost-2"), None)):  # no request id: its command id is looked up
                 with self.subTest(request_id):
-                    connections[ALIAS].close()  # a new session: the append's statement is prepared again in it
                     proxy.armed = True
                     result = gateway.send(command, aggregate_id=aggregate_id, request_id=request_id)
                     self.assertFalse(proxy.armed)  # the cut happened

@@ -157,11 +157,6 @@ DEFAULTS: dict[str, Any] = {
     # embedded engine's position lock. Then ContextLockTimeout (retryable, HTTP 503). None: wait without
     # limit (120 s for MongoDB's retries).
     "APPEND_LOCK_TIMEOUT_S": 5.0,
-    # PostgreSQL (psycopg 3): the django backend's hot statements (append, load, snapshot read and write)
-    # are prepared on the server on their first use in a connection, whatever DATABASES' OPTIONS say for
-    # Django's own queries. False behind a pooler that does not keep prepared statements (PgBouncer before
-    # 1.21 in transaction or statement mode, or 1.21+ without max_prepared_statements).
-    "PG_PREPARED_STATEMENTS": True,
     # --- followers (wow_follow) ---------------------------------------------
     # How long a follower waits for a position missing below a visible one
     # (a late commit) before it passes it and records the gap. Backends whose
@@ -372,7 +367,6 @@ VALIDATORS = {
     "BUS_EXPIRED_RETENTION_DAYS": _optional_non_negative_num,
     "FOLLOWER_GAP_TIMEOUT_S": _non_negative_num,
     "APPEND_LOCK_TIMEOUT_S": _optional_non_negative_num,
-    "PG_PREPARED_STATEMENTS": _bool,
     "FOLLOWER_LEASE_S": _pos_num,
     "FOLLOWER_MIN_BATCH": _pos_int,
     "FOLLOWER_MAX_BATCH": _pos_int,

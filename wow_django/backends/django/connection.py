@@ -18,20 +18,14 @@
   idle while they wait. A write inside the caller's transaction does not take
   the lock: that transaction may already hold the file, and waiting on the
   lock then would stall whoever holds the lock until the busy timeout.
-* PostgreSQL: the statements a store runs all the time (append, load,
-  snapshots) go through :func:`hot_cursor`, prepared on the server on their
-  first use in each connection (``WOW['PG_PREPARED_STATEMENTS']``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import sys
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
@@ -85,95 +79,6 @@ def database(using: str) -> BaseDatabaseWrapper:
             closer = _thread_state.closer = _CloseAtThreadExit()
         closer.keep(using, connection)
     return connection
-
-
-_PREPARE_AT_ONCE = 0  # a psycopg prepare_threshold
-
-
-class _PreparingCursor:
-    """A psycopg 3 cursor with server-side binding whose statements are prepared on their first use (psycopg
-    keeps each connection's prepared statements, the most used first); what a store's hot path needs of
-    Django's cursor: ``execute``, ``fetchone``, ``fetchall``, ``rowcount``. The connection's
-    ``execute_wrapper()`` hooks see each statement, as they see those of Django's cursors."""
-
-    __slots__ = ("_cursor", "_db")
-
-    def __init__(self, cursor: Any, db: BaseDatabaseWrapper):
-        self._cursor = cursor
-        self._db = db
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        wrappers = self._db.execute_wrappers
-        if not wrappers:
-            self._execute(sql, params, False, {})
-            return
-        executor: Any = self._execute
-        for wrapper in reversed(wrappers):  # as Django chains them: the first one outermost
-            executor = functools.partial(wrapper, executor)
-        executor(sql, params, False, {"connection": self._db, "cursor": self})
-
-    def _execute(self, sql: str, params: Sequence[Any], many: bool, context: dict) -> None:
-        self._db.validate_no_broken_transaction()
-        raw = self._cursor.connection
-        threshold = raw.prepare_threshold
-        if threshold is None:
-            # Django's default (no prepare_threshold in OPTIONS), with which psycopg prepares nothing and
-            # keeps no record of what it prepared: lifted for this statement only, so that Django's own
-            # queries stay as DATABASES says.
-            raw.prepare_threshold = _PREPARE_AT_ONCE
-        try:
-            self._cursor.execute(sql, params, prepare=True)
-        finally:
-            if threshold is None:
-                raw.prepare_threshold = None
-
-    def fetchone(self) -> Any:
-        return self._cursor.fetchone()
-
-    def fetchall(self) -> list[Any]:
-        return self._cursor.fetchall()
-
-    @property
-    def rowcount(self) -> int:
-        rowcount: int = self._cursor.rowcount
-        return rowcount
-
-
-@contextlib.contextmanager
-def hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
-    """A cursor for a store's statements of a constant shape that run all the time (append, load, snapshots).
-
-    On PostgreSQL with psycopg 3 (and ``WOW['PG_PREPARED_STATEMENTS']``, the default): a cursor of the same
-    driver connection, with server-side binding and each statement prepared on its first use, whatever
-    ``DATABASES`` asks for Django's queries (which are sent unprepared by default). It takes part in the
-    connection's transaction as Django's cursor does, and its errors are Django's (``IntegrityError``…).
-    Elsewhere: Django's cursor.
-    """
-    from wow_django.conf import wow_settings
-
-    if (connection.vendor != "postgresql" or not wow_settings.PG_PREPARED_STATEMENTS or not _is_psycopg3()
-            or connection.queries_logged):  # DEBUG or a test capturing queries: Django's cursor logs them
-        with connection.cursor() as cursor:
-            yield cursor
-        return
-    psycopg = sys.modules["psycopg"]  # loaded by Django's backend: the connection is one of its
-
-    # What Django's cursor() does, in its order: the health check, a connection, a cursor of it (refused by
-    # psycopg on a closed or broken connection); each statement then checks the transaction is not broken.
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        raw = connection.connection
-        if raw.closed or raw.broken:
-            raise psycopg.OperationalError("the connection is closed")
-        with psycopg.Cursor(raw) as cursor:
-            yield _PreparingCursor(cursor, connection)
-
-
-def _is_psycopg3() -> bool:
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3  # type: ignore[import-untyped]  # no stubs for it
-
-    return bool(is_psycopg3)
 
 
 def discard_if_broken(connection: BaseDatabaseWrapper) -> None:

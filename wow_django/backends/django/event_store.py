@@ -19,7 +19,7 @@ from types import EllipsisType
 
 from django.db import DataError, IntegrityError, OperationalError, transaction
 
-from wow_django.backends.django.connection import database, hot_cursor, prepare_database, sqlite_writer
+from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.meta import concrete_field
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow, StreamContextRow
@@ -283,12 +283,12 @@ class DjangoEventStore(EventStore):
         """
         timeout = self._timeout()
         if timeout is None or connection.vendor not in ("postgresql", "sqlite"):
-            with atomic, hot_cursor(connection) as cursor:
+            with atomic, connection.cursor() as cursor:
                 yield cursor
             return
         try:
             if connection.vendor == "postgresql":
-                with atomic, hot_cursor(connection) as cursor:
+                with atomic, connection.cursor() as cursor:
                     if connection.in_atomic_block:
                         cursor.execute("SELECT current_setting('lock_timeout')")
                         previous = cursor.fetchone()[0]
@@ -520,7 +520,7 @@ class DjangoEventStore(EventStore):
                 json_sql.format(condition=condition.format_map(self._names)) if json_sql is not None
                 else f"{self._select_sql} {condition} {order}".format_map(self._names))
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
-            with hot_cursor(connection) as cursor:
+            with connection.cursor() as cursor:
                 cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id, *params))
                 if not as_json:
                     return streams_of(aggregate_id, cursor.fetchall())

@@ -16,7 +16,7 @@ integer column: a stored version is never missing or of another type.
 
 from __future__ import annotations
 
-from wow_django.backends.django.connection import database, hot_cursor, prepare_database, sqlite_writer
+from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.event_store import STREAM_COLUMNS, DjangoEventStore, streams_of
 from wow_django.backends.django.meta import concrete_field
@@ -106,7 +106,7 @@ class DjangoSnapshotStore(SnapshotStore):
         connection = database(self.using)
         with store_errors(connection, f"loading the snapshot of {aggregate_id.aggregate_name} "
                                             f"{aggregate_id.id!r}"):
-            with hot_cursor(connection) as cursor:  # one row at most: (aggregate_name, aggregate_id) is unique
+            with connection.cursor() as cursor:  # one row at most: (aggregate_name, aggregate_id) is unique
                 cursor.execute(self._load_sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id))
                 found = cursor.fetchone()
         return _snapshot(found) if found is not None else None
@@ -119,7 +119,7 @@ class DjangoSnapshotStore(SnapshotStore):
         key = (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id)
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r} (snapshot and "
                                       "later events)"):
-            with hot_cursor(connection) as cursor:
+            with connection.cursor() as cursor:
                 cursor.execute(self._with_tail_sql, key * 2)
                 found = cursor.fetchall()
         width = len(_COLUMNS)
@@ -139,7 +139,7 @@ class DjangoSnapshotStore(SnapshotStore):
         connection = database(self.using)
         params = self._params(snapshot, connection)
         with store_errors(connection, f"saving the snapshot of {agg.aggregate_name} {agg.id!r}"):
-            with sqlite_writer(connection), hot_cursor(connection) as cursor:
+            with sqlite_writer(connection), connection.cursor() as cursor:
                 cursor.execute(self._sql, params)
 
     def save_many(self, snapshots) -> None:
