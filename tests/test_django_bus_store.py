@@ -177,50 +177,41 @@ class ValuesAndTables:
                              names["wow_bus_event_key"])
 
 
+def bulk_create_failing_for(model):
+    """``QuerySet.bulk_create`` raising for ``model``'s rows (as a full disk would), the others stored."""
+    from unittest import mock
+
+    from django.db.models.query import QuerySet
+
+    real = QuerySet.bulk_create
+
+    def bulk_create(queryset, objs, *args, **kwargs):
+        if queryset.model is model:
+            raise RuntimeError("disk full")
+        return real(queryset, objs, *args, **kwargs)
+
+    return mock.patch.object(QuerySet, "bulk_create", autospec=True, side_effect=bulk_create)
+
+
 class EventKeysTogether:
     """An event and its search keys are stored together or not at all."""
 
     def test_an_event_whose_keys_cannot_be_stored_is_not_stored(self):
-        from unittest import mock
-
-        from django.db.models.query import QuerySet
-
         from wow_django.backends.django.bus_models import EventKeyRecord
 
-        real = QuerySet.bulk_create
-
-        def fail_for_keys(queryset, objs, *args, **kwargs):
-            if queryset.model is EventKeyRecord:
-                raise RuntimeError("disk full")
-            return real(queryset, objs, *args, **kwargs)
-
-        with mock.patch.object(QuerySet, "bulk_create", autospec=True, side_effect=fail_for_keys):
-            with self.assertRaises(RuntimeError):
-                self.store.insert_event(make_event("evt-k", searchKeys=["orderId=o-1"]))
+        with bulk_create_failing_for(EventKeyRecord), self.assertRaises(RuntimeError):
+            self.store.insert_event(make_event("evt-k", searchKeys=["orderId=o-1"]))
         self.assertIsNone(self.store.get_event("evt-k"))
         self.assertTrue(self.store.insert_event(make_event("evt-k", searchKeys=["orderId=o-1"])))
         self.assertFalse(self.store.insert_event(make_event("evt-k", searchKeys=["orderId=o-2"])))  # a duplicate
         self.assertEqual(self.store.find_events(EventQuery(keys=("orderId=o-2",)), skip=0, limit=5), (0, []))
 
-
     def test_an_event_whose_pending_rows_cannot_be_stored_is_not_stored(self):
-        from unittest import mock
-
-        from django.db.models.query import QuerySet
-
         from wow_django.backends.django.bus_models import ConsumptionRecord
 
-        real = QuerySet.bulk_create
-
-        def fail_for_rows(queryset, objs, *args, **kwargs):
-            if queryset.model is ConsumptionRecord:
-                raise RuntimeError("disk full")
-            return real(queryset, objs, *args, **kwargs)
-
         event = make_event("evt-r", consumers=["member-service"], searchKeys=["orderId=o-1"])
-        with mock.patch.object(QuerySet, "bulk_create", autospec=True, side_effect=fail_for_rows):
-            with self.assertRaises(RuntimeError):
-                self.store.insert_event_with_consumptions(event, T0)
+        with bulk_create_failing_for(ConsumptionRecord), self.assertRaises(RuntimeError):
+            self.store.insert_event_with_consumptions(event, T0)
         self.assertIsNone(self.store.get_event("evt-r"))  # one transaction: the event went with its rows
         self.assertEqual(self.store.find_events(EventQuery(keys=("orderId=o-1",)), skip=0, limit=5), (0, []))
         self.assertTrue(self.store.insert_event_with_consumptions(event, T0))
