@@ -472,16 +472,10 @@ class DjangoBusStore(BusStore):
         return None if row is None else EVENTS.record(row)
 
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
+        if fields is not None:
+            return self.get_events([event_id], fields).get(event_id)
         with self.errors(f"reading event {event_id}"):
-            if fields is None:
-                return self.read_event(event_id)
-            wanted = list(dict.fromkeys(fields))
-            columns = [key for key in EVENTS.keys if key in wanted]
-            row = self.first(self.events().filter(eventId=event_id).values(*columns, "absent", "extra"))
-        if row is None:
-            return None
-        record = EVENTS.record(row)
-        return {field: record[field] for field in wanted if field in record}
+            return self.read_event(event_id)
 
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         sent_at = db_time(sent_at)

@@ -170,10 +170,10 @@ class DjangoEventStore(EventStore):
         # step of the statement, one C decode), not a row at a time (each step gives the GIL away and back).
         self._json_read_sql: str | None = None
         if connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 38):
-            self._json_read_sql = (
-                f"SELECT json_group_array(json_array("
-                f"{', '.join(f'json({column})' if column in _JSON_FIELDS else column for column in _COLUMNS)})) "
-                f"FROM ({self._select_sql.format_map(self._names)} {{condition}} ORDER BY {self._names['version']})")
+            names = self._names
+            values = ", ".join(f"json({names[c]})" if c in _JSON_FIELDS else names[c] for c in _COLUMNS)
+            self._json_read_sql = (f"SELECT json_group_array(json_array({values})) FROM ("
+                                   f"{self._select_sql.format_map(names)} {{condition}} ORDER BY {names['version']})")
         self._insert_head = (f"INSERT INTO {quote(EventStreamRow._meta.db_table)} "
                              f"({', '.join(quote(field.column) for field in _INSERT_FIELDS)})")
         self._insert_sql = self._insert_head + " VALUES "

@@ -103,6 +103,11 @@ def _feedback_key(consumed_at: datetime, event_id: str, attempt_no: int) -> tupl
     return (LATEST - consumed_at, event_id, -attempt_no)
 
 
+def _selected(event: dict, wanted: list[str] | None) -> dict:
+    """A copy of a stored event: all of it, or the ``wanted`` fields it has."""
+    return _copy(event) if wanted is None else {field: _copy(event[field]) for field in wanted if field in event}
+
+
 class InMemoryBusStore(BusStore):
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -183,18 +188,13 @@ class InMemoryBusStore(BusStore):
             for event_id in dict.fromkeys(event_ids):
                 event = self._events.get(event_id)
                 if event is not None:
-                    found[event_id] = (_copy(event) if wanted is None
-                                       else {field: _copy(event[field]) for field in wanted if field in event})
+                    found[event_id] = _selected(event, wanted)
         return found
 
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
         with self._lock:
             event = self._events.get(event_id)
-            if event is None:
-                return None
-            if fields is not None:
-                return {field: _copy(event[field]) for field in fields if field in event}
-            return _copy(event)
+            return None if event is None else _selected(event, None if fields is None else list(fields))
 
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         sent_at = to_bson_time(sent_at)

@@ -89,6 +89,19 @@ def event_filter(query: EventQuery) -> dict:
 IN_BATCH = 500  # event ids per $in (a query document stays far below MongoDB's 16 MB)
 
 
+def _projection(wanted: list[str] | None) -> dict:
+    """An event's projection: all of it, or ``wanted`` and its eventId (a projection of no field would be the
+    whole document)."""
+    return NO_ID if wanted is None else {**{field: 1 for field in wanted}, "eventId": 1, "_id": 0}
+
+
+def _only(document: dict, wanted: list[str] | None) -> dict:
+    """A document read with :func:`_projection`, without the eventId it was not asked for."""
+    if wanted is not None and "eventId" not in wanted:
+        del document["eventId"]
+    return document
+
+
 class MongoBusStore(BusStore):
     def __init__(self, connection: MongoConnection, database_name: str, *, schema_guard: SchemaGuard,
                  max_time_ms: int = 10_000):
@@ -199,27 +212,20 @@ class MongoBusStore(BusStore):
     def get_events(self, event_ids: Iterable[str], fields: Iterable[str] | None = None) -> dict[str, dict]:
         ids = list(dict.fromkeys(event_ids))
         wanted = None if fields is None else list(fields)
-        projection = NO_ID if wanted is None else {**{field: 1 for field in wanted}, "eventId": 1, "_id": 0}
         found: dict[str, dict] = {}
         for start in range(0, len(ids), IN_BATCH):
             chunk = ids[start:start + IN_BATCH]
             for document in self.run(self.events, "reading events", lambda c, chunk=chunk: list(
-                    c.find({"eventId": {"$in": chunk}}, projection, max_time_ms=self.max_time_ms))):
+                    c.find({"eventId": {"$in": chunk}}, _projection(wanted), max_time_ms=self.max_time_ms))):
                 event_id = document["eventId"]
-                if wanted is not None and "eventId" not in wanted:
-                    del document["eventId"]
-                found[event_id] = document
+                found[event_id] = _only(document, wanted)
         return found
 
     def get_event(self, event_id: str, fields: Iterable[str] | None = None) -> dict | None:
         wanted = None if fields is None else list(fields)
-        # eventId always: a projection of no field would be the whole document.
-        projection = NO_ID if wanted is None else {**{field: 1 for field in wanted}, "eventId": 1, "_id": 0}
-        document = self.run(self.events, f"reading event {event_id}",
-                            lambda c: c.find_one({"eventId": event_id}, projection, max_time_ms=self.max_time_ms))
-        if document is not None and wanted is not None and "eventId" not in wanted:
-            del document["eventId"]
-        return document
+        document = self.run(self.events, f"reading event {event_id}", lambda c: c.find_one(
+            {"eventId": event_id}, _projection(wanted), max_time_ms=self.max_time_ms))
+        return None if document is None else _only(document, wanted)
 
     def mark_sent(self, event_id: str, sent_at: datetime) -> bool:
         result = self.run(self.events, f"marking {event_id} sent", lambda c: c.update_one(
