@@ -185,6 +185,162 @@ class DjangoBackendBehaviour:
         store.append(stream)
         self.assertEqual(store.load(stream.aggregate_id, 1, 1)[0].id, stream.id)
 
+    # --- concurrent appends written together ------------------------------------------------------
+
+    def gated_store(self, **kwargs):
+        """A store whose first combined write (a batch of one) waits for ``gate``; the size of each such write."""
+        store = self.store(**kwargs)
+        sizes: list[int] = []
+        entered, gate = threading.Event(), threading.Event()
+        write = store._write_combined
+
+        def gated(items):
+            sizes.append(len(items))
+            if len(sizes) == 1:
+                entered.set()
+                self.assertTrue(gate.wait(20), "the test never opened the gate")
+            return write(items)
+
+        store._write_combined = gated  # before the first append: its combiner is made with this write
+        return store, sizes, entered, gate
+
+    def append_in_threads(self, store, streams, outcomes: dict) -> list[threading.Thread]:
+        def run(stream):
+            try:
+                store.append(stream)
+                outcomes[stream.id] = None
+            except Exception as exc:
+                outcomes[stream.id] = exc
+            finally:
+                connections[self.alias].close()
+
+        threads = [threading.Thread(target=run, args=(stream,), daemon=True) for stream in streams]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def batch_of(self, store, first, streams) -> tuple[dict, list[int]]:
+        """``first`` appended in a thread and held in its write while ``streams`` queue behind it (each from
+        its own thread); then all of it written. Each stream's outcome (None or its error), the batch sizes."""
+        store, sizes, entered, gate = store
+        outcomes: dict = {}
+        threads = self.append_in_threads(store, [first], outcomes)
+        self.assertTrue(entered.wait(20))
+        threads += self.append_in_threads(store, streams, outcomes)
+        combiner = store._combiners[first.aggregate_id.context_name]
+        deadline = time.monotonic() + 20
+        while len(combiner._queue) < len(streams):
+            self.assertLess(time.monotonic(), deadline, "the appends did not queue behind the first")
+            time.sleep(0.001)
+        gate.set()
+        for thread in threads:
+            thread.join(20)
+            self.assertFalse(thread.is_alive())
+        return outcomes, sizes
+
+    def test_concurrent_appends_are_written_as_one_batch_each_refused_or_stored_as_if_alone(self):
+        existing = make_stream(agg(), 1)
+        other = self.store()
+        other.append(existing)
+        other.append(make_stream(existing.aggregate_id, 2))
+        race = agg()
+        fine = [make_stream(agg(), 1), make_stream(agg(), 1, events=3)]
+        version_taken = make_stream(existing.aggregate_id, 2)
+        aggregate_taken = make_stream(existing.aggregate_id, 1)
+        request_repeated = make_stream(existing.aggregate_id, 3, request_id=existing.request_id)
+        id_repeated = replace(make_stream(agg(), 1), id=existing.id)
+        racers = [make_stream(race, 1), make_stream(race, 1)]
+        queued = [*fine, version_taken, aggregate_taken, request_repeated, id_repeated, *racers]
+        first = make_stream(agg(), 1)
+        outcomes, sizes = self.batch_of(self.gated_store(), first, queued)
+        self.assertEqual(sizes, [1, len(queued)])  # the eight queued appends: one write
+        self.assertIsNone(outcomes[first.id])
+        for stream in fine:
+            self.assertIsNone(outcomes[stream.id])
+        self.assertIsInstance(outcomes[version_taken.id], EventVersionConflict)
+        self.assertIsInstance(outcomes[aggregate_taken.id], DuplicateAggregateId)
+        self.assertIsInstance(outcomes[request_repeated.id], DuplicateRequestId)
+        self.assertIsInstance(outcomes[id_repeated.id], DuplicateEventStreamId)
+        won = [s for s in racers if outcomes[s.id] is None]
+        self.assertEqual(len(won), 1)
+        self.assertIsInstance(outcomes[next(s for s in racers if s is not won[0]).id], DuplicateAggregateId)
+        errors = [outcomes[s.id] for s in queued if outcomes[s.id] is not None]
+        self.assertEqual(len({id(e) for e in errors}), len(errors))  # each caller its own exception
+        store = self.store()
+        for stream in [first, *fine, *won]:
+            self.assertEqual(store.load(stream.aggregate_id), [stream])
+        self.assertEqual([s.version for s in store.load(existing.aggregate_id)], [1, 2])
+        self.assertEqual(EventStreamRow.objects.using(self.alias).count(), 2 + 1 + len(fine) + 1)
+
+    def test_a_batch_that_fails_as_a_whole_is_tried_again_by_each_other_caller_alone(self):
+        store = self.gated_store()
+        failures: list = []
+        insert_together = store[0]._insert_together
+
+        def broken(connection, streams, indexes, results, values=None):
+            # What a broken connection of the writing thread gives: every stream the recoverable error.
+            error = RecoverableStoreError("the writer's connection broke")
+            failures.append((threading.get_ident(), error))
+            for index in indexes:
+                results[index] = error
+
+        store[0]._insert_together = broken
+        queued = [make_stream(agg(), 1) for _ in range(4)]
+        outcomes, sizes = self.batch_of(store, make_stream(agg(), 1), queued)
+        self.assertEqual(sizes, [1, 4])
+        self.assertEqual(len(failures), 1)
+        store[0]._insert_together = insert_together
+        stored = [s for s in queued if outcomes[s.id] is None]
+        failed = [s for s in queued if outcomes[s.id] is not None]
+        # The thread that wrote the batch gets the error it met, as when alone; the others store theirs alone.
+        self.assertEqual(len(failed), 1)
+        self.assertIs(outcomes[failed[0].id], failures[0][1])
+        for stream in stored:
+            self.assertEqual(self.store().load(stream.aggregate_id), [stream])
+        self.assertEqual(self.store().load(failed[0].aggregate_id), [])
+
+    def test_every_caller_of_a_batch_gets_its_own_timeout_when_the_context_stays_locked(self):
+        store = self.gated_store(lock_timeout_s=0.5)
+        first = make_stream(agg(), 1)
+        queued = [make_stream(agg(), 1) for _ in range(3)]
+        writer = None
+        real_gate = store[3]
+
+        class LockThenOpen:  # the hung writer takes the lock just before the batch is written
+            def set(inner):
+                nonlocal writer
+                writer = self.hung_writer_process(first.aggregate_id.context_name)
+                real_gate.set()
+
+        outcomes, sizes = self.batch_of((*store[:3], LockThenOpen()), first, queued)
+        self.assertEqual(sizes, [1, 3])
+        errors = [outcomes[s.id] for s in queued]
+        for error in errors:
+            self.assertIsInstance(error, ContextLockTimeout)
+            self.assertIn("APPEND_LOCK_TIMEOUT_S", str(error))
+        self.assertEqual(len({id(e) for e in errors}), 3)
+        writer.kill()
+        writer.wait(10)
+        for stream in queued:
+            self.assertEqual(self.store().load(stream.aggregate_id), [])
+
+    def test_appends_inside_a_transaction_are_not_written_with_other_threads(self):
+        store = self.store()
+        written = []
+        write = store._write_combined
+        store._write_combined = lambda items: written.append(len(items)) or write(items)
+        inside = make_stream(agg(), 1)
+        with self.assertRaises(RuntimeError), transaction.atomic(using=self.alias):
+            store.append(inside)
+            self.assertEqual(store.load(inside.aggregate_id), [inside])
+            raise RuntimeError("the caller's transaction fails after the append")
+        self.assertEqual(written, [])
+        self.assertEqual(store.load(inside.aggregate_id), [])  # rolled back with the caller's transaction
+        outside = make_stream(agg(), 1)
+        store.append(outside)
+        self.assertEqual(written, [1])
+        self.assertEqual(store.load(outside.aggregate_id), [outside])
+
     def test_the_orm_model_of_event_streams_refuses_writes_outside_the_store(self):
         # Such a row takes no context lock: committed late, below a position a follower passed, it was never
         # delivered and no gap was recorded. Only the event store writes the table.

@@ -1,4 +1,4 @@
-"""Event store on the Django ORM: one ``INSERT`` per append (DESIGN part A).
+"""Event store on the Django ORM: one ``INSERT`` per append, or per batch of concurrent appends (DESIGN part A).
 
 Optimistic concurrency and idempotency come from the unique constraints of
 ``wow_event_stream`` (see :mod:`wow_django.backends.django.models`); this
@@ -10,6 +10,7 @@ statement skips conflicts instead of failing).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import operator
 import sqlite3
@@ -35,6 +36,7 @@ from wow_django.exceptions import (
     RecoverableStoreError,
     SchemaConflictError,
 )
+from wow_django.persistence.combining import BatchFailed, Combiner
 from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
 from wow_django.persistence.followers import AppendNotifier
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream, stored_events, stored_stream
@@ -151,7 +153,7 @@ class DjangoEventStore(EventStore):
     one_statement = True
 
     def __init__(self, using: str = "default", *, request_id_index: str = "aggregate",
-                 lock_timeout_s: float | None | EllipsisType = ...):
+                 lock_timeout_s: float | None | EllipsisType = ..., combine: bool = True):
         #: How long an append waits for its context's lock; ``...``: ``WOW['APPEND_LOCK_TIMEOUT_S']`` at each append.
         self.lock_timeout_s = lock_timeout_s
         if request_id_index not in ("aggregate", "global"):
@@ -201,6 +203,9 @@ class DjangoEventStore(EventStore):
         self._scopes_checked: set[str] = set()
         self._read_sql: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
+        #: Whether concurrent appends outside a transaction are written together (see :meth:`append`).
+        self.combine = combine
+        self._combiners: dict[str, Combiner] = {}
 
     def _rows(self):
         return EventStreamRow.objects.using(self.using)
@@ -253,9 +258,70 @@ class DjangoEventStore(EventStore):
     # --- writes -------------------------------------------------------------------------------------
 
     def append(self, stream: EventStream) -> None:
+        """Store ``stream``; outside a transaction, together with other threads' concurrent appends.
+
+        Inside the caller's transaction (or with autocommit off) the stream is
+        inserted there, alone (under a savepoint). Outside one, concurrent appends of this process to
+        one context are written together by one of their threads (see
+        :mod:`wow_django.persistence.combining`): one statement and one commit
+        for all of them, each stream refused or stored on its own as if alone.
+        A lone append is written at once, as before.
+        """
         self._check_scope(stream.aggregate_name)
         connection = database(self.using)
-        values = self._values(stream)
+        values = self._values(stream)  # encoded in the caller's thread: a bad body fails here, alone
+        if not self.combine or connection.in_atomic_block or not connection.get_autocommit():
+            self._append_one(connection, stream, values)
+            return
+        result = self._combiner(stream.aggregate_id.context_name).submit((stream, values))
+        if isinstance(result, BatchFailed):
+            if result.by_this_thread:  # this thread's own write failed: its error, as when alone
+                raise result.error
+            # Another thread's write of the batch failed as a whole (its connection, say): this one
+            # tries alone, on its own connection, and so gets its own outcome.
+            self._append_one(connection, stream, values)
+        elif result is not None:
+            raise result
+
+    def _combiner(self, context_name: str) -> Combiner:
+        combiner = self._combiners.get(context_name)
+        if combiner is None:
+            with self._lock:
+                combiner = self._combiners.setdefault(context_name, Combiner(self._write_combined))
+        return combiner
+
+    def _write_combined(self, items: list[tuple[EventStream, list]]) -> list[Exception | BatchFailed | None]:
+        """A batch of :meth:`append` calls, written in this (one of their) thread(s): one result each."""
+        connection = database(self.using)
+        streams = [stream for stream, _ in items]
+        results: list[Exception | None] = [None] * len(items)
+        if len(items) == 1:
+            try:
+                self._append_one(connection, streams[0], items[0][1])
+            except (EventStoreError, RecoverableStoreError) as exc:
+                results[0] = exc
+        else:
+            indexes = sorted(range(len(items)), key=lambda i: (
+                streams[i].aggregate_name, streams[i].aggregate_id.id, streams[i].version))
+            if self.one_statement and connection.features.can_return_columns_from_insert:
+                self._insert_together(connection, streams, indexes, results, values=[v for _, v in items])
+            else:
+                self._insert_each(connection, streams, indexes, results)
+        failed: list[Exception | BatchFailed | None] = []
+        for result in results:
+            if isinstance(result, ContextLockTimeout):
+                # The context's lock was held past the bound: every caller gets the timeout (its own copy,
+                # raised from the one that happened); trying again alone would double the wait.
+                own = copy.copy(result)
+                own.__cause__ = result
+                failed.append(own)
+            elif isinstance(result, RecoverableStoreError):
+                failed.append(BatchFailed(result))  # this thread's connection, say: each caller tries alone
+            else:
+                failed.append(result)
+        return failed
+
+    def _append_one(self, connection, stream: EventStream, values: list) -> None:
         agg = stream.aggregate_id
         try:
             with store_errors(connection, f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"):
@@ -383,12 +449,12 @@ class DjangoEventStore(EventStore):
         return results
 
     def _insert_together(self, connection, streams: Sequence[EventStream], indexes: list[int],
-                         results: list[Exception | None]) -> None:
+                         results: list[Exception | None], values: Sequence[list] | None = None) -> None:
         params: list = []
         rows: list[int] = []
         for index in indexes:
             try:
-                params.extend(self._values(streams[index]))
+                params.extend(self._values(streams[index]) if values is None else values[index])
             except (TypeError, ValueError) as exc:  # a body that is not JSON
                 results[index] = exc
             else:

@@ -1,0 +1,242 @@
+"""The combiner: concurrent calls written in batches by one of their own threads (no thread of its own)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from wow_django.persistence.combining import BatchFailed, Combiner
+
+from .support import in_forked_child
+
+WAIT_S = 10
+
+
+class GatedWrite:
+    """A write whose first call blocks until :meth:`open`; records every batch and the thread that wrote it."""
+
+    def __init__(self, result=lambda item: item * 10):
+        self.batches: list[list] = []
+        self.writers: list[int] = []
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.result = result
+
+    def __call__(self, items: list) -> list:
+        self.batches.append(list(items))
+        self.writers.append(threading.get_ident())
+        if len(self.batches) == 1:
+            self.entered.set()
+            assert self.gate.wait(WAIT_S), "the test never opened the gate"
+        return [self.result(item) for item in items]
+
+
+def submit_in_threads(combiner: Combiner, items, results: dict) -> list[threading.Thread]:
+    def run(item):
+        results[item] = combiner.submit(item)
+
+    threads = [threading.Thread(target=run, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.001)
+
+
+def test_a_lone_call_is_written_at_once_as_a_batch_of_one_in_its_own_thread():
+    write = GatedWrite()
+    write.gate.set()
+    combiner = Combiner(write)
+    assert combiner.submit(4) == 40
+    assert combiner.submit(5) == 50
+    assert write.batches == [[4], [5]]
+    assert write.writers == [threading.get_ident()] * 2
+
+
+def test_calls_arriving_while_a_batch_is_written_go_together_into_the_next_each_with_its_own_result():
+    write = GatedWrite()
+    combiner = Combiner(write)
+    results: dict = {}
+    first = submit_in_threads(combiner, [1], results)
+    assert write.entered.wait(WAIT_S)
+    others = submit_in_threads(combiner, [2, 3, 4, 5], results)
+    wait_until(lambda: len(combiner._queue) == 4, "four calls are queued")
+    write.gate.set()
+    for thread in first + others:
+        thread.join(WAIT_S)
+    assert results == {1: 10, 2: 20, 3: 30, 4: 40, 5: 50}
+    assert write.batches[0] == [1]
+    assert sorted(write.batches[1]) == [2, 3, 4, 5]  # one write for the four, by one of their threads
+    assert len(write.batches) == 2
+    assert write.writers[1] != write.writers[0]
+
+
+def test_a_batch_holds_at_most_max_size_and_every_call_is_written_once():
+    write = GatedWrite()
+    combiner = Combiner(write, max_size=2)
+    results: dict = {}
+    first = submit_in_threads(combiner, [0], results)
+    assert write.entered.wait(WAIT_S)
+    others = submit_in_threads(combiner, list(range(1, 8)), results)
+    wait_until(lambda: len(combiner._queue) == 7, "seven calls are queued")
+    write.gate.set()
+    for thread in first + others:
+        thread.join(WAIT_S)
+    assert results == {n: n * 10 for n in range(8)}
+    assert all(len(batch) <= 2 for batch in write.batches)
+    assert sorted(item for batch in write.batches for item in batch) == list(range(8))
+
+
+def test_a_caller_returns_when_its_batch_is_written_not_when_the_writer_is_done():
+    # max_size 1: whoever writes after "first" writes the calls queued before its own one at a time; each
+    # of their callers returns as soon as its call is written, while the writer goes on. The write of
+    # "last" waits until the three others are back: if they waited for the writer, it never would.
+    holding, go, release_last = threading.Event(), threading.Event(), threading.Event()
+    returned: list = []
+
+    def write(items):
+        if items == ["first"]:
+            holding.set()
+            assert go.wait(WAIT_S)
+        if items == ["last"]:
+            assert release_last.wait(WAIT_S), "the callers written before did not return"
+        return [f"{item}!" for item in items]
+
+    combiner = Combiner(write, max_size=1)
+    results: dict = {}
+
+    def run(item):
+        results[item] = combiner.submit(item)
+        returned.append(item)
+        if len(returned) == 3:
+            release_last.set()
+
+    first = threading.Thread(target=run, args=("first",))
+    first.start()
+    assert holding.wait(WAIT_S)
+    queued = []
+    for item in ("a", "b", "last"):
+        thread = threading.Thread(target=run, args=(item,))
+        thread.start()
+        queued.append(thread)
+        count = len(queued)
+        wait_until(lambda: len(combiner._queue) == count, f"{item} is queued")  # noqa: B023
+    go.set()
+    for thread in [first, *queued]:
+        thread.join(WAIT_S)
+    assert results == {"first": "first!", "a": "a!", "b": "b!", "last": "last!"}
+    assert returned[-1] == "last"
+
+
+def test_a_write_that_fails_gives_every_call_of_its_batch_the_failure_and_the_writer_is_known():
+    class Broken(Exception):
+        pass
+
+    write = GatedWrite()
+    calls = []
+
+    def failing(items):
+        calls.append(list(items))
+        if len(calls) == 1:
+            return write(items)  # the first batch (gated) works
+        raise Broken("the writer's connection is gone")
+
+    combiner = Combiner(failing)
+    results: dict = {}
+    writers: dict = {}
+
+    def run(item):
+        result = combiner.submit(item)
+        results[item] = result
+        if isinstance(result, BatchFailed):
+            writers[item] = result.by_this_thread
+
+    first = threading.Thread(target=run, args=(1,))
+    first.start()
+    assert write.entered.wait(WAIT_S)
+    others = [threading.Thread(target=run, args=(n,)) for n in (2, 3, 4)]
+    for thread in others:
+        thread.start()
+    wait_until(lambda: len(combiner._queue) == 3, "three calls are queued")
+    write.gate.set()
+    for thread in [first, *others]:
+        thread.join(WAIT_S)
+    assert results[1] == 10
+    failed = [results[n] for n in (2, 3, 4)]
+    assert all(isinstance(r, BatchFailed) and isinstance(r.error, Broken) for r in failed)
+    assert sorted(writers.values()) == [False, False, True]  # exactly one of them wrote the batch
+
+
+def test_a_write_returning_the_wrong_number_of_results_fails_its_batch():
+    combiner = Combiner(lambda items: [])
+    result = combiner.submit("x")
+    assert isinstance(result, BatchFailed)
+    assert "0 results for 1 items" in str(result.error)
+    assert result.by_this_thread
+
+
+def test_an_interrupted_writer_raises_and_leaves_no_call_waiting():
+    write = GatedWrite()
+    calls = []
+
+    def interrupted(items):
+        calls.append(list(items))
+        if len(calls) == 1:
+            return write(items)
+        raise KeyboardInterrupt
+
+    combiner = Combiner(interrupted)
+    outcomes: dict = {}
+
+    def run(item):
+        try:
+            outcomes[item] = combiner.submit(item)
+        except KeyboardInterrupt:
+            outcomes[item] = "interrupted"
+
+    first = threading.Thread(target=run, args=(1,))
+    first.start()
+    assert write.entered.wait(WAIT_S)
+    others = [threading.Thread(target=run, args=(n,)) for n in (2, 3)]
+    for thread in others:
+        thread.start()
+    wait_until(lambda: len(combiner._queue) == 2, "two calls are queued")
+    write.gate.set()
+    for thread in [first, *others]:
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+    assert outcomes[1] == 10
+    assert sorted(str(type(outcomes[n]).__name__) for n in (2, 3)) == ["BatchFailed", "str"]
+    # The combiner is free again.
+    combiner._write = lambda items: [f"ok {item}" for item in items]
+    assert combiner.submit(9) == "ok 9"
+
+
+def test_a_forked_child_does_not_wait_for_the_parents_writer():
+    write = GatedWrite()
+    combiner = Combiner(write)
+    holder = threading.Thread(target=combiner.submit, args=(1,))
+    holder.start()
+    assert write.entered.wait(WAIT_S)  # the parent's writer is busy (and its lock may be held) at the fork
+
+    def probe():
+        combiner._write = lambda items: [item + 1 for item in items]
+        return (combiner.submit(41) == 42,)
+
+    try:
+        assert in_forked_child(probe) == (True,)
+    finally:
+        write.gate.set()
+        holder.join(WAIT_S)
+
+
+def test_max_size_must_be_positive():
+    with pytest.raises(ValueError, match="max_size must be ≥ 1"):
+        Combiner(lambda items: items, max_size=0)
