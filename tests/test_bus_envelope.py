@@ -156,6 +156,26 @@ def test_times_are_utc_milliseconds():
     assert parse_time(datetime(2024, 1, 1, 12, tzinfo=UTC)) == datetime(2024, 1, 1, 12)
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("2024-02-28T10:00:00.123Z", datetime(2024, 2, 28, 10, 0, 0, 123000)),  # what iso() writes
+    ("2024-02-28T10:00:00.123456Z", datetime(2024, 2, 28, 10, 0, 0, 123000)),
+    ("2024-02-28T10:00:00Z", datetime(2024, 2, 28, 10)),
+    ("2024-02-28T10:00:00.5z", datetime(2024, 2, 28, 10, 0, 0, 500000)),
+    ("2024-02-28T10:00:00+01:00", datetime(2024, 2, 28, 9)),
+    ("2024-02-28", datetime(2024, 2, 28)),
+])
+def test_iso_times_read_back_as_naive_utc(text, expected):
+    moment = parse_time(text)
+    assert moment == expected and moment.tzinfo is None
+    assert parse_time(iso(moment)) == moment
+
+
+@pytest.mark.parametrize("text", ["2024-02-28T10:00:00+01:00Z", "Z", "2024-13-01T00:00:00Z", "0001-01-01T00:00:00+01:00"])
+def test_malformed_times_are_refused(text):
+    with pytest.raises(ValueError, match="must be"):
+        parse_time(text)
+
+
 def row(consumer, attempt, success, **extra):
     return {"consumerId": consumer, "attemptNo": attempt, "success": success, **extra}
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from wow_django.persistence.combining import BatchFailed, Combiner
+from wow_django.persistence.combining import TIMED_OUT, BatchFailed, Combiner
 
 from .support import in_forked_child
 
@@ -228,13 +228,69 @@ def test_a_forked_child_does_not_wait_for_the_parents_writer():
 
     def probe():
         combiner._write = lambda items: [item + 1 for item in items]
-        return (combiner.submit(41) == 42,)
+        answers: dict = {}
+        threads = [threading.Thread(target=lambda n=n: answers.__setitem__(n, combiner.submit(n))) for n in (41, 50)]
+        for thread in threads:  # two first calls at once in the child
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        return (answers == {41: 42, 50: 51}, not any(thread.is_alive() for thread in threads))
 
     try:
-        assert in_forked_child(probe) == (True,)
+        assert in_forked_child(probe) == (True, True)
     finally:
         write.gate.set()
         holder.join(WAIT_S)
+
+
+def test_a_call_that_waits_in_the_queue_past_its_timeout_is_taken_back_out_and_never_written():
+    write = GatedWrite()
+    combiner = Combiner(write)
+    results: dict = {}
+    first = submit_in_threads(combiner, [1], results)
+    assert write.entered.wait(WAIT_S)
+    started = time.monotonic()
+    assert combiner.submit(2, timeout=0.05) is TIMED_OUT
+    assert time.monotonic() - started < WAIT_S
+    assert list(combiner._queue) == []
+    write.gate.set()
+    first[0].join(WAIT_S)
+    assert results == {1: 10}
+    assert write.batches == [[1]]
+    assert combiner.submit(3, timeout=0.05) == 30  # no writer: written at once
+
+
+def test_a_caller_interrupted_while_it_waits_takes_its_call_back_out():
+    write = GatedWrite()
+    combiner = Combiner(write)
+    results: dict = {}
+    first = submit_in_threads(combiner, [1], results)
+    assert write.entered.wait(WAIT_S)
+    interrupted = threading.Event()
+
+    class Interrupting(threading.Condition):
+        def wait(self, timeout=None):
+            if threading.current_thread().name == "interrupted":
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    cond = combiner._cond
+    combiner._cond = Interrupting(cond._lock)  # type: ignore[attr-defined]
+
+    def run():
+        try:
+            combiner.submit(2)
+        except KeyboardInterrupt:
+            interrupted.set()
+
+    thread = threading.Thread(target=run, name="interrupted")
+    thread.start()
+    thread.join(WAIT_S)
+    assert interrupted.is_set()
+    assert list(combiner._queue) == []
+    write.gate.set()
+    first[0].join(WAIT_S)
+    assert write.batches == [[1]]  # 2 was never written
 
 
 def test_max_size_must_be_positive():

@@ -55,6 +55,7 @@ from wow_django.exceptions import (
     DuplicateAggregateId,
     DuplicateEventStreamId,
     DuplicateRequestId,
+    EventStoreError,
     EventVersionConflict,
     RecoverableStoreError,
     SchemaConflictError,
@@ -180,6 +181,7 @@ class DjangoBackendBehaviour:
         self.assertIsInstance(result[0], ContextLockTimeout)
         self.assertIsInstance(result[0], RecoverableStoreError)  # the gateway retries it; HTTP 503 StoreUnavailable
         self.assertIn("APPEND_LOCK_TIMEOUT_S", str(result[0]))
+        self.assertIsInstance(result[0].__cause__, OperationalError)  # what the database said
         writer.kill()  # its transaction ends with the process: the context is free again
         writer.wait(10)
         store.append(stream)
@@ -227,7 +229,7 @@ class DjangoBackendBehaviour:
         threads = self.append_in_threads(store, [first], outcomes)
         self.assertTrue(entered.wait(20))
         threads += self.append_in_threads(store, streams, outcomes)
-        combiner = store._combiners[first.aggregate_id.context_name]
+        combiner = store._combiner(first.aggregate_id.context_name, connections[self.alias])
         deadline = time.monotonic() + 20
         while len(combiner._queue) < len(streams):
             self.assertLess(time.monotonic(), deadline, "the appends did not queue behind the first")
@@ -272,57 +274,115 @@ class DjangoBackendBehaviour:
         self.assertEqual([s.version for s in store.load(existing.aggregate_id)], [1, 2])
         self.assertEqual(EventStreamRow.objects.using(self.alias).count(), 2 + 1 + len(fine) + 1)
 
-    def test_a_batch_that_fails_as_a_whole_is_tried_again_by_each_other_caller_alone(self):
+    def test_a_combined_write_whose_answer_is_lost_gives_each_caller_its_own_recoverable_error(self):
+        # The batch is committed, then its answer lost (the connection dropped): no caller can know whether
+        # its stream is stored, as with a lone append's lost answer; none retries on its own (it would meet
+        # its own row and call it a conflict).
         store = self.gated_store()
-        failures: list = []
         insert_together = store[0]._insert_together
+        lost: list = []
 
-        def broken(connection, streams, indexes, results, values=None):
-            # What a broken connection of the writing thread gives: every stream the recoverable error.
-            error = RecoverableStoreError("the writer's connection broke")
-            failures.append((threading.get_ident(), error))
+        def committed_then_lost(connection, streams, indexes, results, values=None):
+            insert_together(connection, streams, indexes, results, values)
+            error = RecoverableStoreError("the connection dropped before the answer came back")
+            error.__cause__ = OperationalError("server closed the connection unexpectedly")
+            lost.append(error)
             for index in indexes:
                 results[index] = error
 
-        store[0]._insert_together = broken
-        queued = [make_stream(agg(), 1) for _ in range(4)]
+        store[0]._insert_together = committed_then_lost
+        queued = [make_stream(agg(), 1) for _ in range(3)] + [make_stream(agg(), 1, events=2)]
         outcomes, sizes = self.batch_of(store, make_stream(agg(), 1), queued)
         self.assertEqual(sizes, [1, 4])
-        self.assertEqual(len(failures), 1)
-        store[0]._insert_together = insert_together
-        stored = [s for s in queued if outcomes[s.id] is None]
-        failed = [s for s in queued if outcomes[s.id] is not None]
-        # The thread that wrote the batch gets the error it met, as when alone; the others store theirs alone.
-        self.assertEqual(len(failed), 1)
-        self.assertIs(outcomes[failed[0].id], failures[0][1])
-        for stream in stored:
+        self.assertEqual(len(lost), 1)
+        errors = [outcomes[s.id] for s in queued]
+        for error in errors:
+            self.assertIs(type(error), RecoverableStoreError)
+            self.assertIs(error.__cause__, lost[0].__cause__)  # what the database said
+        self.assertEqual(len({id(e) for e in errors}), len(errors))  # each caller its own
+        for stream in queued:
+            self.assertEqual(self.store().load(stream.aggregate_id), [stream])  # stored once, by the batch
+
+    def test_an_append_waits_in_the_queue_at_most_the_lock_timeout_and_is_then_not_written(self):
+        store, sizes, entered, gate = self.gated_store(lock_timeout_s=0.3)
+        first, late = make_stream(agg(), 1), [make_stream(agg(), 1) for _ in range(2)]
+        outcomes: dict = {}
+        threads = self.append_in_threads(store, [first], outcomes)
+        self.assertTrue(entered.wait(20))
+        waiting = self.append_in_threads(store, late, outcomes)
+        for thread in waiting:  # back while the write ahead of them still runs
+            thread.join(20)
+            self.assertFalse(thread.is_alive(), "a queued append waited past APPEND_LOCK_TIMEOUT_S")
+        for stream in late:
+            self.assertIsInstance(outcomes[stream.id], ContextLockTimeout)
+            self.assertIn("APPEND_LOCK_TIMEOUT_S", str(outcomes[stream.id]))
+        gate.set()
+        for thread in threads:
+            thread.join(20)
+        self.assertIsNone(outcomes[first.id])
+        self.assertEqual(sizes, [1])  # taken back out of the queue: never written
+        for stream in late:
+            self.assertEqual(self.store().load(stream.aggregate_id), [])
+
+    def test_a_stream_the_database_refuses_in_a_combined_write_fails_alone_and_the_rest_is_stored(self):
+        refused = replace(make_stream(agg(), 1), header={"note": "a NUL \u0000 inside"})
+        fine = [make_stream(agg(), 1), make_stream(agg(), 1)]
+        outcomes, sizes = self.batch_of(self.gated_store(), make_stream(agg(), 1), [refused, *fine])
+        self.assertEqual(sizes, [1, 3])
+        for stream in fine:
+            self.assertIsNone(outcomes[stream.id])
             self.assertEqual(self.store().load(stream.aggregate_id), [stream])
-        self.assertEqual(self.store().load(failed[0].aggregate_id), [])
+        if connections[self.alias].vendor == "postgresql":  # PostgreSQL's jsonb refuses \u0000; SQLite keeps it
+            self.assertIsInstance(outcomes[refused.id], EventStoreError)
+            self.assertIn("cannot be stored", str(outcomes[refused.id]))
+            self.assertEqual(self.store().load(refused.aggregate_id), [])
+
+    def locked_before_the_batch(self, store, context: str) -> list:
+        """``store`` (from :meth:`gated_store`) with another process taking ``context``'s lock just before a
+        write of more than one append (taken from the queue by then: only the lock's bound applies)."""
+        writers: list = []
+        write = store[0]._write_combined
+
+        def locking(items):
+            if len(items) > 1 and not writers:
+                writers.append(self.hung_writer_process(context))
+            return write(items)
+
+        store[0]._write_combined = locking
+        return writers
 
     def test_every_caller_of_a_batch_gets_its_own_timeout_when_the_context_stays_locked(self):
         store = self.gated_store(lock_timeout_s=0.5)
         first = make_stream(agg(), 1)
         queued = [make_stream(agg(), 1) for _ in range(3)]
-        writer = None
-        real_gate = store[3]
-
-        class LockThenOpen:  # the hung writer takes the lock just before the batch is written
-            def set(inner):
-                nonlocal writer
-                writer = self.hung_writer_process(first.aggregate_id.context_name)
-                real_gate.set()
-
-        outcomes, sizes = self.batch_of((*store[:3], LockThenOpen()), first, queued)
+        writers = self.locked_before_the_batch(store, first.aggregate_id.context_name)
+        outcomes, sizes = self.batch_of(store, first, queued)
         self.assertEqual(sizes, [1, 3])
         errors = [outcomes[s.id] for s in queued]
         for error in errors:
             self.assertIsInstance(error, ContextLockTimeout)
             self.assertIn("APPEND_LOCK_TIMEOUT_S", str(error))
+            self.assertIsInstance(error.__cause__, OperationalError)  # what the database said
         self.assertEqual(len({id(e) for e in errors}), 3)
-        writer.kill()
-        writer.wait(10)
+        writers[0].kill()
+        writers[0].wait(10)
         for stream in queued:
             self.assertEqual(self.store().load(stream.aggregate_id), [])
+
+    def test_a_combined_write_split_stream_by_stream_still_waits_for_the_lock_within_the_bound(self):
+        store = self.gated_store(lock_timeout_s=0.5)
+        first = make_stream(agg(), 1)
+        refused = replace(make_stream(agg(), 1), header={"note": "a NUL \u0000 inside"})
+        queued = [refused, make_stream(agg(), 1), make_stream(agg(), 1)]
+        writers = self.locked_before_the_batch(store, first.aggregate_id.context_name)
+        outcomes, sizes = self.batch_of(store, first, queued)
+        self.assertEqual(sizes, [1, 3])
+        for stream in queued[1:]:  # each waited for the lock within the bound, as alone
+            self.assertIsInstance(outcomes[stream.id], ContextLockTimeout)
+        # PostgreSQL refuses the NUL before taking any lock (if it comes first), SQLite keeps it.
+        self.assertIsInstance(outcomes[refused.id], (EventStoreError, ContextLockTimeout))
+        writers[0].kill()
+        writers[0].wait(10)
 
     def test_appends_inside_a_transaction_are_not_written_with_other_threads(self):
         store = self.store()
@@ -340,6 +400,34 @@ class DjangoBackendBehaviour:
         store.append(outside)
         self.assertEqual(written, [1])
         self.assertEqual(store.load(outside.aggregate_id), [outside])
+
+    def test_the_backend_combines_appends_unless_the_setting_turns_it_off(self):
+        with override_settings(WOW={"DATABASE_ALIAS": self.alias}):
+            self.assertTrue(DjangoBackend().event_store(request_id_index="aggregate").combine)
+        with override_settings(WOW={"DATABASE_ALIAS": self.alias, "EVENT_STORE_COMBINE": False}):
+            store = DjangoBackend().event_store(request_id_index="aggregate")
+        self.assertFalse(store.combine)
+        written = []
+        store._write_combined = lambda items: written.append(items) or [None] * len(items)
+        stream = make_stream(agg(), 1)
+        store.append(stream)
+        self.assertEqual(written, [])
+        self.assertEqual(store.load(stream.aggregate_id), [stream])
+
+    def test_appends_with_autocommit_off_stay_in_the_callers_transaction(self):
+        store = self.store()
+        written = []
+        write = store._write_combined
+        store._write_combined = lambda items: written.append(len(items)) or write(items)
+        stream = make_stream(agg(), 1)
+        transaction.set_autocommit(False, using=self.alias)
+        try:
+            store.append(stream)
+            transaction.rollback(using=self.alias)
+        finally:
+            transaction.set_autocommit(True, using=self.alias)
+        self.assertEqual(written, [])
+        self.assertEqual(store.load(stream.aggregate_id), [])
 
     def test_the_orm_model_of_event_streams_refuses_writes_outside_the_store(self):
         # Such a row takes no context lock: committed late, below a position a follower passed, it was never
@@ -673,6 +761,16 @@ class TestSQLiteDjangoBackend(OnSQLite, DjangoBackendBehaviour, TransactionTestC
 
 class TestPostgreSQLDjangoBackend(OnPostgreSQL, DjangoBackendBehaviour, TransactionTestCase):
     pass
+
+    def test_an_unreachable_database_is_a_recoverable_error_on_a_threads_first_append(self):
+        store = self.store()
+        connection = connections[self.alias]
+        connection.close()
+        refused = OperationalError("connection refused")
+        refused.__cause__ = psycopg.OperationalError("connection refused")  # as Django wraps the driver's
+        with mock.patch.object(connection, "ensure_connection", side_effect=refused):
+            with self.assertRaises(RecoverableStoreError):
+                store.append(make_stream(agg(), 1))
 
 
 # --- batches without RETURNING (SQLite < 3.35): the savepoint path under the whole contract ----------------

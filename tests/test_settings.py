@@ -62,6 +62,7 @@ def test_malformed_value_is_an_error_naming_the_key():
         ({"MONGO_MAX_TIME_MS": 0}, "MONGO_MAX_TIME_MS"),
         ({"AUTO_INIT_SCHEMA": "yes"}, "AUTO_INIT_SCHEMA"),
         ({"REQUEST_ID_INDEX": "tenant"}, "REQUEST_ID_INDEX"),
+        ({"EVENT_STORE_COMBINE": "no"}, "EVENT_STORE_COMBINE"),
         ({"EVENT_STORE_BATCH": {"MAX_SIZE": -1}}, "EVENT_STORE_BATCH.MAX_SIZE"),
         ({"EVENT_STORE_BATCH": {"MAX_SZE": 3}}, "EVENT_STORE_BATCH.MAX_SZE"),
         ({"EVENT_STORE_BATCH": 5}, "EVENT_STORE_BATCH"),

@@ -78,6 +78,9 @@ DEFAULTS: dict[str, Any] = {
     # serverSelectionTimeoutMS wins. Past it the store is unreachable: a 503, not retried inside the request.
     "MONGO_SERVER_SELECTION_TIMEOUT_MS": 5_000,
     # --- batching of concurrent appends -----------------------------------
+    # The django event store writes concurrent appends of one process to one context (outside a transaction)
+    # together, by one of the appending threads on its connection; False: each append alone.
+    "EVENT_STORE_COMBINE": True,
     "EVENT_STORE_BATCH": {
         "ENABLED": False,
         "MAX_SIZE": 128,
@@ -325,6 +328,7 @@ VALIDATORS = {
     "MONGO_MAX_TIME_MS": _pos_int,
     "MONGO_CHANGE_STREAMS": _bool,
     "MONGO_SERVER_SELECTION_TIMEOUT_MS": _pos_int,
+    "EVENT_STORE_COMBINE": _bool,
     "EVENT_STORE_BATCH.ENABLED": _bool,
     "EVENT_STORE_BATCH.MAX_SIZE": _pos_int,
     "EVENT_STORE_BATCH.MAX_DELAY_MS": _non_negative_num,

@@ -58,6 +58,13 @@ def parse_time(value: Any) -> datetime:
         return to_bson_time(value)
     if not isinstance(value, str) or not value:
         raise ValueError("must be an ISO 8601 date-time string")
+    if value[-1] == "Z":  # what iso() writes: UTC, read as a naive time without converting it
+        try:
+            parsed = datetime.fromisoformat(value[:-1])
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is None:
+            return to_bson_time(parsed)
     try:
         parsed = datetime.fromisoformat(value.replace("z", "Z"))
     except ValueError:

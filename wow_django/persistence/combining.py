@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -50,21 +51,41 @@ class BatchFailed:
         return f"BatchFailed({self.error!r})"
 
 
+#: What :meth:`Combiner.submit` returns when its ``timeout`` passed before any write took its item (the item
+#: was taken back out of the queue: it is never written).
+TIMED_OUT = object()
+
+
 class _Slot(Generic[T]):
-    __slots__ = ("item", "done", "result")
+    __slots__ = ("item", "taken", "done", "result")
 
     def __init__(self, item: T):
         self.item = item
+        self.taken = False  # a writer has it: it is written (or failed) whatever its caller does now
         self.done = False
         self.result: object = None
+
+
+_combiners: weakref.WeakSet[Combiner] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    # Right after a fork, in the child's only thread: the parent's queue and writer are not here.
+    for combiner in list(_combiners):
+        combiner._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
 
 
 class Combiner(Generic[T, R]):
     """Writes concurrent :meth:`submit` calls' items in batches, each batch by one of the callers.
 
     ``write(items)`` returns one result per item, in order (an exception it
-    raises is every item's :class:`BatchFailed`). Fork-safe: a child process
-    starts with an empty queue and no writer.
+    raises is every item's :class:`BatchFailed`). A caller interrupted while
+    its item waits in the queue takes it back out (it is not written). Fork-safe:
+    a child process starts with an empty queue and no writer.
     """
 
     def __init__(self, write: Callable[[list[T]], Sequence[R]], *, max_size: int = 128):
@@ -73,59 +94,92 @@ class Combiner(Generic[T, R]):
         self._write = write
         self.max_size = max_size
         self._reset()
+        _combiners.add(self)
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Slot[T]] = deque()
         self._writing = False
         self._last = 0
 
-    def submit(self, item: T) -> R | BatchFailed:
-        """Write ``item`` (with whatever else is queued) and return its result, or :class:`BatchFailed`."""
-        if self._pid != os.getpid():  # a forked child: the parent's waiters and writer are not here
-            self._reset()
+    def submit(self, item: T, *, timeout: float | None = None) -> R | BatchFailed | object:
+        """Write ``item`` (with whatever else is queued) and return its result, or :class:`BatchFailed`;
+        :data:`TIMED_OUT` if ``timeout`` seconds passed while it waited in the queue (then it is not written;
+        once a writer took it, its caller waits for that write's outcome)."""
         slot: _Slot[T] = _Slot(item)
         cond = self._cond
+        deadline = None if timeout is None else time.monotonic() + timeout
         with cond:
             self._queue.append(slot)
-            while self._writing and not slot.done:
-                cond.wait()
+            try:
+                while self._writing and not slot.done:
+                    if deadline is None or slot.taken:
+                        cond.wait()
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._queue.remove(slot)
+                        return TIMED_OUT
+                    cond.wait(remaining)
+            except BaseException:
+                self._withdraw(slot)
+                raise
             if slot.done:
-                return slot.result  # type: ignore[return-value]
+                return slot.result
             self._writing = True
         try:
             while not slot.done:
                 if len(self._queue) < self._last:
-                    time.sleep(0)
+                    time.sleep(0)  # let the callers of the last batch queue their next items first
                 with cond:
                     batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_size))]
+                    for taken in batch:
+                        taken.taken = True
+                if not batch:  # cannot happen: this caller's item is queued until a writer takes it
+                    raise RuntimeError("a combiner's writer found its own item neither queued nor written")
                 self._last = len(batch)
-                self._write_batch(batch)
-                with cond:
-                    cond.notify_all()  # the batch's callers return now, not when this writer is done
+                try:
+                    self._write_batch(batch)
+                finally:
+                    with cond:
+                        cond.notify_all()  # the batch's callers return now, not when this writer is done
+        except BaseException:
+            with cond:
+                self._withdraw(slot)
+            raise
         finally:
             with cond:
                 self._writing = False
                 cond.notify_all()  # the next caller in line writes
         return slot.result
 
+    def _withdraw(self, slot: _Slot[T]) -> None:
+        """Take an interrupted caller's item back out of the queue (the condition's lock held)."""
+        if not slot.taken and not slot.done:
+            try:
+                self._queue.remove(slot)
+            except ValueError:
+                pass
+
     def _write_batch(self, batch: list[_Slot[T]]) -> None:
-        """Write ``batch``; every slot of it is done afterwards, whatever happened."""
-        results: Sequence[object]
+        """Write ``batch``; every slot of it is done afterwards, whatever happened (even an exception
+        arriving in between)."""
+        results: Sequence[object] = ()
+        error: BaseException | None = None
         try:
             results = self._write([slot.item for slot in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"a batch write returned {len(results)} results for {len(batch)} items")
         except BaseException as exc:
+            error = exc
             results = [BatchFailed(exc)] * len(batch)
+        finally:
+            if len(results) != len(batch):  # interrupted before the results were in
+                results = [BatchFailed(RuntimeError("the write of this batch was interrupted"))] * len(batch)
             for slot, result in zip(batch, results, strict=True):
                 slot.result, slot.done = result, True
-            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the writer stops
-                raise
-            return
-        for slot, result in zip(batch, results, strict=True):
-            slot.result, slot.done = result, True
+        if error is not None and not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: the writer stops
+            raise error
 
 
-__all__ = ["BatchFailed", "Combiner"]
+__all__ = ["TIMED_OUT", "BatchFailed", "Combiner"]

@@ -26,7 +26,8 @@ class DjangoBackend(Backend):
     def event_store(self, *, request_id_index: str):
         from wow_django.backends.django.event_store import DjangoEventStore
 
-        return DjangoEventStore(using=self.using, request_id_index=request_id_index)
+        return DjangoEventStore(using=self.using, request_id_index=request_id_index,
+                                combine=wow_settings.EVENT_STORE_COMBINE)
 
     def snapshot_store(self):
         from wow_django.backends.django.snapshot_store import DjangoSnapshotStore

@@ -17,6 +17,7 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from types import EllipsisType
+from typing import cast
 
 from django.db import DataError, IntegrityError, OperationalError, transaction
 
@@ -36,7 +37,7 @@ from wow_django.exceptions import (
     RecoverableStoreError,
     SchemaConflictError,
 )
-from wow_django.persistence.combining import BatchFailed, Combiner
+from wow_django.persistence.combining import TIMED_OUT, BatchFailed, Combiner
 from wow_django.persistence.contracts import EventStore, check_scan_args, check_time_range, check_version_range
 from wow_django.persistence.followers import AppendNotifier
 from wow_django.persistence.records import MAX_VERSION, AggregateId, EventStream, stored_events, stored_stream
@@ -205,7 +206,7 @@ class DjangoEventStore(EventStore):
         self._lock = threading.Lock()
         #: Whether concurrent appends outside a transaction are written together (see :meth:`append`).
         self.combine = combine
-        self._combiners: dict[str, Combiner] = {}
+        self._combiners: dict[tuple, Combiner] = {}
 
     def _rows(self):
         return EventStreamRow.objects.using(self.using)
@@ -261,65 +262,101 @@ class DjangoEventStore(EventStore):
         """Store ``stream``; outside a transaction, together with other threads' concurrent appends.
 
         Inside the caller's transaction (or with autocommit off) the stream is
-        inserted there, alone (under a savepoint). Outside one, concurrent appends of this process to
-        one context are written together by one of their threads (see
-        :mod:`wow_django.persistence.combining`): one statement and one commit
-        for all of them, each stream refused or stored on its own as if alone.
-        A lone append is written at once, as before.
+        inserted there, alone (under a savepoint). Outside one, and unless
+        ``combine`` is off (``WOW['EVENT_STORE_COMBINE']``), concurrent appends
+        of this process to one context are written together by one of their
+        threads on its connection (see :mod:`wow_django.persistence.combining`):
+        one statement and one commit for all of them, each stream refused or
+        stored on its own as if alone. A lone append is written at once.
+
+        What a combined write cannot tell apart, every caller of it gets as
+        its own :class:`RecoverableStoreError` (the batch may have been stored,
+        as when a lone append's answer is lost); an append waits at most
+        ``APPEND_LOCK_TIMEOUT_S`` in the queue before a write takes it
+        (:class:`ContextLockTimeout`, nothing stored), then for that write.
         """
         self._check_scope(stream.aggregate_name)
         connection = database(self.using)
         values = self._values(stream)  # encoded in the caller's thread: a bad body fails here, alone
-        if not self.combine or connection.in_atomic_block or not connection.get_autocommit():
+        agg = stream.aggregate_id
+        action = f"appending {agg.aggregate_name} {agg.id!r} v{stream.version}"
+        alone = True
+        if self.combine:
+            with store_errors(connection, action):  # get_autocommit connects: an unreachable database
+                alone = connection.in_atomic_block or not connection.get_autocommit()
+        if alone:
             self._append_one(connection, stream, values)
             return
-        result = self._combiner(stream.aggregate_id.context_name).submit((stream, values))
+        timeout = self._timeout()
+        result = self._combiner(agg.context_name, connection).submit((stream, values), timeout=timeout)
+        if result is TIMED_OUT:
+            raise ContextLockTimeout(
+                f"an append waited {timeout}s behind other appends of this process to context "
+                f"{agg.context_name!r} on database {self.using!r}, whose write holds or waits for the "
+                "context's lock. Nothing was stored; retry with the same request id. "
+                "WOW['APPEND_LOCK_TIMEOUT_S'] sets the wait.")
         if isinstance(result, BatchFailed):
             if result.by_this_thread:  # this thread's own write failed: its error, as when alone
                 raise result.error
-            # Another thread's write of the batch failed as a whole (its connection, say): this one
-            # tries alone, on its own connection, and so gets its own outcome.
-            self._append_one(connection, stream, values)
-        elif result is not None:
-            raise result
+            # Another thread's write of this append failed in a way that does not say whether it was
+            # stored (an unexpected error): what a lone append's lost answer gives.
+            raise RecoverableStoreError(
+                f"{action} together with other appends failed ({type(result.error).__name__}: "
+                f"{result.error}); it may have been stored: retry with the same request id") from result.error
+        if result is not None:
+            raise cast(Exception, result)
 
-    def _combiner(self, context_name: str) -> Combiner:
-        combiner = self._combiners.get(context_name)
+    def _combiner(self, context_name: str, connection) -> Combiner:
+        """The combiner of ``context_name`` for connections like ``connection``: those of one PostgreSQL
+        schema (``schema_name``, as django-tenants sets it on the connection) are written together only."""
+        key = (context_name, getattr(connection, "schema_name", None))
+        combiner = self._combiners.get(key)
         if combiner is None:
             with self._lock:
-                combiner = self._combiners.setdefault(context_name, Combiner(self._write_combined))
+                combiner = self._combiners.setdefault(key, Combiner(self._write_combined))
         return combiner
 
-    def _write_combined(self, items: list[tuple[EventStream, list]]) -> list[Exception | BatchFailed | None]:
+    def _write_combined(self, items: list[tuple[EventStream, list]]) -> list[Exception | None]:
         """A batch of :meth:`append` calls, written in this (one of their) thread(s): one result each."""
         connection = database(self.using)
         streams = [stream for stream, _ in items]
         results: list[Exception | None] = [None] * len(items)
-        if len(items) == 1:
+        if len(items) == 1:  # its one caller gets what it would alone
             try:
                 self._append_one(connection, streams[0], items[0][1])
             except (EventStoreError, RecoverableStoreError) as exc:
                 results[0] = exc
+            return results
+        indexes = list(range(len(items)))
+        if self.one_statement and connection.features.can_return_columns_from_insert:
+            self._insert_together(connection, streams, indexes, results, values=[v for _, v in items])
         else:
-            indexes = sorted(range(len(items)), key=lambda i: (
-                streams[i].aggregate_name, streams[i].aggregate_id.id, streams[i].version))
-            if self.one_statement and connection.features.can_return_columns_from_insert:
-                self._insert_together(connection, streams, indexes, results, values=[v for _, v in items])
-            else:
-                self._insert_each(connection, streams, indexes, results)
-        failed: list[Exception | BatchFailed | None] = []
-        for result in results:
-            if isinstance(result, ContextLockTimeout):
-                # The context's lock was held past the bound: every caller gets the timeout (its own copy,
-                # raised from the one that happened); trying again alone would double the wait.
+            self._insert_alone(connection, streams, indexes, results, [v for _, v in items])
+        for index, result in enumerate(results):
+            if isinstance(result, RecoverableStoreError):
+                # One error for the whole write (a lock timeout, a lost connection or answer): each caller
+                # raises its own copy, caused by what the database said.
                 own = copy.copy(result)
-                own.__cause__ = result
-                failed.append(own)
-            elif isinstance(result, RecoverableStoreError):
-                failed.append(BatchFailed(result))  # this thread's connection, say: each caller tries alone
-            else:
-                failed.append(result)
-        return failed
+                own.__cause__ = result.__cause__
+                results[index] = own
+        return results
+
+    def _insert_alone(self, connection, streams: Sequence[EventStream], indexes: list[int],
+                      results: list[Exception | None], values: Sequence[list]) -> None:
+        """Each stream of a combined write in a statement of its own (as :meth:`_append_one`, each bounded by
+        the lock timeout): when their one statement failed for one of them. Once the context's lock timed
+        out, the rest get that timeout without waiting again."""
+        timed_out: ContextLockTimeout | None = None
+        for index in indexes:
+            if timed_out is not None:
+                results[index] = timed_out
+                continue
+            try:
+                self._append_one(connection, streams[index], values[index])
+            except ContextLockTimeout as exc:
+                results[index] = timed_out = exc
+            except (EventStoreError, RecoverableStoreError) as exc:
+                results[index] = exc
 
     def _append_one(self, connection, stream: EventStream, values: list) -> None:
         agg = stream.aggregate_id
@@ -478,7 +515,10 @@ class DjangoEventStore(EventStore):
         except (DataError, IntegrityError, TypeError, ValueError):
             # A stream the database cannot hold fails the whole statement: store the chunk stream by
             # stream to isolate it.
-            self._insert_each(connection, streams, rows, results)
+            if values is not None:  # a combined write: each as if alone
+                self._insert_alone(connection, streams, rows, results, values)
+            else:
+                self._insert_each(connection, streams, rows, results)
             return
         inserted: dict[tuple, list[int]] = {}
         for index in rows:
