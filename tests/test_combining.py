@@ -260,6 +260,34 @@ def test_a_call_that_waits_in_the_queue_past_its_timeout_is_taken_back_out_and_n
     assert combiner.submit(3, timeout=0.05) == 30  # no writer: written at once
 
 
+def test_the_queue_timeout_counts_only_time_in_which_no_write_finished():
+    # Writes that take 30 ms each, one call per write: the last of five callers waits about 120 ms in all,
+    # past its 50 ms timeout, but a write finished within every 50 ms of it: a busy writer, not a stuck one.
+    write_started = threading.Event()
+
+    def slow(items):
+        write_started.set()
+        time.sleep(0.03)
+        return [item * 10 for item in items]
+
+    combiner = Combiner(slow, max_size=1)
+    results: dict = {}
+
+    def run(item):
+        results[item] = combiner.submit(item, timeout=0.05)
+
+    threads = [threading.Thread(target=run, args=(1,))]
+    threads[0].start()
+    assert write_started.wait(WAIT_S)
+    for item in (2, 3, 4, 5):
+        thread = threading.Thread(target=run, args=(item,))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert results == {n: n * 10 for n in range(1, 6)}
+
+
 def test_a_caller_interrupted_while_it_waits_takes_its_call_back_out():
     write = GatedWrite()
     combiner = Combiner(write)

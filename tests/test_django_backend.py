@@ -303,6 +303,31 @@ class DjangoBackendBehaviour:
         for stream in queued:
             self.assertEqual(self.store().load(stream.aggregate_id), [stream])  # stored once, by the batch
 
+    def test_a_combined_write_that_fails_as_a_whole_gives_each_caller_the_same_error_as_alone(self):
+        store = self.gated_store()
+
+        def misconfigured(connection, streams, indexes, results, values=None):
+            raise ImproperlyConfigured("the table wow_event_stream does not exist: run manage.py migrate")
+
+        store[0]._insert_together = misconfigured
+        queued = [make_stream(agg(), 1) for _ in range(3)]
+        outcomes, sizes = self.batch_of(store, make_stream(agg(), 1), queued)
+        self.assertEqual(sizes, [1, 3])
+        errors = [outcomes[s.id] for s in queued]
+        for error in errors:  # not a "retry" for what retrying cannot fix
+            self.assertIs(type(error), ImproperlyConfigured)
+            self.assertIn("manage.py migrate", str(error))
+        self.assertEqual(len({id(e) for e in errors}), 3)
+
+    def test_connections_of_different_schemas_are_never_written_together(self):
+        store = self.store()
+        plain, tenant_a, tenant_b, again_a = (mock.Mock(spec=[]), mock.Mock(schema_name="a"),
+                                              mock.Mock(schema_name="b"), mock.Mock(schema_name="a"))
+        combiners = [store._combiner("ctx", connection) for connection in (plain, tenant_a, tenant_b, again_a)]
+        self.assertEqual(len({id(c) for c in combiners[:3]}), 3)
+        self.assertIs(combiners[1], combiners[3])
+        self.assertIsNot(store._combiner("other", tenant_a), combiners[1])
+
     def test_an_append_waits_in_the_queue_at_most_the_lock_timeout_and_is_then_not_written(self):
         store, sizes, entered, gate = self.gated_store(lock_timeout_s=0.3)
         first, late = make_stream(agg(), 1), [make_stream(agg(), 1) for _ in range(2)]

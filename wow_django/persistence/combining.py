@@ -101,21 +101,27 @@ class Combiner(Generic[T, R]):
         self._queue: deque[_Slot[T]] = deque()
         self._writing = False
         self._last = 0
+        self._written = 0  # writes finished: what a queued caller's timeout measures progress by
 
     def submit(self, item: T, *, timeout: float | None = None) -> R | BatchFailed | object:
         """Write ``item`` (with whatever else is queued) and return its result, or :class:`BatchFailed`;
-        :data:`TIMED_OUT` if ``timeout`` seconds passed while it waited in the queue (then it is not written;
-        once a writer took it, its caller waits for that write's outcome)."""
+        :data:`TIMED_OUT` if it waited in the queue ``timeout`` seconds during which no write finished (a
+        writer stuck, not a busy one: each finished write starts the wait again). Then it is taken back out
+        and never written; once a writer took it, its caller waits for that write's outcome."""
         slot: _Slot[T] = _Slot(item)
         cond = self._cond
-        deadline = None if timeout is None else time.monotonic() + timeout
         with cond:
             self._queue.append(slot)
+            written = self._written
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 while self._writing and not slot.done:
                     if deadline is None or slot.taken:
                         cond.wait()
                         continue
+                    if self._written != written:  # a write finished: the writers are moving
+                        written = self._written
+                        deadline = time.monotonic() + timeout  # type: ignore[operator]
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         self._queue.remove(slot)
@@ -131,17 +137,24 @@ class Combiner(Generic[T, R]):
             while not slot.done:
                 if len(self._queue) < self._last:
                     time.sleep(0)  # let the callers of the last batch queue their next items first
-                with cond:
-                    batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_size))]
-                    for taken in batch:
-                        taken.taken = True
-                if not batch:  # cannot happen: this caller's item is queued until a writer takes it
-                    raise RuntimeError("a combiner's writer found its own item neither queued nor written")
-                self._last = len(batch)
+                batch: list[_Slot[T]] = []
                 try:
+                    with cond:
+                        while self._queue and len(batch) < self.max_size:
+                            taken = self._queue.popleft()
+                            taken.taken = True
+                            batch.append(taken)
+                    if not batch:  # cannot happen: this caller's item is queued until a writer takes it
+                        raise RuntimeError("a combiner's writer found its own item neither queued nor written")
+                    self._last = len(batch)
                     self._write_batch(batch)
                 finally:
+                    for taken in batch:  # whatever came in between, no caller of the batch waits for ever
+                        if not taken.done:
+                            taken.result = BatchFailed(RuntimeError("the write of this batch was interrupted"))
+                            taken.done = True
                     with cond:
+                        self._written += 1
                         cond.notify_all()  # the batch's callers return now, not when this writer is done
         except BaseException:
             with cond:

@@ -134,6 +134,15 @@ def _lock_waited(exc: OperationalError) -> bool:
 
 
 
+def _own_copy(error: BaseException) -> BaseException:
+    """A copy of ``error`` for one more caller to raise (an exception raised in several threads at once would
+    share one traceback); the error itself where it cannot be copied."""
+    try:
+        return copy.copy(error)
+    except Exception:
+        return error
+
+
 def _unstorable(stream: EventStream, exc: DataError) -> EventStoreError:
     """The error for a stream the database refuses (a value it cannot store): what was refused, not the
     database's text (parts of the statement), which goes to the log."""
@@ -271,9 +280,9 @@ class DjangoEventStore(EventStore):
 
         What a combined write cannot tell apart, every caller of it gets as
         its own :class:`RecoverableStoreError` (the batch may have been stored,
-        as when a lone append's answer is lost); an append waits at most
-        ``APPEND_LOCK_TIMEOUT_S`` in the queue before a write takes it
-        (:class:`ContextLockTimeout`, nothing stored), then for that write.
+        as when a lone append's answer is lost). A queued append gives up
+        (:class:`ContextLockTimeout`, nothing stored) when no write of its
+        context finished for ``APPEND_LOCK_TIMEOUT_S``.
         """
         self._check_scope(stream.aggregate_name)
         connection = database(self.using)
@@ -291,18 +300,16 @@ class DjangoEventStore(EventStore):
         result = self._combiner(agg.context_name, connection).submit((stream, values), timeout=timeout)
         if result is TIMED_OUT:
             raise ContextLockTimeout(
-                f"an append waited {timeout}s behind other appends of this process to context "
-                f"{agg.context_name!r} on database {self.using!r}, whose write holds or waits for the "
-                "context's lock. Nothing was stored; retry with the same request id. "
+                f"an append waited behind other appends of this process to context {agg.context_name!r} "
+                f"on database {self.using!r}, and no write of them finished for {timeout}s (one holds or "
+                "waits for the context's lock). Nothing was stored; retry with the same request id. "
                 "WOW['APPEND_LOCK_TIMEOUT_S'] sets the wait.")
         if isinstance(result, BatchFailed):
             if result.by_this_thread:  # this thread's own write failed: its error, as when alone
                 raise result.error
-            # Another thread's write of this append failed in a way that does not say whether it was
-            # stored (an unexpected error): what a lone append's lost answer gives.
-            raise RecoverableStoreError(
-                f"{action} together with other appends failed ({type(result.error).__name__}: "
-                f"{result.error}); it may have been stored: retry with the same request id") from result.error
+            # Another thread's write of this append failed as a whole (the schema is missing, the disk is
+            # full, a bug): the same error, as this append alone would have met it; its own copy.
+            raise _own_copy(result.error) from result.error
         if result is not None:
             raise cast(Exception, result)
 
@@ -336,7 +343,7 @@ class DjangoEventStore(EventStore):
             if isinstance(result, RecoverableStoreError):
                 # One error for the whole write (a lock timeout, a lost connection or answer): each caller
                 # raises its own copy, caused by what the database said.
-                own = copy.copy(result)
+                own = cast(RecoverableStoreError, _own_copy(result))
                 own.__cause__ = result.__cause__
                 results[index] = own
         return results
