@@ -43,6 +43,32 @@ def submit_in_threads(combiner: Combiner, items, results: dict) -> list[threadin
     return threads
 
 
+def first_then_queued(run, write: GatedWrite, combiner: Combiner, queued: tuple) -> None:
+    """``run(1)`` in a thread, held in its write while ``run(n)`` for each of ``queued`` queues behind it;
+    then the gate opens and every thread ends."""
+    first = threading.Thread(target=run, args=(1,))
+    first.start()
+    assert write.entered.wait(WAIT_S)
+    others = [threading.Thread(target=run, args=(n,)) for n in queued]
+    for thread in others:
+        thread.start()
+    wait_until(lambda: len(combiner._queue) == len(queued), f"{len(queued)} calls are queued")
+    write.gate.set()
+    for thread in [first, *others]:
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+
+
+def held_first_write(**kwargs) -> tuple[GatedWrite, Combiner, dict, list[threading.Thread]]:
+    """A combiner whose first write (of the call ``1``, from a thread of its own) is held at the gate."""
+    write = GatedWrite()
+    combiner = Combiner(write, **kwargs)
+    results: dict = {}
+    first = submit_in_threads(combiner, [1], results)
+    assert write.entered.wait(WAIT_S)
+    return write, combiner, results, first
+
+
 def wait_until(condition, what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():
@@ -61,11 +87,7 @@ def test_a_lone_call_is_written_at_once_as_a_batch_of_one_in_its_own_thread():
 
 
 def test_calls_arriving_while_a_batch_is_written_go_together_into_the_next_each_with_its_own_result():
-    write = GatedWrite()
-    combiner = Combiner(write)
-    results: dict = {}
-    first = submit_in_threads(combiner, [1], results)
-    assert write.entered.wait(WAIT_S)
+    write, combiner, results, first = held_first_write()
     others = submit_in_threads(combiner, [2, 3, 4, 5], results)
     wait_until(lambda: len(combiner._queue) == 4, "four calls are queued")
     write.gate.set()
@@ -158,16 +180,7 @@ def test_a_write_that_fails_gives_every_call_of_its_batch_the_failure_and_the_wr
         if isinstance(result, BatchFailed):
             writers[item] = result.by_this_thread
 
-    first = threading.Thread(target=run, args=(1,))
-    first.start()
-    assert write.entered.wait(WAIT_S)
-    others = [threading.Thread(target=run, args=(n,)) for n in (2, 3, 4)]
-    for thread in others:
-        thread.start()
-    wait_until(lambda: len(combiner._queue) == 3, "three calls are queued")
-    write.gate.set()
-    for thread in [first, *others]:
-        thread.join(WAIT_S)
+    first_then_queued(run, write, combiner, (2, 3, 4))
     assert results[1] == 10
     failed = [results[n] for n in (2, 3, 4)]
     assert all(isinstance(r, BatchFailed) and isinstance(r.error, Broken) for r in failed)
@@ -201,17 +214,7 @@ def test_an_interrupted_writer_raises_and_leaves_no_call_waiting():
         except KeyboardInterrupt:
             outcomes[item] = "interrupted"
 
-    first = threading.Thread(target=run, args=(1,))
-    first.start()
-    assert write.entered.wait(WAIT_S)
-    others = [threading.Thread(target=run, args=(n,)) for n in (2, 3)]
-    for thread in others:
-        thread.start()
-    wait_until(lambda: len(combiner._queue) == 2, "two calls are queued")
-    write.gate.set()
-    for thread in [first, *others]:
-        thread.join(WAIT_S)
-        assert not thread.is_alive()
+    first_then_queued(run, write, combiner, (2, 3))
     assert outcomes[1] == 10
     assert sorted(str(type(outcomes[n]).__name__) for n in (2, 3)) == ["BatchFailed", "str"]
     # The combiner is free again.
@@ -244,11 +247,7 @@ def test_a_forked_child_does_not_wait_for_the_parents_writer():
 
 
 def test_a_call_that_waits_in_the_queue_past_its_timeout_is_taken_back_out_and_never_written():
-    write = GatedWrite()
-    combiner = Combiner(write)
-    results: dict = {}
-    first = submit_in_threads(combiner, [1], results)
-    assert write.entered.wait(WAIT_S)
+    write, combiner, results, first = held_first_write()
     started = time.monotonic()
     assert combiner.submit(2, timeout=0.05) is TIMED_OUT
     assert time.monotonic() - started < WAIT_S
@@ -289,11 +288,7 @@ def test_the_queue_timeout_counts_only_time_in_which_no_write_finished():
 
 
 def test_a_caller_interrupted_while_it_waits_takes_its_call_back_out():
-    write = GatedWrite()
-    combiner = Combiner(write)
-    results: dict = {}
-    first = submit_in_threads(combiner, [1], results)
-    assert write.entered.wait(WAIT_S)
+    write, combiner, results, first = held_first_write()
     interrupted = threading.Event()
 
     class Interrupting(threading.Condition):

@@ -409,11 +409,16 @@ class DjangoBackendBehaviour:
         writers[0].kill()
         writers[0].wait(10)
 
-    def test_appends_inside_a_transaction_are_not_written_with_other_threads(self):
-        store = self.store()
-        written = []
+    def counting_writes(self, store) -> list[int]:
+        """The size of each combined write of ``store`` from now on (before its first append)."""
+        written: list[int] = []
         write = store._write_combined
         store._write_combined = lambda items: written.append(len(items)) or write(items)
+        return written
+
+    def test_appends_inside_a_transaction_are_not_written_with_other_threads(self):
+        store = self.store()
+        written = self.counting_writes(store)
         inside = make_stream(agg(), 1)
         with self.assertRaises(RuntimeError), transaction.atomic(using=self.alias):
             store.append(inside)
@@ -441,9 +446,7 @@ class DjangoBackendBehaviour:
 
     def test_appends_with_autocommit_off_stay_in_the_callers_transaction(self):
         store = self.store()
-        written = []
-        write = store._write_combined
-        store._write_combined = lambda items: written.append(len(items)) or write(items)
+        written = self.counting_writes(store)
         stream = make_stream(agg(), 1)
         transaction.set_autocommit(False, using=self.alias)
         try:
