@@ -46,7 +46,7 @@ from kombu import Consumer as KombuConsumer
 from kombu.exceptions import OperationalError
 
 from wow_django.bus.context import bus_context
-from wow_django.bus.envelope import WIRE_FIELDS, Envelope, build_envelope, check_consumer_id, check_topic
+from wow_django.bus.envelope import WIRE_NAMES, Envelope, build_envelope, check_consumer_id, check_topic
 from wow_django.bus.inbox import BUSY, DONE, Inbox
 from wow_django.bus.ordering import SequenceTracker
 from wow_django.bus.rollup import outcome
@@ -56,7 +56,6 @@ from wow_django.exceptions import EnvelopeValidationError
 from wow_django.log import describe_failure, first_line
 
 logger = logging.getLogger("wow_django.bus.consumer")
-_WIRE_NAMES = frozenset(WIRE_FIELDS)  # the envelope fields this version knows
 
 CHILD_ID_NAMESPACE = uuid.UUID("8f0c3a52-4f5e-4c8e-9a7d-2b1f6d0e9c11")
 
@@ -341,11 +340,11 @@ class ConsumerWorker:
         try:
             if not isinstance(body, dict) or not body.get("eventId"):
                 raise EnvelopeValidationError("message has no eventId")
-            unknown = sorted(body.keys() - _WIRE_NAMES)
+            unknown = sorted(body.keys() - WIRE_NAMES)
             if unknown:  # a newer producer's fields: this consumer reads the ones it knows
                 logger.debug("consumer %s: ignoring fields %s of event %s", self.consumer_id, unknown,
                              body.get("eventId"))
-                body = {key: value for key, value in body.items() if key in _WIRE_NAMES}
+                body = {key: value for key, value in body.items() if key in WIRE_NAMES}
             envelope = build_envelope(body, default_service="")
         except EnvelopeValidationError as exc:
             self.stats.invalid += 1

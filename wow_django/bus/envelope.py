@@ -40,7 +40,7 @@ WIRE_FIELDS = (
 )
 
 INITIATOR_FIELDS = ("service", "operation", "userId", "clientRequestId")
-_WIRE_NAMES = frozenset(WIRE_FIELDS)
+WIRE_NAMES = frozenset(WIRE_FIELDS)  # the envelope fields this version knows
 _INITIATOR_NAMES = frozenset(INITIATOR_FIELDS)
 
 
@@ -327,7 +327,7 @@ def build_envelope(data: dict, *, default_service: str, search_fields: tuple[str
         raise EnvelopeValidationError.from_errors("envelope", [{"name": "(body)", "msg": "must be a JSON object"}])
     errors = _Errors()
     for key in data:
-        if key not in _WIRE_NAMES:
+        if key not in WIRE_NAMES:
             errors.add(str(key), "unknown field: not part of the envelope")
     nul = nul_path(data)
     if nul is not None:  # PostgreSQL stores none: refused on every bus store alike

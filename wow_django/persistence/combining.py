@@ -175,24 +175,20 @@ class Combiner(Generic[T, R]):
                 pass
 
     def _write_batch(self, batch: list[_Slot[T]]) -> None:
-        """Write ``batch``; every slot of it is done afterwards, whatever happened (even an exception
-        arriving in between)."""
-        results: Sequence[object] = ()
-        error: BaseException | None = None
+        """Write ``batch`` and hand each slot its result (an interruption in between: see :meth:`submit`)."""
+        results: Sequence[object]
         try:
             results = self._write([slot.item for slot in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"a batch write returned {len(results)} results for {len(batch)} items")
         except BaseException as exc:
-            error = exc
-            results = [BatchFailed(exc)] * len(batch)
-        finally:
-            if len(results) != len(batch):  # interrupted before the results were in
-                results = [BatchFailed(RuntimeError("the write of this batch was interrupted"))] * len(batch)
-            for slot, result in zip(batch, results, strict=True):
-                slot.result, slot.done = result, True
-        if error is not None and not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: the writer stops
-            raise error
+            for slot in batch:
+                slot.result, slot.done = BatchFailed(exc), True
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the writer stops
+                raise
+            return
+        for slot, result in zip(batch, results, strict=True):
+            slot.result, slot.done = result, True
 
 
 __all__ = ["TIMED_OUT", "BatchFailed", "Combiner"]

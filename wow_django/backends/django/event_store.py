@@ -327,18 +327,16 @@ class DjangoEventStore(EventStore):
         """A batch of :meth:`append` calls, written in this (one of their) thread(s): one result each."""
         connection = database(self.using)
         streams = [stream for stream, _ in items]
+        values = [v for _, v in items]
         results: list[Exception | None] = [None] * len(items)
-        if len(items) == 1:  # its one caller gets what it would alone
-            try:
-                self._append_one(connection, streams[0], items[0][1])
-            except (EventStoreError, RecoverableStoreError) as exc:
-                results[0] = exc
-            return results
         indexes = list(range(len(items)))
+        if len(items) == 1:  # its one caller gets what it would alone
+            self._insert_alone(connection, streams, indexes, results, values)
+            return results
         if self.one_statement and connection.features.can_return_columns_from_insert:
-            self._insert_together(connection, streams, indexes, results, values=[v for _, v in items])
+            self._insert_together(connection, streams, indexes, results, values=values)
         else:
-            self._insert_alone(connection, streams, indexes, results, [v for _, v in items])
+            self._insert_alone(connection, streams, indexes, results, values)
         for index, result in enumerate(results):
             if isinstance(result, RecoverableStoreError):
                 # One error for the whole write (a lock timeout, a lost connection or answer): each caller
@@ -351,8 +349,9 @@ class DjangoEventStore(EventStore):
     def _insert_alone(self, connection, streams: Sequence[EventStream], indexes: list[int],
                       results: list[Exception | None], values: Sequence[list]) -> None:
         """Each stream of a combined write in a statement of its own (as :meth:`_append_one`, each bounded by
-        the lock timeout): when their one statement failed for one of them. Once the context's lock timed
-        out, the rest get that timeout without waiting again."""
+        the lock timeout): a write of one, or when their one statement failed for one of them. Once the
+        context's lock timed out, the rest get that timeout without waiting again (the same error object:
+        :meth:`_write_combined` gives each caller its copy)."""
         timed_out: ContextLockTimeout | None = None
         for index in indexes:
             if timed_out is not None:
