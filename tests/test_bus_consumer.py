@@ -328,6 +328,25 @@ def test_an_invalid_message_is_rejected(bus_env, recorder):
     assert recorder.calls == []
 
 
+def test_a_message_that_is_not_a_json_envelope_is_rejected_and_the_consumer_goes_on(bus_env, recorder):
+    """A body that is not JSON, or of another content type, is an invalid message (rejected, counted), not an
+    error that ends the consumer's loop; the next event is handled."""
+    from kombu import Producer
+
+    bus = configure_consumers()
+    with Running(ALPHA) as [worker]:
+        with bus.transport.new_connection() as connection:
+            producer = Producer(connection.channel())
+            for body, content_type in ((b"{not json", "application/json"), (b"\xff\xfe", "application/json"),
+                                       ("hello", "text/plain"), (b"[]", "application/x-python-serialize")):
+                producer.publish(body, exchange=bus.transport.exchange, routing_key=TOPIC, content_type=content_type,
+                                 content_encoding="utf-8" if isinstance(body, str) else "binary")
+        wait_for(lambda: worker.stats.invalid == 4, what="4 rejected")
+        bus.send(TOPIC, {"n": 1}, event_id="evt-after-garbage")
+        wait_for(lambda: (ALPHA, "evt-after-garbage", 1) in recorder.calls, what="the next event handled")
+    assert worker.stats.received == 5 and worker.stats.handled == 1 and worker.stats.errors == []
+
+
 def test_a_field_of_a_newer_envelope_is_ignored_not_a_reason_to_drop_the_event(bus_env, recorder):
     bus = configure_consumers()
     with Running(ALPHA) as [worker]:

@@ -144,6 +144,35 @@ def test_search_keys_are_the_given_keys_then_the_payload_fields_named_by_the_set
         assert names(caught.value) == {"key"}
 
 
+@pytest.mark.parametrize("data, where", [
+    ({"payload": {"note": "a\x00b"}}, "payload.note"),
+    ({"payload": {"items": [{"sku": "s\x00"}]}}, "payload.items[0].sku"),
+    ({"payload": {"k\x00": 1}}, "payload"),
+    ({"payload": "\x00"}, "payload"),
+    ({"payload": {}, "initiator": {"userId": "u\x00"}}, "initiator.userId"),
+    ({"payload": {}, "keys": {"orderId": "o\x00"}}, "keys.orderId"),
+    ({"payload": {}, "partitionKey": "p\x00"}, "partitionKey"),
+])
+def test_a_nul_anywhere_is_refused_by_where_it_is(data, where):
+    with pytest.raises(EnvelopeValidationError) as caught:
+        build_envelope({"topic": "a.b", **data}, default_service="s")
+    assert {"name": where, "msg": "must not contain NUL characters (\\u0000)"} in caught.value.binding_errors
+
+
+@pytest.mark.parametrize("payload", [{"path": "C:\\u0000"}, {"C:\\u0000": "\\"}, ["\\u0000", "\\\\u0000"]])
+def test_a_backslash_before_u0000_is_not_a_nul(payload):
+    """What a NUL looks like in JSON text (\\u0000) written out by hand, with a real backslash, is text."""
+    envelope = build_envelope({"topic": "a.b", "payload": payload}, default_service="s")
+    assert envelope.payload == payload
+
+
+def test_a_payload_json_cannot_write_is_refused_not_searched_for_nul():
+    for payload, rule in (({"at": datetime(2024, 1, 1)}, "datetime"), ({1: "a"}, "non-string key"),
+                          ({"x": float("nan")}, "NaN")):
+        with pytest.raises(EnvelopeValidationError, match=rule):
+            build_envelope({"topic": "a.b", "payload": payload}, default_service="s")
+
+
 def test_payload_size_is_limited():
     with pytest.raises(EnvelopeValidationError, match="bytes as JSON"):
         build_envelope({"topic": "a.b", "payload": "x" * 1_100_000}, default_service="s")
@@ -163,6 +192,8 @@ def test_times_are_utc_milliseconds():
     ("2024-02-28T10:00:00.5z", datetime(2024, 2, 28, 10, 0, 0, 500000)),
     ("2024-02-28T10:00:00+01:00", datetime(2024, 2, 28, 9)),
     ("2024-02-28", datetime(2024, 2, 28)),
+    ("0999-12-31T23:59:59.999Z", datetime(999, 12, 31, 23, 59, 59, 999000)),  # four digits, as ISO 8601 says
+    ("0001-01-01T00:00:00Z", datetime(1, 1, 1)),
 ])
 def test_iso_times_read_back_as_naive_utc(text, expected):
     moment = parse_time(text)

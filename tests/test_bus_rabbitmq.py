@@ -129,6 +129,31 @@ def test_broker_unreachable_during_send_leaves_pending_then_the_relay_delivers(r
         assert bus.store.get_event("evt-outage")["lastError"] is None
 
 
+def test_a_send_to_a_broker_that_hangs_returns_pending_within_the_publish_timeout(recorder, proxied):
+    """A broker that keeps the connection but answers nothing (no confirm): the send gives up after
+    BUS_PUBLISH_TIMEOUT_S (2 s here) with the event stored PENDING, and the relay publishes it later."""
+    proxy, settings = proxied
+    with override_settings(WOW=settings):
+        bus = get_bus()
+        for consumer_id in (ALPHA, BETA):
+            bus.set_topic_consumer(TOPIC, consumer_id)
+        assert bus.send(TOPIC, {}, event_id="evt-before-hang").status == "SENT"  # a pooled publisher, connected
+        proxy.hold()
+        results: list = []
+        sender = threading.Thread(target=lambda: results.append(bus.send(TOPIC, {}, event_id="evt-hung")))
+        sender.start()
+        sender.join(60)  # far past the 2 s bound: a send without one would still be waiting
+        proxy.release()
+        assert not sender.is_alive(), "the send did not give up on a broker that hangs"
+        [result] = results
+        assert result.stored and result.status == "PENDING" and result.error
+        assert bus.store.get_event("evt-hung")["status"] == "PENDING"
+        with Running(ALPHA, BETA):
+            wait_for(lambda: "evt-hung" in bus.relay_pending(older_than_s=0).published, timeout=20, interval=0.2,
+                     what="relay published")
+            wait_for(lambda: status("evt-hung") == "CONSUMED", timeout=30, what="CONSUMED")
+
+
 class SimulatedCrash(BaseException):
     """Stands for the process dying: nothing in the bus catches it."""
 

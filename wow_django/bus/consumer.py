@@ -32,13 +32,14 @@ in a thread). For each delivered event the worker:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
@@ -50,6 +51,7 @@ from wow_django.bus.envelope import WIRE_NAMES, Envelope, build_envelope, check_
 from wow_django.bus.inbox import BUSY, DONE, Inbox
 from wow_django.bus.ordering import SequenceTracker
 from wow_django.bus.rollup import outcome
+from wow_django.bus.transport import CONTENT_TYPE
 from wow_django.conf import wow_settings
 from wow_django.domain.registry import Current
 from wow_django.exceptions import EnvelopeValidationError
@@ -280,7 +282,9 @@ class ConsumerWorker:
                 channel = connection.channel()
                 transport.exchange(channel).declare()
                 queue(channel).declare()
-                with KombuConsumer(channel, queues=[queue], callbacks=[self._on_message], accept=["json"],
+                # on_message: the body is decoded here (what is not JSON is rejected as invalid, not raised
+                # out of this loop); accept: kombu's own decoding, for a body our publisher did not write.
+                with KombuConsumer(channel, queues=[queue], on_message=self._on_message, accept=["json"],
                                    prefetch_count=self.prefetch):
                     self.ready.set()
                     retry_delay = 0.5
@@ -334,10 +338,11 @@ class ConsumerWorker:
         for message in handled:
             message.ack()
 
-    def _on_message(self, body, message) -> None:
+    def _on_message(self, message) -> None:
         self.stats.received += 1
         self._last_activity = time.monotonic()
         try:
+            body = decode_body(message)
             if not isinstance(body, dict) or not body.get("eventId"):
                 raise EnvelopeValidationError("message has no eventId")
             unknown = sorted(body.keys() - WIRE_NAMES)
@@ -473,6 +478,23 @@ class ConsumerWorker:
         logger.error("consumer %s: %s dead-lettered after %d attempts: %s", self.consumer_id, event_id,
                      self.max_attempts, first_line(error))
         return ACK
+
+
+def decode_body(message) -> Any:
+    """The JSON body of a delivered message; :class:`EnvelopeValidationError` when it has none.
+
+    What this library publishes (``application/json``, UTF-8, not compressed) is read with one
+    ``json.loads``; anything else goes through kombu's decoding, which refuses a content type other than
+    JSON.
+    """
+    try:
+        if (message.content_type == CONTENT_TYPE and message.content_encoding in ("utf-8", "utf8", None)
+                and not (message.headers or {}).get("compression")):
+            return json.loads(message.body)
+        return message.decode()
+    except Exception as exc:  # kombu's ContentDisallowed or DecodeError, a JSON or Unicode error
+        raise EnvelopeValidationError(f"message body is not a JSON envelope ({type(exc).__name__}: "
+                                      f"{str(exc)[:200]})") from exc
 
 
 def release_database_connections() -> None:

@@ -48,8 +48,9 @@ def iso(moment: datetime | None) -> str | None:
     """``2024-02-28T10:00:00.000Z`` for a naive-UTC or aware datetime; ``None`` stays ``None``."""
     if moment is None:
         return None
-    moment = to_bson_time(moment)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    m = to_bson_time(moment)
+    return (f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}."
+            f"{m.microsecond // 1000:03d}Z")
 
 
 def parse_time(value: Any) -> datetime:

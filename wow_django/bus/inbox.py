@@ -17,7 +17,7 @@ as a command's request id or a unique key), as seed 002 advises.
 
 from __future__ import annotations
 
-import uuid
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -51,7 +51,7 @@ class Inbox:
 
     def _try_claim(self, event_id: str) -> Claim | None:
         store = self.store
-        token = uuid.uuid4().hex
+        token = os.urandom(16).hex()  # as random as a uuid4, without building one
         now = utcnow()
         if store.inbox_insert(self.consumer_id, event_id, owner=token, now=now, lease_until=now + self.lease):
             return Claim(CLAIMED, token)

@@ -250,8 +250,9 @@ class EventBus:
     def _publish(self, envelope: Envelope, consumers: list[str]) -> tuple[str, str | None]:
         sent_at = utcnow()
         try:
-            self.transport.publish(envelope.with_sent_at(sent_at).to_json(), topic=envelope.topic,
-                                   consumers=consumers)
+            message = envelope.to_json()
+            message["sentAt"] = iso(sent_at)  # envelope.with_sent_at(sent_at).to_json(), without a copy of it
+            self.transport.publish(message, topic=envelope.topic, consumers=consumers)
         except TransportUnavailable as exc:
             logger.warning("bus: %s", exc)
             self.store.record_send_error(envelope.event_id, str(exc))

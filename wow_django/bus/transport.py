@@ -58,6 +58,15 @@ class _Publisher:
         self.channel = self.connection.channel()
         self.producer = Producer(self.channel, exchange=transport.exchange, serializer="json")
         self.declared: set = set()
+        # A publish waits at most transport.timeout on the socket (its write, the broker's confirm). On AMQP
+        # that bound is set on the socket once, here: passed with each publish, py-amqp would set it on the
+        # socket and put it back around the write and again around the confirm (system calls each time). What
+        # it bounds is the same: the socket carries nothing but this publisher's frames.
+        self.call_timeout: float | None = transport.timeout
+        sock = getattr(getattr(self.connection.connection, "transport", None), "sock", None)
+        if transport.is_amqp and sock is not None:
+            sock.settimeout(transport.timeout)
+            self.call_timeout = None
 
     def close(self) -> None:
         try:
@@ -137,7 +146,7 @@ class BusTransport:
         publisher.producer.publish(
             body, exchange=exchange, routing_key=routing_key, content_type=CONTENT_TYPE,
             content_encoding="utf-8", delivery_mode=PERSISTENT, message_id=message.get("eventId"),
-            headers=headers, retry=False, timeout=self.timeout, confirm_timeout=self.timeout,
+            headers=headers, retry=False, timeout=publisher.call_timeout, confirm_timeout=publisher.call_timeout,
         )
 
     def _declare(self, publisher: _Publisher, topic: str, consumers: list[str]) -> None:

@@ -80,7 +80,9 @@ class TcpProxy:
     """A TCP forwarder in front of a broker that a test can take down and bring back.
 
     ``stop()`` closes the listening socket and every open connection, as a
-    broker outage does; ``start()`` listens again on the same port.
+    broker outage does; ``start()`` listens again on the same port. ``hold()``
+    keeps every connection open but forwards nothing until ``release()``, as a
+    broker that hangs does.
     """
 
     def __init__(self, target_host: str, target_port: int):
@@ -90,6 +92,15 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._flowing = threading.Event()
+        self._flowing.set()
+
+    def hold(self) -> None:
+        """Forward nothing more (in either direction) until :meth:`release`; connections stay open."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
 
     @staticmethod
     def _free_port() -> int:
@@ -156,6 +167,9 @@ class TcpProxy:
                 data = source.recv(65536)
                 if not data:
                     break
+                while not self._flowing.wait(0.1):  # held: what came in waits here
+                    if source.fileno() < 0:
+                        return
                 sink.sendall(data)
         except OSError:
             pass
