@@ -334,17 +334,25 @@ def test_a_message_that_is_not_a_json_envelope_is_rejected_and_the_consumer_goes
     from kombu import Producer
 
     bus = configure_consumers()
+    garbage = [  # (body, content type, content encoding, headers)
+        (b"{not json", "application/json", "utf-8", {}),  # what the bus publishes, read by the consumer itself
+        (b"\xff\xfe{}", "application/json", "utf-8", {}),  # not UTF-8
+        ('{"eventId": "evt-utf16"}'.encode("utf-16"), "application/json", "utf-8", {}),  # UTF-16, not UTF-8
+        (b"{not json", "application/json", "binary", {}),  # kombu's decoder
+        ("hello", "text/plain", "utf-8", {}),
+        (b"[]", "application/x-python-serialize", "binary", {}),  # a content type not accepted
+        (b"not gzip", "application/json", "utf-8", {"compression": "application/x-gzip"}),  # kombu cannot build it
+    ]
     with Running(ALPHA) as [worker]:
         with bus.transport.new_connection() as connection:
             producer = Producer(connection.channel())
-            for body, content_type in ((b"{not json", "application/json"), (b"\xff\xfe", "application/json"),
-                                       ("hello", "text/plain"), (b"[]", "application/x-python-serialize")):
+            for body, content_type, encoding, headers in garbage:
                 producer.publish(body, exchange=bus.transport.exchange, routing_key=TOPIC, content_type=content_type,
-                                 content_encoding="utf-8" if isinstance(body, str) else "binary")
-        wait_for(lambda: worker.stats.invalid == 4, what="4 rejected")
+                                 content_encoding=encoding, headers=headers)
+        wait_for(lambda: worker.stats.invalid == len(garbage), what="every message rejected")
         bus.send(TOPIC, {"n": 1}, event_id="evt-after-garbage")
         wait_for(lambda: (ALPHA, "evt-after-garbage", 1) in recorder.calls, what="the next event handled")
-    assert worker.stats.received == 5 and worker.stats.handled == 1 and worker.stats.errors == []
+    assert worker.stats.received == len(garbage) + 1 and worker.stats.handled == 1 and worker.stats.errors == []
 
 
 def test_a_field_of_a_newer_envelope_is_ignored_not_a_reason_to_drop_the_event(bus_env, recorder):

@@ -166,7 +166,7 @@ def test_a_backslash_before_u0000_is_not_a_nul(payload):
     assert envelope.payload == payload
 
 
-def test_a_payload_json_cannot_write_is_refused_not_searched_for_nul():
+def test_a_payload_json_cannot_write_is_refused_by_its_rule():
     for payload, rule in (({"at": datetime(2024, 1, 1)}, "datetime"), ({1: "a"}, "non-string key"),
                           ({"x": float("nan")}, "NaN")):
         with pytest.raises(EnvelopeValidationError, match=rule):

@@ -285,7 +285,7 @@ class ConsumerWorker:
                 # on_message: the body is decoded here (what is not JSON is rejected as invalid, not raised
                 # out of this loop); accept: kombu's own decoding, for a body our publisher did not write.
                 with KombuConsumer(channel, queues=[queue], on_message=self._on_message, accept=["json"],
-                                   prefetch_count=self.prefetch):
+                                   on_decode_error=self._on_decode_error, prefetch_count=self.prefetch):
                     self.ready.set()
                     retry_delay = 0.5
                     while not self.stopping:
@@ -337,6 +337,15 @@ class ConsumerWorker:
             return
         for message in handled:
             message.ack()
+
+    def _on_decode_error(self, message, exc: Exception) -> None:
+        """A message kombu could not even build (e.g. a ``compression`` header it cannot undo): invalid."""
+        self.stats.received += 1
+        self.stats.invalid += 1
+        self._last_activity = time.monotonic()
+        logger.error("consumer %s: rejected a message that cannot be decoded (%s: %s)", self.consumer_id,
+                     type(exc).__name__, str(exc)[:200])
+        message.reject()
 
     def _on_message(self, message) -> None:
         self.stats.received += 1
@@ -483,14 +492,15 @@ class ConsumerWorker:
 def decode_body(message) -> Any:
     """The JSON body of a delivered message; :class:`EnvelopeValidationError` when it has none.
 
-    What this library publishes (``application/json``, UTF-8, not compressed) is read with one
-    ``json.loads``; anything else goes through kombu's decoding, which refuses a content type other than
-    JSON.
+    What this library publishes (``application/json`` in UTF-8) is read with one ``json.loads`` (kombu has
+    undone a ``compression`` already); anything else goes through kombu's decoding, which refuses a content
+    type other than JSON.
     """
     try:
-        if (message.content_type == CONTENT_TYPE and message.content_encoding in ("utf-8", "utf8", None)
-                and not (message.headers or {}).get("compression")):
-            return json.loads(message.body)
+        body = message.body
+        if message.content_type == CONTENT_TYPE and message.content_encoding in ("utf-8", "utf8", None):
+            # Strict UTF-8, as kombu decodes it (json.loads of bytes would also take UTF-16 and UTF-32).
+            return json.loads(body.decode("utf-8") if isinstance(body, bytes) else body)
         return message.decode()
     except Exception as exc:  # kombu's ContentDisallowed or DecodeError, a JSON or Unicode error
         raise EnvelopeValidationError(f"message body is not a JSON envelope ({type(exc).__name__}: "

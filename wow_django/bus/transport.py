@@ -48,6 +48,12 @@ def connection_errors_of(url: str) -> tuple[type[BaseException], ...]:
     return (OSError, OperationalError, *Connection(url).connection_errors)
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a publish failed because the broker did not answer in time (py-amqp raises the socket's
+    timeout, or a connection error it raised while handling one)."""
+    return isinstance(exc, TimeoutError) or isinstance(exc.__context__, TimeoutError)
+
+
 class _Publisher:
     """One connection, channel and producer; used by one thread at a time."""
 
@@ -55,24 +61,37 @@ class _Publisher:
         self.connection = transport.new_connection()
         # One try, no sleeping retries: a send must not hang while the broker is down.
         self.connection.ensure_connection(max_retries=0, timeout=transport.timeout)
-        self.channel = self.connection.channel()
-        self.producer = Producer(self.channel, exchange=transport.exchange, serializer="json")
+        try:
+            # Every wait on the broker from here on (opening the channel, declares, each publish's write and
+            # confirm) gives up after transport.timeout. On AMQP that bound is set on the socket once, now:
+            # passed with each publish instead, py-amqp would set it on the socket and put it back around the
+            # write and again around the confirm (system calls each time), and leave the rest unbounded. The
+            # socket carries nothing but this publisher's frames (no heartbeats).
+            self.call_timeout: float | None = transport.timeout
+            sock = getattr(getattr(self.connection.connection, "transport", None), "sock", None)
+            if transport.is_amqp and sock is not None:
+                sock.settimeout(transport.timeout)
+                self.call_timeout = None
+            self.channel = self.connection.channel()
+            self.producer = Producer(self.channel, exchange=transport.exchange, serializer="json")
+        except BaseException:
+            self.discard()
+            raise
         self.declared: set = set()
-        # A publish waits at most transport.timeout on the socket (its write, the broker's confirm). On AMQP
-        # that bound is set on the socket once, here: passed with each publish, py-amqp would set it on the
-        # socket and put it back around the write and again around the confirm (system calls each time). What
-        # it bounds is the same: the socket carries nothing but this publisher's frames.
-        self.call_timeout: float | None = transport.timeout
-        sock = getattr(getattr(self.connection.connection, "transport", None), "sock", None)
-        if transport.is_amqp and sock is not None:
-            sock.settimeout(transport.timeout)
-            self.call_timeout = None
 
     def close(self) -> None:
         try:
             self.connection.release()
         except Exception:  # closing a broken connection may fail too
             logger.debug("closing a publisher connection failed", exc_info=True)
+
+    def discard(self) -> None:
+        """Drop a connection that failed, without the closing handshake (a broker that stopped answering
+        would be waited for once more)."""
+        try:
+            self.connection.collect()
+        except Exception:
+            logger.debug("dropping a publisher connection failed", exc_info=True)
 
 
 class BusTransport:
@@ -119,11 +138,13 @@ class BusTransport:
             try:
                 self._publish(publisher, body, message, topic=topic, consumers=consumers, target=target)
             except Exception as exc:
-                publisher.close()
-                if pooled:
+                publisher.discard()
+                if pooled and not _timed_out(exc):
                     # An idle pooled connection may have died with the broker
                     # (restart, failover): try once more on a fresh one. A
                     # duplicate at worst, which every consumer's inbox absorbs.
+                    # (Not after a timeout: a broker that does not answer would
+                    # make the send wait once more.)
                     publisher, pooled = self._connect(), False
                     continue
                 raise TransportUnavailable(

@@ -113,6 +113,7 @@ class TcpProxy:
         return f"amqp://{user}:{password}@127.0.0.1:{self.port}/{vhost.lstrip('/')}"
 
     def start(self) -> None:
+        self._flowing.set()
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
