@@ -85,9 +85,15 @@ def browser():
             chromium.close()
 
 
+#: How long a step waits for a page: a bound on a page that never comes, not a check of speed. On a slow 2-core
+#: machine during the parallel test run, Swagger UI's first render (a large script, then the schema the server
+#: generates on its first request) took more than 15 s.
+PAGE_TIMEOUT_MS = 60_000
+
+
 def log_in(browser, base: str, name: str):
     page = browser.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     page.goto(f"{base}/admin/login/?next=/admin/")
     page.fill("#id_username", name)
     page.fill("#id_password", "secret-pw")
@@ -222,7 +228,7 @@ def test_swagger_ui_loads_offline_from_the_sidecar_package(live_server, browser)
     """api/docs/ renders the API with no request leaving the server (issue 25, item 10): Swagger UI's files come
     from drf-spectacular-sidecar as static files, not from a CDN (blank offline or under a strict CSP)."""
     page = browser.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     elsewhere: list[str] = []
 
     def only_this_server(route):
