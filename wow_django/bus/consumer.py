@@ -341,10 +341,12 @@ class ConsumerWorker:
     def _on_decode_error(self, message, exc: Exception) -> None:
         """A message kombu could not even build (e.g. a ``compression`` header it cannot undo): invalid."""
         self.stats.received += 1
-        self.stats.invalid += 1
         self._last_activity = time.monotonic()
-        logger.error("consumer %s: rejected a message that cannot be decoded (%s: %s)", self.consumer_id,
-                     type(exc).__name__, str(exc)[:200])
+        self._reject_invalid(message, f"cannot be decoded: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def _reject_invalid(self, message, reason: object) -> None:
+        self.stats.invalid += 1
+        logger.error("consumer %s: rejected an invalid message (%s)", self.consumer_id, reason)
         message.reject()
 
     def _on_message(self, message) -> None:
@@ -361,9 +363,7 @@ class ConsumerWorker:
                 body = {key: value for key, value in body.items() if key in WIRE_NAMES}
             envelope = build_envelope(body, default_service="")
         except EnvelopeValidationError as exc:
-            self.stats.invalid += 1
-            logger.error("consumer %s: rejected an invalid message (%s)", self.consumer_id, exc)
-            message.reject()
+            self._reject_invalid(message, exc)
             return
         redelivered = bool((message.delivery_info or {}).get("redelivered"))
         if not self._connections_checked:  # the first message after a wait: as at a request's start
