@@ -383,6 +383,7 @@ def clean_redis(run: str) -> None:
         client.close()
 
 
+@pytest.mark.timeout(1200)  # many processes, each step bounded on its own; 24 s on a fast machine, 88 s on a busy one
 def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(tmp_path):
     run = f"{os.getpid()}x{uuid.uuid4().hex[:6]}"
     database = f"test_wow_deploy_{os.getpid()}"
