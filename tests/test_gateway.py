@@ -591,3 +591,79 @@ def test_a_queued_message_holding_a_nul_is_refused_and_recorded(wow):
     assert caught.value.binding_errors[0]["name"] == "display_name"
     status = gateway.status("customer", "req-nul", tenant_id=DEFAULT_TENANT_ID)
     assert status.error_code == "CommandValidation"
+
+
+@pytest.mark.parametrize("lookup_fails", [False, True])
+def test_a_refusal_is_kept_only_when_it_is_the_requests_own_and_the_request_named_its_id(wow, lookup_fails):
+    """A business rule's refusal is kept under the request id (the same request again gets it back as a repeat)
+    only when the client named that id and the gateway could tell no copy of the request had stored events:
+    when the lookup after the refusal fails (the outcome is unknown), or when the id was generated, nothing is
+    kept, and the request sent again runs again (a fresh refusal, not a repeat)."""
+    gateway = get_runtime().gateway
+    order_id = place(amount="5.00", quantity=1).aggregate_id
+    wrong = PayOrder(amount=Decimal("1.00"), payment_id="p-1")
+    lookup, calls = gateway._find_stored, []
+
+    def second_lookup_fails(message):
+        calls.append(message.request_id)
+        if lookup_fails and len(calls) == 2:  # the one after the refusal: did a copy of this request land?
+            raise RecoverableStoreError("no primary")
+        return lookup(message)
+
+    gateway._find_stored = second_lookup_fails
+    with pytest.raises(DomainError) as first:
+        gateway.send(wrong, aggregate_id=order_id, request_id="pay-kept")
+    assert first.value.error_code == "AMOUNT_MISMATCH" and len(calls) == 2
+    kept = gateway.status("order", "pay-kept", tenant_id=DEFAULT_TENANT_ID, aggregate_id=order_id)
+    assert (None if kept is None else kept.error_code) == (None if lookup_fails else "AMOUNT_MISMATCH")
+    gateway._find_stored = lookup
+    with pytest.raises(DomainError) as again:
+        gateway.send(wrong, aggregate_id=order_id, request_id="pay-kept")
+    assert again.value.error_code == "AMOUNT_MISMATCH"
+    assert again.value.command_result.duplicate is (not lookup_fails)
+
+    # A request id the gateway made up: nothing is kept under it.
+    with pytest.raises(DomainError) as generated:
+        gateway.send(wrong, aggregate_id=order_id)
+    made_up = generated.value.command_result.request_id
+    assert made_up and gateway.status("order", made_up, tenant_id=DEFAULT_TENANT_ID, aggregate_id=order_id) is None
+    assert versions(order_id) == [1]
+
+
+def test_a_long_expected_version_is_shown_cut_to_forty_characters():
+    """The refusal names the value as given, its repr cut to 40 characters and an ellipsis (a header over HTTP
+    may be long: the message stays short); a short one whole."""
+    from wow_django.application.gateway import check_expected_version
+
+    with pytest.raises(CommandValidationError) as long:
+        check_expected_version("9" * 100)
+    assert str(long.value).endswith(", got '" + "9" * 39 + "…")
+    with pytest.raises(CommandValidationError) as short:
+        check_expected_version(-1, "Command-Aggregate-Version")
+    assert str(short.value).startswith("Command-Aggregate-Version must be a whole number")
+    assert str(short.value).endswith(", got -1")
+
+
+def test_the_retry_backoff_doubles_with_jitter_and_is_capped(wow_memory, monkeypatch):
+    """Each retry waits retry_backoff_ms × 2^attempt (attempts past 10 count as 10) × a jitter drawn from
+    [0.5, 1.5), at most 2 s: rivals spread out instead of retrying in step, and no command waits long."""
+    import wow_django.application.gateway as gateway_module
+
+    slept: list[float] = []
+    monkeypatch.setattr(gateway_module.time, "sleep", slept.append)
+    gateway = CommandGateway(get_runtime().event_store, None, context_name="order-service", retry_backoff_ms=1)
+    for attempt in (0, 3):
+        slept.clear()
+        for _ in range(200):
+            gateway._backoff(attempt)
+        base = 2 ** attempt / 1000
+        assert all(0.5 * base <= s <= 1.5 * base for s in slept), (attempt, min(slept), max(slept))
+        assert min(slept) < 0.7 * base and max(slept) > 1.3 * base  # jittered over the whole range
+    slept.clear()
+    gateway._backoff(40)  # 1 ms × 2^10 × jitter: under the cap
+    assert 0.5 * 1.024 <= slept[0] <= 1.5 * 1.024
+    gateway.close()
+    slower = CommandGateway(get_runtime().event_store, None, context_name="order-service", retry_backoff_ms=10)
+    slower._backoff(10)
+    assert slept[-1] == 2.0  # 10 ms × 1024 × at least 0.5: capped at 2 s
+    slower.close()
