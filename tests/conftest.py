@@ -12,7 +12,22 @@ from wow_django.bus import get_bus
 from wow_django.testing import IsolatedWowMixin, isolated_registry, isolated_wow
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
+from .pg import drop_database_later, drop_leftovers
 from .support import CONSUMERS, TOKENS, fresh_wow
+
+
+def _drop_test_database_later(self, test_database_name: str, verbosity: int) -> None:
+    """Django's drop of a PostgreSQL test database (pytest-django's, at the end of the session), made not to wait
+    for the checkpoint that ``DROP DATABASE`` forces: see :func:`tests.pg.drop_database_later`."""
+    drop_database_later(test_database_name)
+
+
+def pytest_configure(config) -> None:
+    from django.db.backends.postgresql.creation import DatabaseCreation
+
+    DatabaseCreation._destroy_test_db = _drop_test_database_later
+    if not hasattr(config, "workerinput"):  # once per run: in the controller, or in a run without xdist
+        drop_leftovers()
 
 #: The fixture wow_isolation (every wow_django store isolated per test), as a project enables it.
 pytest_plugins = ["wow_django.testing.pytest_plugin"]

@@ -78,14 +78,18 @@ class _Session:
         self._undo.append(lambda: collection.delete_many({"_id": {"$in": ids}}))
 
     def _commit(self) -> None:
-        for (_database, _name, identity), (collection, value) in self._counters.items():
-            collection.update_one({"_id": identity}, {"$set": {"position": value}}, upsert=True)
-        self._end()
+        try:
+            for (_database, _name, identity), (collection, value) in self._counters.items():
+                collection.update_one({"_id": identity}, {"$set": {"position": value}}, upsert=True)
+        finally:  # the documents' locks go whatever happened: one left held would refuse every later writer
+            self._end()
 
     def _abort(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._end()
+        try:
+            for undo in reversed(self._undo):
+                undo()
+        finally:
+            self._end()
 
     def _end(self) -> None:
         self.in_transaction = False

@@ -194,7 +194,7 @@ def test_concurrent_feedback_gets_distinct_attempt_numbers(bus):
         return inserted
 
     store.latest_consumption, store.insert_attempt = slow_latest, counting
-    barrier = threading.Barrier(12)
+    barrier = threading.Barrier(12, timeout=60)
     results, errors = [], []
 
     def report():

@@ -50,7 +50,7 @@ import redis
 
 from wow_django.testing.bus import amqp_url, delete_amqp_entities, queue_depth, unique_exchange
 
-from .pg import pg_connect_kwargs
+from .pg import drop_database_later, pg_connect_kwargs
 from .workers import redis_url
 
 pytestmark = pytest.mark.integration
@@ -361,11 +361,6 @@ def snapshots_caught_up(db: Database, shop: Shop) -> bool:
     return {order: (version, status) for order, version, status in rows} == {o: (2, "PAID") for o in shop.paid}
 
 
-def drop_database(name: str) -> None:
-    with psycopg.connect(dbname="postgres", autocommit=True, **PG) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> "
-                      "pg_backend_pid()", (name,))
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def clean_redis(run: str) -> None:
@@ -401,7 +396,7 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
               "--without-gossip", "--without-mingle", "--without-heartbeat"]
     port = free_port()
     db = None
-    drop_database(database)  # a leftover of an earlier run in a process with the same id
+    drop_database_later(database)  # a leftover of an earlier run in a process with the same id
     with psycopg.connect(dbname="postgres", autocommit=True, **PG) as admin:
         admin.execute(f'CREATE DATABASE "{database}"')
     try:
@@ -500,6 +495,6 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
         if db is not None:
             db.close()
         deployment.stop_all()
-        drop_database(database)
+        drop_database_later(database)
         delete_amqp_entities(amqp_url(), exchange, (MEMBER, MESSAGE))
         clean_redis(run)

@@ -657,7 +657,7 @@ class DjangoBackendBehaviour:
     def test_threads_saving_random_versions_leave_the_highest(self):
         store = DjangoSnapshotStore(using=self.alias)
         aggregates = [agg() for _ in range(4)]
-        barrier = threading.Barrier(8)
+        barrier = threading.Barrier(8, timeout=60)
         errors: list[BaseException] = []
 
         def saver(seed: int) -> None:
@@ -728,7 +728,7 @@ class DjangoBackendBehaviour:
         store = self.store()
         a = agg()
         store.append(make_stream(a, 1))
-        barrier = threading.Barrier(4)
+        barrier = threading.Barrier(4, timeout=60)
         seen: list[int] = []
 
         def reader() -> None:
@@ -896,7 +896,7 @@ class TestPostgreSQLConnections(OnPostgreSQL, TransactionTestCase):
 
         store = DjangoEventStore(using=self.alias)
         store.append(make_stream(a := agg(), 1))
-        barrier = threading.Barrier(6)
+        barrier = threading.Barrier(6, timeout=60)
         pids: set[int] = set()
         # A connection the cyclic garbage collector frees would close late or never: only closing counts here.
         gc.disable()

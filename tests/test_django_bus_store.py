@@ -323,7 +323,7 @@ class DjangoBusStoreOnPostgreSQLTests(EventKeysTogether, ValuesAndTables, StoreC
 
         self.store.insert_event(make_event("evt-1"))
         before = sessions()
-        barrier = threading.Barrier(6)
+        barrier = threading.Barrier(6, timeout=60)
         # A connection the cyclic garbage collector frees would close late or never: only closing counts here.
         gc.disable()
         self.addCleanup(gc.enable)

@@ -69,7 +69,7 @@ def test_each_part_is_built_once_and_shared(wow):
 
 def test_concurrent_first_uses_build_one_instance(wow):
     runtime = get_runtime()
-    barrier = threading.Barrier(8)
+    barrier = threading.Barrier(8, timeout=60)
     seen = []
 
     def first_use():

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.pg import pg_connect_kwargs
+from tests.pg import drop_database_later, pg_connect_kwargs
 from tests.workers import redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,8 +51,7 @@ def lost_env(tmp_path):
     try:
         yield env, database, queue, slow
     finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        drop_database_later(database)
         import redis
 
         client = redis.Redis.from_url(REDIS_URL)

@@ -48,7 +48,7 @@ def feedback_fields(success: bool | None, at: datetime = T0, **extra) -> dict:
 
 def run_together(count: int, fn: Callable[[int], object]) -> tuple[list, list]:
     """Run ``fn(i)`` in ``count`` threads released at once; ``(results, errors)``."""
-    barrier = threading.Barrier(count)
+    barrier = threading.Barrier(count, timeout=60)
     results: list = []
     errors: list = []
     lock = threading.Lock()

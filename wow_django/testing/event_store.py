@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 from decimal import Decimal
 
@@ -285,7 +286,7 @@ class EventStoreContract(TestCaseMixin):
 
     def test_parallel_first_appends_have_exactly_one_winner(self):
         agg = self.agg()
-        barrier = threading.Barrier(8)
+        barrier = threading.Barrier(8, timeout=60)
         outcomes: list[object] = []
         lock = threading.Lock()
 
@@ -322,17 +323,22 @@ class EventStoreContract(TestCaseMixin):
         def writer(n: int):
             for i in range(per_writer):
                 request_id = f"w{n}-{i}"
+                given_up_at = time.monotonic() + 120
                 while True:
                     last = self.store.last(agg)
                     version = last.version + 1 if last else 1
                     try:
                         self.store.append(make_stream(agg, version, request_id=request_id))
-                    except (EventVersionConflict, ContextLockTimeout):
+                    except (EventVersionConflict, ContextLockTimeout) as exc:
                         # A timeout is what eight writers of one aggregate may meet on a slow machine (nothing
                         # stored, the contract says): retried with the same request id, as a client does. Had
-                        # it stored the stream, the retry would fail as a repeated request id.
+                        # it stored the stream, the retry would fail as a repeated request id. A store that
+                        # times out for two minutes (a lock left held) fails the test rather than holding it.
                         with lock:
                             conflicts[0] += 1
+                        if isinstance(exc, ContextLockTimeout) and time.monotonic() > given_up_at:
+                            problems.append(f"{request_id}: no append for 120 s ({exc})")
+                            return
                         continue
                     with lock:
                         accepted.append(request_id)

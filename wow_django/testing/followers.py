@@ -270,7 +270,7 @@ class FollowerStoreContract(_FollowerHarness):
         for _ in range(3):
             name = self.follower_name()
             owners = [f"owner-{i}" for i in range(6)]
-            barrier = threading.Barrier(len(owners))
+            barrier = threading.Barrier(len(owners), timeout=60)
             results: dict[str, bool] = {}
             now = self.now()
 
@@ -517,7 +517,7 @@ class FollowerRunnerContract(_FollowerHarness):
     def test_two_instances_one_lease_only_one_processes(self):
         self.append(20)
         runners = [self.runner(owner=f"instance-{i}", min_batch=1, max_batch=2) for i in range(2)]
-        barrier = threading.Barrier(2)
+        barrier = threading.Barrier(2, timeout=60)
 
         def work(runner):
             barrier.wait()

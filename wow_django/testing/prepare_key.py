@@ -196,7 +196,7 @@ class PrepareKeyContract(TestCaseMixin):
 
     def test_concurrent_prepares_have_one_winner(self):
         key = self.key()
-        barrier = threading.Barrier(8)
+        barrier = threading.Barrier(8, timeout=60)
         results: list[bool] = []
         lock = threading.Lock()
 

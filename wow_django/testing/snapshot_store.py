@@ -139,7 +139,7 @@ class SnapshotStoreContract(TestCaseMixin):
             agg = self.agg()
             versions = list(range(1, 9))
             random.Random(round_).shuffle(versions)
-            barrier = threading.Barrier(len(versions))
+            barrier = threading.Barrier(len(versions), timeout=60)
 
             def save(version: int, agg=agg, barrier=barrier) -> None:
                 barrier.wait()
