@@ -18,8 +18,13 @@ from .support import CONSUMERS, TOKENS, fresh_wow
 
 def _drop_test_database_later(self, test_database_name: str, verbosity: int) -> None:
     """Django's drop of a PostgreSQL test database (pytest-django's, at the end of the session), made not to wait
-    for the checkpoint that ``DROP DATABASE`` forces: see :func:`tests.pg.drop_database_later`."""
-    drop_database_later(test_database_name)
+    for the checkpoint that ``DROP DATABASE`` forces: see :func:`tests.pg.drop_database_later`. As Django's own,
+    on the server of the connection's settings, its pool closed first."""
+    self.connection.close_pool()
+    entry = self.connection.settings_dict
+    server = {"host": entry["HOST"], "port": int(entry["PORT"] or 5432), "user": entry["USER"],
+              "password": entry["PASSWORD"]}
+    drop_database_later(test_database_name, server)
 
 
 def pytest_configure(config) -> None:

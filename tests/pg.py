@@ -59,7 +59,7 @@ for attempt in range(20):
 DOOMED_INFIX = "_drop_"
 
 
-def drop_database_later(name: str) -> None:
+def drop_database_later(name: str, server: dict | None = None) -> None:
     """End the sessions on database ``name``, rename it out of the way, and drop it from a process of its own
     that nobody waits for.
 
@@ -68,15 +68,22 @@ def drop_database_later(name: str) -> None:
     transactional tests (each truncates every table: new files) that is tens of thousands of files: 31 s on
     an idle 2-core machine, 394 s on a busy one, in one test's tear-down or in the session's end (pytest-django
     drops its test databases there). The rename takes no checkpoint, so the name is free at once for the
-    next run that wants it (the test databases are named after the process id)."""
+    next run that wants it (the test databases are named after the process id). New connections are refused
+    first, so that a client that reconnects cannot keep the rename waiting. ``server``: the
+    ``psycopg.connect`` keywords of the server (default :func:`pg_connect_kwargs`)."""
     import time
     import uuid
 
     import psycopg
     from psycopg import errors
 
+    server = server or pg_connect_kwargs()
     doomed = f"{name[:40]}{DOOMED_INFIX}{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
+    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
+        try:
+            admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        except errors.InvalidCatalogName:
+            return  # no such database
         deadline = time.monotonic() + 30
         while True:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
@@ -90,30 +97,38 @@ def drop_database_later(name: str) -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-    _spawn_dropper(doomed)
+    _spawn_dropper(doomed, server)
 
 
-def _spawn_dropper(name: str) -> None:
+def _spawn_dropper(name: str, server: dict) -> None:
     """Start :data:`_DROPPER` for ``name`` through sh and "&": nobody's child to wait for (no zombie, no
-    ResourceWarning), it outlives the test process if it must."""
+    ResourceWarning), it outlives the test process if it must. The password goes in its environment
+    (``PGPASSWORD``), not on its command line, where ``ps`` would show it."""
     import json
     import subprocess
     import sys
 
+    shown = {key: value for key, value in server.items() if key != "password"}
+    env = {**os.environ, "PGPASSWORD": str(server.get("password") or "")}
     subprocess.run(["sh", "-c", '"$0" -c "$1" "$2" "$3" </dev/null >/dev/null 2>&1 &', sys.executable, _DROPPER,
-                    name, json.dumps(pg_connect_kwargs())], check=True)
+                    name, json.dumps(shown)], check=True, env=env)
+
+
+#: The names :func:`drop_database_later` gives: every database the suite makes starts with ``test_wow``.
+DOOMED_NAME = "^test_wow.*" + DOOMED_INFIX + "[0-9a-f]{8}$"
 
 
 def drop_leftovers() -> None:
-    """Drop (later) what earlier runs left waiting for its drop: databases named ``…_drop_…`` (a concurrent
-    run's dropper may be at one already: a second ``DROP DATABASE IF EXISTS`` of it does nothing)."""
+    """Drop (later) what earlier runs left waiting for its drop: databases named as :data:`DOOMED_NAME` (a
+    concurrent run's dropper may be at one already: a second ``DROP DATABASE IF EXISTS`` of it does nothing).
+    No other database is touched."""
     import psycopg
 
-    pattern = "%" + DOOMED_INFIX.replace("_", "\\_") + "%"
+    server = pg_connect_kwargs()
     try:
-        with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=5, **pg_connect_kwargs()) as admin:
-            found = admin.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (pattern,)).fetchall()
+        with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=5, **server) as admin:
+            found = admin.execute("SELECT datname FROM pg_database WHERE datname ~ %s", (DOOMED_NAME,)).fetchall()
     except psycopg.Error:
         return  # no server: the tests that need it say so
     for (name,) in found:
-        _spawn_dropper(name)
+        _spawn_dropper(name, server)

@@ -632,12 +632,15 @@ def test_a_refusal_is_kept_only_when_it_is_the_requests_own_and_the_request_name
 
 def test_a_long_expected_version_is_shown_cut_to_forty_characters():
     """The refusal names the value as given, its repr cut to 40 characters and an ellipsis (a header over HTTP
-    may be long: the message stays short); a short one whole."""
+    may be long: the message stays short); one of 40 characters whole."""
     from wow_django.application.gateway import check_expected_version
 
     with pytest.raises(CommandValidationError) as long:
         check_expected_version("9" * 100)
     assert str(long.value).endswith(", got '" + "9" * 39 + "…")
+    with pytest.raises(CommandValidationError) as forty:
+        check_expected_version("9" * 38)  # its repr: 40 characters with the quotes
+    assert str(forty.value).endswith(", got '" + "9" * 38 + "'")
     with pytest.raises(CommandValidationError) as short:
         check_expected_version(-1, "Command-Aggregate-Version")
     assert str(short.value).startswith("Command-Aggregate-Version must be a whole number")
@@ -646,24 +649,35 @@ def test_a_long_expected_version_is_shown_cut_to_forty_characters():
 
 def test_the_retry_backoff_doubles_with_jitter_and_is_capped(wow_memory, monkeypatch):
     """Each retry waits retry_backoff_ms × 2^attempt (attempts past 10 count as 10) × a jitter drawn from
-    [0.5, 1.5), at most 2 s: rivals spread out instead of retrying in step, and no command waits long."""
+    [0.5, 1.5), at most 2 s: rivals spread out instead of retrying in step, and no command waits long. The
+    gateway's clock and dice are stand-ins here (nothing else in the process sleeps less for it)."""
+    import types
+
     import wow_django.application.gateway as gateway_module
 
     slept: list[float] = []
-    monkeypatch.setattr(gateway_module.time, "sleep", slept.append)
+    drawn: list[tuple[float, float]] = []
+    end = {"which": 0}
+
+    def uniform(low: float, high: float) -> float:
+        drawn.append((low, high))
+        return (low, high)[end["which"]]
+
+    clock = types.SimpleNamespace(**{name: getattr(time, name) for name in ("monotonic", "time", "perf_counter")},
+                                  sleep=slept.append)
+    monkeypatch.setattr(gateway_module, "time", clock)
+    monkeypatch.setattr(gateway_module, "random", types.SimpleNamespace(uniform=uniform))
     gateway = CommandGateway(get_runtime().event_store, None, context_name="order-service", retry_backoff_ms=1)
-    for attempt in (0, 3):
+    for which, factor in ((0, 0.5), (1, 1.5)):
+        end["which"] = which
         slept.clear()
-        for _ in range(200):
+        for attempt in (0, 1, 3, 10, 11, 40):
             gateway._backoff(attempt)
-        base = 2 ** attempt / 1000
-        assert all(0.5 * base <= s <= 1.5 * base for s in slept), (attempt, min(slept), max(slept))
-        assert min(slept) < 0.7 * base and max(slept) > 1.3 * base  # jittered over the whole range
-    slept.clear()
-    gateway._backoff(40)  # 1 ms × 2^10 × jitter: under the cap
-    assert 0.5 * 1.024 <= slept[0] <= 1.5 * 1.024
+        assert slept == pytest.approx([factor * 2 ** min(a, 10) / 1000 for a in (0, 1, 3, 10, 11, 40)])
+    assert set(drawn) == {(0.5, 1.5)}
     gateway.close()
     slower = CommandGateway(get_runtime().event_store, None, context_name="order-service", retry_backoff_ms=10)
+    end["which"] = 0
     slower._backoff(10)
-    assert slept[-1] == 2.0  # 10 ms × 1024 × at least 0.5: capped at 2 s
+    assert slept[-1] == 2.0  # 10 ms × 1024 × 0.5: capped at 2 s
     slower.close()

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("mypy", reason="the type check needs the test extra (mypy, django-stubs, DRF stubs)")
 
 
+@pytest.mark.timeout(900)  # above the subprocess' own 600 s, so that a slow mypy fails with its own output
 def test_mypy_finds_no_error_in_the_package(tmp_path):
     # A cache of its own: xdist workers and a developer's own mypy runs never share one.
     done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy-cache")], cwd=ROOT,
