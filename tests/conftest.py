@@ -12,7 +12,7 @@ from wow_django.bus import get_bus
 from wow_django.testing import IsolatedWowMixin, isolated_registry, isolated_wow
 from wow_django.testing.bus import delete_amqp_entities, unique_exchange
 
-from .pg import drop_database_later, drop_leftovers
+from .pg import drop_database_later, drop_leftovers, pg_connect_kwargs
 from .support import CONSUMERS, TOKENS, fresh_wow
 
 
@@ -21,10 +21,7 @@ def _drop_test_database_later(self, test_database_name: str, verbosity: int) -> 
     for the checkpoint that ``DROP DATABASE`` forces: see :func:`tests.pg.drop_database_later`. As Django's own,
     on the server of the connection's settings, its pool closed first."""
     self.connection.close_pool()
-    entry = self.connection.settings_dict
-    server = {"host": entry["HOST"], "port": int(entry["PORT"] or 5432), "user": entry["USER"],
-              "password": entry["PASSWORD"]}
-    drop_database_later(test_database_name, server)
+    drop_database_later(test_database_name, pg_connect_kwargs(self.connection.settings_dict))
 
 
 def pytest_configure(config) -> None:

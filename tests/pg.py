@@ -17,10 +17,12 @@ def pg_database(name: str) -> dict:
     }
 
 
-def pg_connect_kwargs() -> dict:
-    """The same server as keyword arguments of ``psycopg.connect`` (without a database)."""
-    entry = pg_database("")
-    return {"host": entry["HOST"], "port": int(entry["PORT"]), "user": entry["USER"], "password": entry["PASSWORD"]}
+def pg_connect_kwargs(entry: dict | None = None) -> dict:
+    """The server of a ``settings.DATABASES`` entry (default: the tests' own, :func:`pg_database`) as keyword
+    arguments of ``psycopg.connect`` (without a database)."""
+    entry = entry or pg_database("")
+    return {"host": entry["HOST"], "port": int(entry["PORT"] or 5432), "user": entry["USER"],
+            "password": entry["PASSWORD"]}
 
 
 @contextlib.contextmanager

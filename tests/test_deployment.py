@@ -50,7 +50,7 @@ import redis
 
 from wow_django.testing.bus import amqp_url, delete_amqp_entities, queue_depth, unique_exchange
 
-from .pg import drop_database_later, pg_connect_kwargs
+from .pg import pg_connect_kwargs, scratch_database
 from .workers import redis_url
 
 pytestmark = pytest.mark.integration
@@ -361,8 +361,6 @@ def snapshots_caught_up(db: Database, shop: Shop) -> bool:
     return {order: (version, status) for order, version, status in rows} == {o: (2, "PAID") for o in shop.paid}
 
 
-
-
 def clean_redis(run: str) -> None:
     """Delete the run's Celery queues and cache keys, and its workers' broadcast bindings."""
     client = redis.Redis.from_url(REDIS_URL)
@@ -381,7 +379,8 @@ def clean_redis(run: str) -> None:
 @pytest.mark.timeout(1200)  # many processes, each step bounded on its own; 24 s on a fast machine, 88 s on a busy one
 def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(tmp_path):
     run = f"{os.getpid()}x{uuid.uuid4().hex[:6]}"
-    database = f"test_wow_deploy_{os.getpid()}"
+    cleanup = contextlib.ExitStack()
+    database = cleanup.enter_context(scratch_database("test_wow_deploy"))
     exchange = unique_exchange("wow.deploy")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("WOW_MONGO", "SAMPLE_", "CELERY_"))},
@@ -396,9 +395,6 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
               "--without-gossip", "--without-mingle", "--without-heartbeat"]
     port = free_port()
     db = None
-    drop_database_later(database)  # a leftover of an earlier run in a process with the same id
-    with psycopg.connect(dbname="postgres", autocommit=True, **PG) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
     try:
         started = time.monotonic()
         deployment.run("migrate", [*manage, "migrate", "--noinput", "-v", "0"])
@@ -495,6 +491,6 @@ def test_the_sample_deployed_as_processes_delivers_every_purchase_exactly_once(t
         if db is not None:
             db.close()
         deployment.stop_all()
-        drop_database_later(database)
+        cleanup.close()  # the database
         delete_amqp_entities(amqp_url(), exchange, (MEMBER, MESSAGE))
         clean_redis(run)

@@ -9,6 +9,7 @@ pool process on Redis, the sample on PostgreSQL; the first run of the task is sl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.pg import drop_database_later, pg_connect_kwargs
+from tests.pg import pg_connect_kwargs, scratch_database
 from tests.workers import redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,10 +39,9 @@ def test_the_queued_tasks_ask_for_redelivery_when_their_worker_is_lost():
 
 @pytest.fixture
 def lost_env(tmp_path):
-    database = f"test_wow_lost_{uuid.uuid4().hex[:10]}"
+    cleanup = contextlib.ExitStack()
+    database = cleanup.enter_context(scratch_database("test_wow_lost"))
     queue = f"wow-lost-{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
     slow = tmp_path / "slow"
     slow.mkdir()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("WOW_MONGO", "SAMPLE_", "CELERY_"))},
@@ -51,7 +51,7 @@ def lost_env(tmp_path):
     try:
         yield env, database, queue, slow
     finally:
-        drop_database_later(database)
+        cleanup.close()  # the database
         import redis
 
         client = redis.Redis.from_url(REDIS_URL)
