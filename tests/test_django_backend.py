@@ -28,7 +28,16 @@ from unittest import mock
 import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, InternalError, OperationalError, ProgrammingError, connections, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InternalError,
+    OperationalError,
+    ProgrammingError,
+    connections,
+    transaction,
+)
+from django.db.transaction import TransactionManagementError
 from django.test import TransactionTestCase, override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -36,7 +45,7 @@ from sample_project.orders.aggregates import OrderLine, PlaceOrder, RegisterCust
 from wow_django.application import WaitStage
 from wow_django.application.runtime import get_runtime
 from wow_django.backends.django import DjangoBackend
-from wow_django.backends.django.connection import SQLITE_BUSY_TIMEOUT_MS, database, validate_database
+from wow_django.backends.django.connection import SQLITE_BUSY_TIMEOUT_MS, database, fetch, validate_database
 from wow_django.backends.django.errors import is_recoverable, violated_constraint
 from wow_django.backends.django.event_store import DjangoEventStore
 from wow_django.backends.django.models import (
@@ -721,6 +730,64 @@ class DjangoBackendBehaviour:
                 finally:
                     rename(f"{table}_away", table)
                 call()
+
+    # --- hot reads straight to the driver ------------------------------------------------------------
+
+    def test_hot_reads_skip_djangos_cursor_unless_someone_watches(self):
+        store, snapshots = self.store(), DjangoSnapshotStore(using=self.alias)
+        a = agg()
+        for version in (1, 2, 3):
+            store.append(make_stream(a, version))
+        snapshots.save(make_snapshot(a, 2))
+        connection = connections[self.alias]
+        reads = {
+            "load": lambda: [s.version for s in store.load(a)],
+            "load from 2 to 3": lambda: [s.version for s in store.load(a, 2, 3)],
+            "last": lambda: store.last(a).version,
+            "snapshot": lambda: snapshots.load(a).version,
+            "snapshot and tail": lambda: (lambda found: (found[0].version, [s.version for s in found[1]]))(
+                snapshots.load_with_tail(a, store)),
+        }
+        expected = {"load": [1, 2, 3], "load from 2 to 3": [2, 3], "last": 3, "snapshot": 2,
+                    "snapshot and tail": (2, [3])}
+        with mock.patch.object(connection, "cursor", side_effect=AssertionError("went through Django's cursor")):
+            self.assertEqual({name: read() for name, read in reads.items()}, expected)
+        # Watched (DEBUG, CaptureQueriesContext): every read is logged, through Django's cursor.
+        with CaptureQueriesContext(connection) as queries:
+            self.assertEqual({name: read() for name, read in reads.items()}, expected)
+        self.assertEqual(len(queries), len(reads), [q["sql"] for q in queries])
+        seen: list[str] = []
+
+        def watch(execute, sql, params, many, context):
+            seen.append(sql)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(watch):
+            self.assertEqual({name: read() for name, read in reads.items()}, expected)
+        self.assertEqual(len(seen), len(reads))
+        # A closed connection is opened by Django's cursor, as before.
+        connection.close()
+        self.assertEqual(reads["load"](), [1, 2, 3])
+        self.assertIsNotNone(connection.connection)
+
+    def test_a_straight_read_keeps_djangos_checks_and_errors(self):
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        self.assertEqual(fetch(connection, "SELECT '100%%' || %s", ("!",), one=True), ("100%!",))
+        self.assertEqual(fetch(connection, "SELECT %s UNION ALL SELECT %s", ("a", "b")), [("a",), ("b",)])
+        # A driver error comes as Django's, and marks the connection as Django's own cursor does.
+        connection.errors_occurred = False
+        with self.assertRaises(DatabaseError) as raised:
+            fetch(connection, "SELECT * FROM wow_no_such_table WHERE x = %s", (1,))
+        self.assertEqual(type(raised.exception).__module__, "django.db.utils")
+        self.assertIsInstance(raised.exception.__cause__, (sqlite3.Error, psycopg.Error))
+        self.assertTrue(connection.errors_occurred)
+        # A transaction marked for rollback refuses a read, on this path too.
+        store = self.store()
+        with transaction.atomic(using=self.alias):
+            transaction.set_rollback(True, using=self.alias)
+            with self.assertRaises(TransactionManagementError):
+                store.load(agg())
 
     # --- threads ----------------------------------------------------------------------------------
 

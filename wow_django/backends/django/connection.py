@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
@@ -98,6 +99,54 @@ def discard_if_broken(connection: BaseDatabaseWrapper) -> None:
             connection.close()
         except DatabaseError:
             connection.connection = None
+
+
+# --- reads on the hot path --------------------------------------------------------------------
+
+_QMARKS: dict[str, str] = {}
+_FORMAT = re.compile(r"(?<!%)%s")
+
+
+def _qmark(sql: str) -> str:
+    """``sql`` with SQLite's placeholders, as Django's SQLite cursor writes them (``%s`` → ``?``, ``%%`` → ``%``)."""
+    converted = _QMARKS.get(sql)
+    if converted is None:
+        converted = _QMARKS[sql] = _FORMAT.sub("?", sql).replace("%%", "%")
+    return converted
+
+
+def fetch(connection: BaseDatabaseWrapper, sql: str, params: Sequence, *, one: bool = False):
+    """The rows (``one``: the first row or None) of one read statement ``sql`` (``%s`` placeholders).
+
+    A store's hot reads (loading an aggregate's streams, its snapshot and tail) go straight to the driver's
+    cursor when nothing of Django's is watching the connection's statements: no ``execute_wrapper`` is
+    installed, queries are not logged (``DEBUG``, ``CaptureQueriesContext``), no health check is due, and the
+    connection is open. Django's cursor wrapper, its placeholder rewrite on SQLite and its checks cost
+    about as much Python as decoding the rows. Everything else Django does for a statement still happens:
+    the thread-sharing and broken-transaction checks, and the mapping of driver errors to Django's (which
+    also marks the connection for ``close_if_unusable_or_obsolete``). Otherwise, and whenever someone
+    watches, the statement goes through ``connection.cursor()`` as usual.
+    """
+    raw = connection.connection
+    if (raw is None or connection.execute_wrappers or connection.queries_logged
+            or (connection.health_check_enabled and not connection.health_check_done)):  # type: ignore[attr-defined]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() if one else cursor.fetchall()
+    # In the order of Django's cursor: a connection the server closed fails here (a DatabaseError the stores
+    # call recoverable), before a transaction broken by that failure is refused.
+    with connection.wrap_database_errors:
+        cursor = raw.cursor()
+    try:
+        connection.validate_thread_sharing()
+        connection.validate_no_broken_transaction()
+        if connection.vendor == "sqlite":
+            sql = _qmark(sql)
+        with connection.wrap_database_errors:
+            cursor.execute(sql, params)
+            return cursor.fetchone() if one else cursor.fetchall()
+    finally:
+        cursor.close()
 
 
 # --- per-thread connections -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import cast
 
 from django.db import DataError, IntegrityError, OperationalError, transaction
 
-from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
+from wow_django.backends.django.connection import database, fetch, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors, violated_constraint
 from wow_django.backends.django.meta import concrete_field
 from wow_django.backends.django.models import CanonicalJSONEncoder, EventStreamRow, StreamContextRow
@@ -632,11 +632,10 @@ class DjangoEventStore(EventStore):
                 json_sql.format(condition=condition.format_map(self._names)) if json_sql is not None
                 else f"{self._select_sql} {condition} {order}".format_map(self._names))
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r}"):
-            with connection.cursor() as cursor:
-                cursor.execute(sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id, *params))
-                if not as_json:
-                    return streams_of(aggregate_id, cursor.fetchall())
-                (text,) = cursor.fetchone()
+            params = (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id, *params)
+            if not as_json:
+                return streams_of(aggregate_id, fetch(connection, sql, params))
+            (text,) = fetch(connection, sql, params, one=True)
         rows = loads(text)
         rows.sort(key=_by_version)  # the subquery's order, which an aggregate keeps in practice, made sure of
         return streams_of(aggregate_id, rows, decoded=True)

@@ -16,7 +16,7 @@ integer column: a stored version is never missing or of another type.
 
 from __future__ import annotations
 
-from wow_django.backends.django.connection import database, prepare_database, sqlite_writer
+from wow_django.backends.django.connection import database, fetch, prepare_database, sqlite_writer
 from wow_django.backends.django.errors import store_errors
 from wow_django.backends.django.event_store import STREAM_COLUMNS, DjangoEventStore, streams_of
 from wow_django.backends.django.meta import concrete_field
@@ -106,9 +106,9 @@ class DjangoSnapshotStore(SnapshotStore):
         connection = database(self.using)
         with store_errors(connection, f"loading the snapshot of {aggregate_id.aggregate_name} "
                                             f"{aggregate_id.id!r}"):
-            with connection.cursor() as cursor:  # one row at most: (aggregate_name, aggregate_id) is unique
-                cursor.execute(self._load_sql, (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id))
-                found = cursor.fetchone()
+            # One row at most: (aggregate_name, aggregate_id) is unique.
+            found = fetch(connection, self._load_sql,
+                          (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id), one=True)
         return _snapshot(found) if found is not None else None
 
     def load_with_tail(self, aggregate_id: AggregateId, event_store) -> tuple[Snapshot | None, list] | None:
@@ -119,9 +119,7 @@ class DjangoSnapshotStore(SnapshotStore):
         key = (aggregate_id.aggregate_name, aggregate_id.id, aggregate_id.tenant_id)
         with store_errors(connection, f"loading {aggregate_id.aggregate_name} {aggregate_id.id!r} (snapshot and "
                                       "later events)"):
-            with connection.cursor() as cursor:
-                cursor.execute(self._with_tail_sql, key * 2)
-                found = cursor.fetchall()
+            found = fetch(connection, self._with_tail_sql, key * 2)
         width = len(_COLUMNS)
         snapshot = _snapshot(found[0][:width]) if found and found[0][0] is not None else None
         rows = [row[width:] for row in found if row[width] is not None]
