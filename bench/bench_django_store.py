@@ -34,6 +34,12 @@ The ``trips`` columns are those counts per append and per load. The summary
 at the end gives, per engine, the rows with the default settings (batching
 off) against the baseline.
 
+Client CPU: after the round trips, the default rows and the baselines append and load a few more aggregates in
+one thread, each operation timed with ``time.process_time()``: the CPU this process spends per append and per
+load (the database server's is not in it; SQLite runs in the process, so its statement is). Unlike the
+throughput figures, which move by 10–30 % between runs on a shared 2-core machine, these move by a few
+per cent: the figure to profile and compare changes by.
+
 The bench exits with status 1 when a run is malformed (a thread failed, a
 load found the wrong number of streams, a count is off), never because a
 figure is low.
@@ -186,6 +192,54 @@ def trips_baseline(recorder, versions: int) -> tuple[float, float]:
     if found != [versions] * TRIP_AGGREGATES:
         raise MalformedRun(f"a select found {found}, not {versions} events per aggregate")
     return appends, loads
+
+
+CPU_AGGREGATES = 40
+
+
+def cpu_per_operation(append, load, new_id, event, versions: int) -> tuple[float, float]:
+    """Microseconds of this process's CPU per ``append`` and per ``load`` in one thread (after a warm-up)."""
+    from bench_store import LOAD_ROUNDS
+
+    ids = [new_id() for _ in range(CPU_AGGREGATES + 1)]
+    for v in range(1, versions + 1):
+        append(event(ids[0], v))
+    load(ids[0])
+    items = [event(agg, v) for agg in ids[1:] for v in range(1, versions + 1)]
+    started = time.process_time()
+    for item in items:
+        append(item)
+    appended = time.process_time()
+    for _ in range(LOAD_ROUNDS):
+        for agg in ids[1:]:
+            if len(load(agg)) != versions:
+                raise MalformedRun(f"a load found the wrong number of streams (CPU run of {append!r})")
+    loaded = time.process_time()
+    return (appended - started) / len(items) * 1e6, (loaded - appended) / (LOAD_ROUNDS * CPU_AGGREGATES) * 1e6
+
+
+def cpu_ours(store, versions: int) -> tuple[float, float]:
+    from wow_django.persistence.records import AggregateId
+    from wow_django.testing.event_store import make_stream
+
+    try:
+        return cpu_per_operation(store.append, store.load, lambda: AggregateId("order", uuid.uuid4().hex),
+                                 make_stream, versions)
+    finally:
+        store.close()
+
+
+def cpu_baseline(recorder, versions: int) -> tuple[float, float]:
+    import json
+
+    from eventsourcing.persistence import StoredEvent
+
+    def event(agg, v):
+        return StoredEvent(originator_id=agg, originator_version=v, topic="tests:ThingHappened",
+                           state=json.dumps({"n": v, "i": 0, "text": f"event 0 of v{v}"}).encode())
+
+    return cpu_per_operation(lambda e: recorder.insert_events([e]), recorder.select_events, uuid.uuid4, event,
+                             versions)
 
 
 def django_store(alias: str, batching: str):
@@ -435,6 +489,9 @@ def report(args) -> None:
         recorder.create_table()
         plan.append(("SQLite", "pyeventsourcing SQLite recorder (baseline)", "-",
                      lambda: bench_baseline(a, v, t, recorder), lambda: trips_baseline(recorder, v)))
+        # Client CPU per operation, one thread: (engine, side, measure).
+        cpu_plan = [("SQLite", "wow_django", lambda: cpu_ours(django_store("sqlite off", "off"), v)),
+                    ("SQLite", "baseline", lambda: cpu_baseline(recorder, v))]
         ordered = SQLiteApplicationRecorder(SQLiteDatastore(os.path.join(directory, "ordered.sqlite3")))
         ordered.create_table()
         plan.append(("SQLite", "pyeventsourcing SQLite application recorder", "-",
@@ -460,6 +517,9 @@ def report(args) -> None:
                          else "pyeventsourcing PostgreSQL application recorder")
                 plan.append(("PostgreSQL", label, "-", lambda r=pg_recorder: bench_baseline(a, v, t, r),
                              lambda r=pg_recorder: trips_baseline(r, v)))
+                if recorder_class is PostgresAggregateRecorder:
+                    cpu_plan += [("PostgreSQL", "wow_django", lambda: cpu_ours(django_store("pg off", "off"), v)),
+                                 ("PostgreSQL", "baseline", lambda r=pg_recorder: cpu_baseline(r, v))]
         for batching in BATCHING:
             plan.append(("PostgreSQL", "wow_django django backend, PostgreSQL", batching,
                          lambda b=batching: bench_ours(django_store(f"pg {b}", b), a, v, t),
@@ -497,6 +557,7 @@ def report(args) -> None:
             runs.append([run() for *_, run, _ in plan])
             process_runs.append([run() for *_, run in process_plan])
         trips = [count() for *_, count in plan]
+        cpu = [(engine, side, *measure()) for engine, side, measure in cpu_plan]
     finally:
         for datastore in datastores:
             datastore.close()
@@ -526,6 +587,13 @@ def report(args) -> None:
         for side, row in (("wow_django", ours), ("baseline", base)):
             print(f"{engine:10} {side:10} {row[3]:10,.0f} {row[4]:10,.0f} {row[5][0]:12.2f} {row[5][1]:10.2f}")
         print(f"{engine:10} {'ratio':10} {ours[3] / base[3]:9.2f}x {ours[4] / base[4]:9.2f}x")
+    print("\n# client CPU per operation in one thread, microseconds (this process only: PostgreSQL's server is not in "
+          "it, SQLite's statement is); default settings")
+    print(f"{'engine':10} {'side':10} {'append µs':>10} {'load µs':>10}")
+    for engine, side, append_us, load_us in cpu:
+        if append_us <= 0 or load_us <= 0:
+            raise MalformedRun(f"{engine} {side}: a CPU figure is not positive")
+        print(f"{engine:10} {side:10} {append_us:10.1f} {load_us:10.1f}")
     if process_plan:
         print(f"\n# {args.processes} processes x {t} threads, the {a} aggregates shared out, best of {args.repeat}; "
               "default settings against the baseline of the same engine")
