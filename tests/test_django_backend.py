@@ -855,7 +855,128 @@ class TestSQLiteDjangoBackend(OnSQLite, DjangoBackendBehaviour, TransactionTestC
 
 
 class TestPostgreSQLDjangoBackend(OnPostgreSQL, DjangoBackendBehaviour, TransactionTestCase):
-    pass
+    # --- hot reads as statements prepared on the session ---------------------------------------------
+
+    def prepared(self) -> dict[str, tuple[str, int]]:
+        """The wow_ statements prepared on this thread's session: name → (text, executions as prepared)."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute("SELECT name, statement, generic_plans + custom_plans FROM pg_prepared_statements "
+                           "WHERE name LIKE 'wow%%'")
+            return {name: (text, runs) for name, text, runs in cursor.fetchall()}
+
+    def test_hot_reads_run_prepared_under_a_name_taken_from_their_text(self):
+        store = self.store()
+        a = agg()
+        for version in (1, 2, 3):
+            store.append(make_stream(a, version))
+        connections[self.alias].ensure_connection()
+        loads = [[s.version for s in store.load(a)] for _ in range(4)]
+        self.assertEqual(loads, [[1, 2, 3]] * 4)
+        prepared = self.prepared()
+        self.assertEqual(len(prepared), 1, prepared)
+        ((name, (text, runs)),) = prepared.items()
+        self.assertRegex(name, r"^wow_[0-9a-f]{24}$")
+        self.assertIn('"aggregate_name" = $1', text)
+        self.assertIn('"tenant_id" = $3', text)
+        self.assertEqual(runs, 3)  # the first load plain (then PREPARE), the three after it as prepared
+        # Another statement (a version range), another name; the same text on another connection, the same name.
+        self.assertEqual([s.version for s in store.load(a, 2, 3)], [2, 3])
+        self.assertEqual([s.version for s in store.load(a, 2, 3)], [2, 3])
+        self.assertEqual(len(self.prepared()), 2)
+        other: list[set[str]] = []
+
+        def elsewhere() -> None:
+            store.load(a)
+            store.load(a)
+            other.append(set(self.prepared()))
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        self.assertEqual(other, [{name}])
+
+    def test_a_session_without_the_statement_answers_plain_and_prepares_it_again(self):
+        store, snapshots = self.store(), DjangoSnapshotStore(using=self.alias)
+        a = agg()
+        for version in (1, 2):
+            store.append(make_stream(a, version))
+        snapshots.save(make_snapshot(a, 1))
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        for _ in range(2):
+            store.load(a)
+            snapshots.load_with_tail(a, store)
+        self.assertEqual(len(self.prepared()), 2)
+        # What a pooler's other server session, DISCARD ALL or DEALLOCATE leave: the client believes it prepared.
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        connection.errors_occurred = False
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+        snapshot, tail = snapshots.load_with_tail(a, store)
+        self.assertEqual((snapshot.version, [s.version for s in tail]), (1, [2]))
+        self.assertFalse(connection.errors_occurred)  # the miss is not an error of the connection
+        self.assertEqual(len(self.prepared()), 2)
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+        # Prepared by someone else under the name (the same text) and unknown to this client: used as it is.
+        connection._wow_prepared[1].clear()
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+        # A plan a migration made stale ("cached plan must not change result type"): plain, prepared again.
+        name = next(n for n, (text, _) in self.prepared().items() if "wow_snapshot" not in text)
+        runs = self.prepared()[name][1]
+        with connection.cursor() as cursor:
+            cursor.execute('ALTER TABLE wow_event_stream ALTER COLUMN owner_id TYPE varchar(200)')
+        try:
+            self.assertEqual([s.version for s in store.load(a)], [1, 2])
+            self.assertEqual(self.prepared()[name][1], 0)  # prepared anew
+            self.assertEqual([s.version for s in store.load(a)], [1, 2])
+            self.assertEqual(self.prepared()[name][1], 1)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute('ALTER TABLE wow_event_stream ALTER COLUMN owner_id TYPE text COLLATE "C"')
+        self.assertGreater(runs, 0)
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+
+    def test_inside_a_transaction_hot_reads_are_plain(self):
+        store = self.store()
+        a = agg()
+        store.append(make_stream(a, 1))
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        store.load(a)
+        store.load(a)
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")  # an EXECUTE now would fail, and fail the transaction with it
+        with transaction.atomic(using=self.alias):
+            self.assertEqual([s.version for s in store.load(a)], [1])
+            store.append(make_stream(a, 2))
+            self.assertEqual([s.version for s in store.load(a)], [1, 2])
+        self.assertEqual(self.prepared(), {})
+        self.assertEqual([s.version for s in store.load(a)], [1, 2])
+
+    def test_a_session_that_refuses_prepare_reads_plain(self):
+        store = self.store()
+        a = agg()
+        store.append(make_stream(a, 1))
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        import psycopg as driver
+
+        real = driver.ClientCursor.execute
+        sent: list[str] = []
+
+        def refusing(cursor, query, params=None, **kwargs):
+            sent.append(str(query).split()[0])
+            if str(query).startswith("PREPARE"):
+                raise driver.errors.InsufficientPrivilege("no PREPARE here")
+            return real(cursor, query, params, **kwargs)
+
+        with mock.patch.object(driver.ClientCursor, "execute", refusing), self.assertLogs(
+                "wow_django.backends.django.connection", "INFO") as logs:
+            for _ in range(3):
+                self.assertEqual([s.version for s in store.load(a)], [1])
+        self.assertEqual(sent, ["SELECT", "PREPARE", "SELECT", "SELECT"])
+        self.assertIn("not prepared", logs.output[0])
 
     def test_an_unreachable_database_is_a_recoverable_error_on_a_threads_first_append(self):
         store = self.store()
