@@ -34,11 +34,11 @@ The ``trips`` columns are those counts per append and per load. The summary
 at the end gives, per engine, the rows with the default settings (batching
 off) against the baseline.
 
-Client CPU: after the round trips, the default rows and the baselines append and load a few more aggregates in
-one thread, each operation timed with ``time.process_time()``: the CPU this process spends per append and per
-load (the database server's is not in it; SQLite runs in the process, so its statement is). Unlike the
-throughput figures, which move by 10–30 % between runs on a shared 2-core machine, these move by a few
-per cent: the figure to profile and compare changes by.
+One thread: after the round trips, the default rows and the baselines append and load a few more aggregates in
+one thread, timed with ``time.process_time()`` and ``time.perf_counter()``: the CPU this process spends per
+append and per load (the database server's is not in it; SQLite runs in the process, so its statement is) and
+the latency of each. With no threads queueing for the GIL or the cores, these move less between runs than the
+throughput figures (10–30 % on a shared 2-core machine): the figures to profile and compare changes by.
 
 The bench exits with status 1 when a run is malformed (a thread failed, a
 load found the wrong number of streams, a count is off), never because a
@@ -197,8 +197,9 @@ def trips_baseline(recorder, versions: int) -> tuple[float, float]:
 CPU_AGGREGATES = 40
 
 
-def cpu_per_operation(append, load, new_id, event, versions: int) -> tuple[float, float]:
-    """Microseconds of this process's CPU per ``append`` and per ``load`` in one thread (after a warm-up)."""
+def cpu_per_operation(append, load, new_id, event, versions: int) -> tuple[float, float, float, float]:
+    """Microseconds of this process's CPU per ``append`` and per ``load`` in one thread (after a warm-up), and of
+    wall-clock time (the latency: the client's CPU, the round trip and the server's work)."""
     from bench_store import LOAD_ROUNDS
 
     ids = [new_id() for _ in range(CPU_AGGREGATES + 1)]
@@ -206,19 +207,21 @@ def cpu_per_operation(append, load, new_id, event, versions: int) -> tuple[float
         append(event(ids[0], v))
     load(ids[0])
     items = [event(agg, v) for agg in ids[1:] for v in range(1, versions + 1)]
-    started = time.process_time()
+    started, wall_started = time.process_time(), time.perf_counter()
     for item in items:
         append(item)
-    appended = time.process_time()
+    appended, wall_appended = time.process_time(), time.perf_counter()
     for _ in range(LOAD_ROUNDS):
         for agg in ids[1:]:
             if len(load(agg)) != versions:
                 raise MalformedRun(f"a load found the wrong number of streams (CPU run of {append!r})")
-    loaded = time.process_time()
-    return (appended - started) / len(items) * 1e6, (loaded - appended) / (LOAD_ROUNDS * CPU_AGGREGATES) * 1e6
+    loaded, wall_loaded = time.process_time(), time.perf_counter()
+    loads = LOAD_ROUNDS * CPU_AGGREGATES
+    return ((appended - started) / len(items) * 1e6, (loaded - appended) / loads * 1e6,
+            (wall_appended - wall_started) / len(items) * 1e6, (wall_loaded - wall_appended) / loads * 1e6)
 
 
-def cpu_ours(store, versions: int) -> tuple[float, float]:
+def cpu_ours(store, versions: int) -> tuple[float, float, float, float]:
     from wow_django.persistence.records import AggregateId
     from wow_django.testing.event_store import make_stream
 
@@ -229,7 +232,7 @@ def cpu_ours(store, versions: int) -> tuple[float, float]:
         store.close()
 
 
-def cpu_baseline(recorder, versions: int) -> tuple[float, float]:
+def cpu_baseline(recorder, versions: int) -> tuple[float, float, float, float]:
     import json
 
     from eventsourcing.persistence import StoredEvent
@@ -587,13 +590,13 @@ def report(args) -> None:
         for side, row in (("wow_django", ours), ("baseline", base)):
             print(f"{engine:10} {side:10} {row[3]:10,.0f} {row[4]:10,.0f} {row[5][0]:12.2f} {row[5][1]:10.2f}")
         print(f"{engine:10} {'ratio':10} {ours[3] / base[3]:9.2f}x {ours[4] / base[4]:9.2f}x")
-    print("\n# client CPU per operation in one thread, microseconds (this process only: PostgreSQL's server is not in "
-          "it, SQLite's statement is); default settings")
-    print(f"{'engine':10} {'side':10} {'append µs':>10} {'load µs':>10}")
-    for engine, side, append_us, load_us in cpu:
-        if append_us <= 0 or load_us <= 0:
-            raise MalformedRun(f"{engine} {side}: a CPU figure is not positive")
-        print(f"{engine:10} {side:10} {append_us:10.1f} {load_us:10.1f}")
+    print("\n# one thread, microseconds per operation: the client's CPU (this process only: PostgreSQL's server is "
+          "not in it, SQLite's statement is) and the wall-clock latency; default settings")
+    print(f"{'engine':10} {'side':10} {'append CPU':>10} {'load CPU':>10} {'append':>10} {'load':>10}")
+    for engine, side, *figures in cpu:
+        if not all(figure > 0 for figure in figures):
+            raise MalformedRun(f"{engine} {side}: a one-thread figure is not positive")
+        print(f"{engine:10} {side:10} " + " ".join(f"{figure:10.1f}" for figure in figures))
     if process_plan:
         print(f"\n# {args.processes} processes x {t} threads, the {a} aggregates shared out, best of {args.repeat}; "
               "default settings against the baseline of the same engine")
