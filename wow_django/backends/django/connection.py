@@ -23,8 +23,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import logging
 import os
 import re
 import threading
@@ -34,8 +32,6 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
-
-logger = logging.getLogger("wow_django.backends.django.connection")
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
@@ -130,9 +126,6 @@ def fetch(connection: BaseDatabaseWrapper, sql: str, params: Sequence, *, one: b
     the thread-sharing and broken-transaction checks, and the mapping of driver errors to Django's (which
     also marks the connection for ``close_if_unusable_or_obsolete``). Otherwise, and whenever someone
     watches, the statement goes through ``connection.cursor()`` as usual.
-
-    On PostgreSQL, outside a transaction, such a read runs as a statement prepared on the server session
-    (see :class:`_Prepared`): the server skips parsing and planning it again.
     """
     raw = connection.connection
     if (raw is None or connection.execute_wrappers or connection.queries_logged
@@ -147,119 +140,13 @@ def fetch(connection: BaseDatabaseWrapper, sql: str, params: Sequence, *, one: b
     try:
         connection.validate_thread_sharing()
         connection.validate_no_broken_transaction()
-        vendor = connection.vendor
+        if connection.vendor == "sqlite":
+            sql = _qmark(sql)
         with connection.wrap_database_errors:
-            if vendor == "sqlite":
-                cursor.execute(_qmark(sql), params)
-            elif raw.autocommit and _Prepared.suits(connection):
-                rows = _Prepared.of(sql).rows(connection, cursor, params)
-                return (rows[0] if rows else None) if one else rows
-            else:
-                cursor.execute(sql, params)
+            cursor.execute(sql, params)
             return cursor.fetchone() if one else cursor.fetchall()
     finally:
         cursor.close()
-
-
-class _Prepared:
-    """A read statement prepared on PostgreSQL server sessions under a name taken from its text.
-
-    Django sends every statement unprepared by default (``prepare_threshold`` None): the server parses and
-    plans each one again, which on a load of a few rows is most of the server's work. psycopg's own
-    prepared statements (Django's ``OPTIONS``) are named per client connection (``_pg3_0``, ``_pg3_1``…), so
-    behind a pooler that hands one server session to several clients (PgBouncer in transaction mode) a name
-    can mean another client's statement: an error, or another query's rows. These are SQL-level
-    ``PREPARE``/``EXECUTE`` instead, named ``wow_`` + a hash of the statement's text: a name found on a
-    session is always this very statement, whoever prepared it there.
-
-    * ``EXECUTE`` only where a failure costs nothing: in autocommit (outside any transaction) and with
-      Django's default client-side binding (with ``server_side_binding``, psycopg's own preparing applies).
-    * Not prepared on a session, or no longer (a pooler's other session, ``DISCARD ALL``, ``DEALLOCATE``,
-      a plan the schema made stale): the plain statement answers, and ``PREPARE`` follows for next time.
-      The client remembers per connection what it prepared, so a new connection's first read costs one
-      more statement, never a failed one.
-    """
-
-    _all: dict[str, _Prepared] = {}
-
-    def __init__(self, sql: str):
-        numbers = iter(range(1, 10_000))
-        body = re.sub(r"%%|%s", lambda m: "%" if m.group() == "%%" else f"${next(numbers)}", sql)
-        self.name = f"wow_{hashlib.blake2b(body.encode(), digest_size=12).hexdigest()}"
-        self.unpreparable = f"-{self.name}"
-        self.sql = sql
-        self.prepare_sql = f"PREPARE {self.name} AS {body}"
-        arguments = ", ".join(["%s"] * (next(numbers) - 1))
-        self.execute_sql = f"EXECUTE {self.name}({arguments})" if arguments else f"EXECUTE {self.name}"
-
-    @classmethod
-    def of(cls, sql: str) -> _Prepared:
-        prepared = cls._all.get(sql)
-        if prepared is None:
-            prepared = cls._all[sql] = cls(sql)
-        return prepared
-
-    @staticmethod
-    def suits(connection: BaseDatabaseWrapper) -> bool:
-        """Whether the connection binds on the client (Django's default, as Django itself decides): an
-        ``EXECUTE`` with literal arguments. With ``server_side_binding``, psycopg's own preparing applies."""
-        return connection.settings_dict["OPTIONS"].get("server_side_binding") is not True
-
-    def rows(self, connection: BaseDatabaseWrapper, cursor, params: Sequence) -> list:
-        """The statement's rows on ``cursor`` (autocommit): executed as prepared where this client prepared it.
-
-        The driver's errors are told by SQLSTATE (psycopg's ``sqlstate``, psycopg2's ``pgcode``).
-        """
-        known = _prepared_on(connection)
-        stale = False
-        if self.name in known:
-            try:
-                cursor.execute(self.execute_sql, params)
-                return cursor.fetchall()
-            except Exception as exc:
-                state = _sqlstate(exc)
-                if state not in (INVALID_SQL_STATEMENT_NAME, FEATURE_NOT_SUPPORTED):
-                    raise
-                # Not on this session (any more), or its plan no longer fits the table: plain, then again.
-                known.discard(self.name)
-                stale = state == FEATURE_NOT_SUPPORTED
-        cursor.execute(self.sql, params)
-        rows = cursor.fetchall()
-        if self.unpreparable not in known:
-            try:
-                if stale:
-                    cursor.execute(f"DEALLOCATE {self.name}")
-                cursor.execute(self.prepare_sql)
-                known.add(self.name)
-            except Exception as exc:
-                if _sqlstate(exc) == DUPLICATE_PREPARED_STATEMENT:
-                    known.add(self.name)  # already on this session: the same name is the same text
-                elif _sqlstate(exc) is None:
-                    raise  # not the server's answer
-                else:  # a session that refuses PREPARE: this connection reads the statement plain
-                    logger.info("statement %s not prepared, read unprepared on this connection: %s", self.name, exc)
-                    known.add(self.unpreparable)
-        return rows
-
-
-#: SQLSTATEs of the prepared reads: no such prepared statement, a cached plan that must not change its
-#: result type (the schema changed under it), a name already prepared on the session.
-INVALID_SQL_STATEMENT_NAME = "26000"
-FEATURE_NOT_SUPPORTED = "0A000"
-DUPLICATE_PREPARED_STATEMENT = "42P05"
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    return getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
-
-
-def _prepared_on(connection: BaseDatabaseWrapper) -> set[str]:
-    """The statement names this client prepared on ``connection``'s current driver connection."""
-    raw = connection.connection
-    state = getattr(connection, "_wow_prepared", None)
-    if state is None or state[0] is not raw:
-        state = connection._wow_prepared = (raw, set())  # type: ignore[attr-defined]
-    return state[1]
 
 
 # --- per-thread connections -------------------------------------------------------------------
