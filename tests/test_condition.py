@@ -792,7 +792,14 @@ RAW_ERRORS = [
     ({"a.$b": 1}, "condition.value.a.$b", "not a valid field path"),
     ("not json", "condition.value", "JSON text"),
     ([{"a": 1}], "condition.value", "filter object"),
+    ({"a": {"$in": list(range(1001))}}, "condition.value.a.$in", "at most 1000 values (got 1001)"),
+    ({"a": {"$in": [0.5, float("nan")]}}, "condition.value.a.$in[1]", "finite"),
 ]
+
+
+def test_raw_lists_of_up_to_the_limit_pass():
+    raw = {"a": {"$in": list(range(1000))}, "b": {"$nin": [1.5, None, "x", True]}}
+    assert parse_condition(C("RAW", value=raw), allow_raw=True).value == raw
 
 
 @pytest.mark.parametrize(("raw", "path", "message"), RAW_ERRORS)
