@@ -31,14 +31,14 @@ ARTIFACTS = Path(os.environ.get("WOW_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 PACKAGES = {
     "wow_django/query": ["tests/test_condition.py", "tests/test_typed_values_mutations.py"],
     "wow_django/persistence": ["tests/test_records.py", "tests/test_bus_store_conformance.py",
-                               "tests/test_query_service.py"],
+                               "tests/test_query_service.py", "tests/test_combining.py"],
     "wow_django/application": ["tests/test_gateway.py", "tests/test_command_status.py",
-                               "tests/test_command_status_mutations.py"],
+                               "tests/test_command_status_mutations.py", "tests/test_followers.py"],
 }
 #: A floor that catches a broken harness (mutants not applied, tests not run: nothing killed), not a target:
 #: the sample is drawn from every module of a package while each package runs only its quick test files
 #: (e.g. application/ runs the gateway's, not the followers'), so modules covered elsewhere show up as
-#: survivors. Measured on 2026-12-05, seed 0: query 9 of 10 killed, persistence 6 of 10, application 2 of 10;
+#: survivors. Measured on 2026-12-05, seed 0: query 9 of 10 killed, persistence 8 of 10, application 6 of 10;
 #: the survivors are in the reports.
 MIN_KILLED = 0.1
 #: The tool's command line, beside this interpreter (the venv's scripts).
