@@ -750,7 +750,7 @@ class DjangoBackendBehaviour:
         }
         expected = {"load": [1, 2, 3], "load from 2 to 3": [2, 3], "last": 3, "snapshot": 2,
                     "snapshot and tail": (2, [3])}
-        with mock.patch.object(connection, "cursor", side_effect=AssertionError("went through Django's cursor")):
+        with self.straight(connection):
             self.assertEqual({name: read() for name, read in reads.items()}, expected)
         # Watched (DEBUG, CaptureQueriesContext): every read is logged, through Django's cursor.
         with CaptureQueriesContext(connection) as queries:
@@ -769,6 +769,91 @@ class DjangoBackendBehaviour:
         connection.close()
         self.assertEqual(reads["load"](), [1, 2, 3])
         self.assertIsNotNone(connection.connection)
+
+    @staticmethod
+    def straight(connection):
+        """Fails a statement that goes through Django's cursor (``create_cursor``: not a hook anyone checks)."""
+        return mock.patch.object(connection, "create_cursor", side_effect=AssertionError("went through Django's cursor"))
+
+    def test_hot_reads_go_through_djangos_cursor_whenever_something_hooks_it(self):
+        store = self.store()
+        a = agg()
+        store.append(make_stream(a, 1))
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        seen: list[str] = []
+
+        def counted(original):
+            def execute(cursor, sql, params=None):
+                seen.append(sql)
+                return original(cursor, sql, params)
+            return execute
+
+        from django.db.backends.utils import CursorWrapper
+
+        # As Sentry does: CursorWrapper.execute replaced for the whole process.
+        with mock.patch.object(CursorWrapper, "execute", counted(CursorWrapper.execute)):
+            self.assertEqual([s.version for s in store.load(a)], [1])
+        self.assertEqual(len(seen), 1)
+        # As django-debug-toolbar does: the connection's cursor replaced.
+        calls: list[int] = []
+        original_cursor = connection.cursor
+        with mock.patch.object(connection, "cursor", lambda: calls.append(1) or original_cursor()):
+            self.assertEqual([s.version for s in store.load(a)], [1])
+        self.assertEqual(calls, [1])
+        # DEBUG: the read is in connection.queries.
+        with override_settings(DEBUG=True):
+            connection.queries_log.clear()
+            self.assertEqual([s.version for s in store.load(a)], [1])
+            self.assertEqual(len(connection.queries), 1)
+        # A health check due (CONN_HEALTH_CHECKS, the first statement of a request): Django's cursor runs it.
+        with mock.patch.object(connection, "health_check_enabled", True), \
+                mock.patch.object(connection, "health_check_done", False), \
+                mock.patch.object(connection, "is_usable", return_value=True) as checked:
+            self.assertEqual([s.version for s in store.load(a)], [1])
+        checked.assert_called_once()
+        # Inside a running event loop Django's cursor refuses, and so does the read.
+        import asyncio
+
+        from django.core.exceptions import SynchronousOnlyOperation
+
+        async def in_a_loop():
+            return store.load(a)
+
+        with self.assertRaises(SynchronousOnlyOperation):
+            asyncio.run(in_a_loop())
+        # Nothing hooked: straight to the driver.
+        with self.straight(connection):
+            self.assertEqual([s.version for s in store.load(a)], [1])
+
+    def test_a_straight_read_on_a_closed_or_another_threads_connection_fails_as_djangos_would(self):
+        store = self.store()
+        a = agg()
+        store.append(make_stream(a, 1))
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        # Another thread's connection: Django's thread-sharing check refuses it.
+        errors: list[BaseException] = []
+
+        def elsewhere() -> None:
+            try:
+                fetch(connection, "SELECT %s", (1,))
+            except BaseException as exc:  # checked below
+                errors.append(exc)
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        self.assertEqual(len(errors), 1)
+        self.assertIsInstance(errors[0], DatabaseError)
+        self.assertIn("can only be used in that same thread", str(errors[0]))
+        # The driver's connection closed behind Django's back: Django's error, never the driver's.
+        connection.connection.close()
+        with self.assertRaises((DatabaseError, RecoverableStoreError)) as raised:
+            store.load(a)
+        self.assertIn(type(raised.exception).__module__, ("django.db.utils", "wow_django.exceptions"))
+        connection.close()
+        self.assertEqual([s.version for s in store.load(a)], [1])
 
     def test_a_straight_read_keeps_djangos_checks_and_errors(self):
         connection = connections[self.alias]

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -32,6 +33,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
+from django.db.backends.utils import CursorWrapper
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
@@ -103,6 +105,17 @@ def discard_if_broken(connection: BaseDatabaseWrapper) -> None:
 
 # --- reads on the hot path --------------------------------------------------------------------
 
+_running_loop = asyncio.events._get_running_loop
+
+
+def _django_original(function):
+    """``function`` if it is Django's own (not a replacement a tool installed before this module was imported)."""
+    return function if function.__module__.startswith("django.") else None
+
+
+#: Django's cursor and CursorWrapper.execute as Django defines them (None: replaced already at import).
+_DJANGO_EXECUTE = _django_original(CursorWrapper.execute)
+_DJANGO_CURSOR = _django_original(BaseDatabaseWrapper.cursor)
 _QMARKS: dict[str, str] = {}
 _FORMAT = re.compile(r"(?<!%)%s")
 
@@ -115,27 +128,49 @@ def _qmark(sql: str) -> str:
     return converted
 
 
+def _django_is_alone(connection: BaseDatabaseWrapper) -> bool:
+    """Whether nothing hooks Django's cursors of ``connection``: no ``execute_wrapper``, no query logging
+    (``DEBUG``, ``CaptureQueriesContext``), no health check due, no tool that replaced Django's cursor or its
+    ``execute`` (Sentry patches ``CursorWrapper.execute`` for its SQL spans, django-debug-toolbar sets each
+    connection's ``cursor``), and no running event loop in this thread (Django's cursor refuses that with
+    ``SynchronousOnlyOperation``, unless ``DJANGO_ALLOW_ASYNC_UNSAFE``)."""
+    return not (
+        connection.execute_wrappers or connection.queries_logged
+        or (connection.health_check_enabled and not connection.health_check_done)  # type: ignore[attr-defined]
+        or CursorWrapper.execute is not _DJANGO_EXECUTE or type(connection).cursor is not _DJANGO_CURSOR
+        or _cursor_replaced(connection)
+        or (_running_loop() is not None and not os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"))
+    )
+
+
+def _cursor_replaced(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` has a ``cursor`` of its own other than Django's bound method (Django's test cases
+    leave that bound method on connections they once refused; anything else is a hook, or that refusal
+    itself, which Django's cursor then raises)."""
+    own = vars(connection).get("cursor")
+    return own is not None and getattr(own, "__func__", None) is not _DJANGO_CURSOR
+
+
 def fetch(connection: BaseDatabaseWrapper, sql: str, params: Sequence, *, one: bool = False):
     """The rows (``one``: the first row or None) of one read statement ``sql`` (``%s`` placeholders).
 
-    A store's hot reads (loading an aggregate's streams, its snapshot and tail) go straight to the driver's
-    cursor when nothing of Django's is watching the connection's statements: no ``execute_wrapper`` is
-    installed, queries are not logged (``DEBUG``, ``CaptureQueriesContext``), no health check is due, and the
-    connection is open. Django's cursor wrapper, its placeholder rewrite on SQLite and its checks cost
-    about as much Python as decoding the rows. Everything else Django does for a statement still happens:
-    the thread-sharing and broken-transaction checks, and the mapping of driver errors to Django's (which
-    also marks the connection for ``close_if_unusable_or_obsolete``). Otherwise, and whenever someone
-    watches, the statement goes through ``connection.cursor()`` as usual.
+    A store's hot reads (loading an aggregate's streams, its snapshot, its snapshot and tail) go straight to
+    the driver's cursor when the connection is open and nothing hooks Django's cursors (see
+    :func:`_django_is_alone`): Django's cursor wrapper, its placeholder rewrite on SQLite and its checks cost
+    about as much Python as decoding the rows. Everything else Django does for a statement still happens,
+    in its order: the cursor is made, the thread-sharing and broken-transaction checks run, and the driver's
+    errors become Django's (which also marks the connection for ``close_if_unusable_or_obsolete``).
+    Otherwise the statement goes through ``connection.cursor()`` as usual.
+
+    Not for ``timestamptz`` columns: Django's PostgreSQL cursors apply the connection's time zone to those
+    (the hot reads select integers, text and JSON).
     """
     raw = connection.connection
-    if (raw is None or connection.execute_wrappers or connection.queries_logged
-            or (connection.health_check_enabled and not connection.health_check_done)):  # type: ignore[attr-defined]
+    if raw is None or not _django_is_alone(connection):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone() if one else cursor.fetchall()
-    # In the order of Django's cursor: a connection the server closed fails here (a DatabaseError the stores
-    # call recoverable), before a transaction broken by that failure is refused.
-    with connection.wrap_database_errors:
+    with connection.wrap_database_errors:  # a connection the server or the driver closed fails here
         cursor = raw.cursor()
     try:
         connection.validate_thread_sharing()
@@ -146,7 +181,10 @@ def fetch(connection: BaseDatabaseWrapper, sql: str, params: Sequence, *, one: b
             cursor.execute(sql, params)
             return cursor.fetchone() if one else cursor.fetchall()
     finally:
-        cursor.close()
+        try:
+            cursor.close()
+        except connection.Database.Error:  # type: ignore[attr-defined]  # as Django's cursor wrapper does
+            pass
 
 
 # --- per-thread connections -------------------------------------------------------------------
