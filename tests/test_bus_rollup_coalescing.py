@@ -29,7 +29,7 @@ from django.test import override_settings
 
 from wow_django import tasks
 from wow_django.backends.mongo.client import disconnect
-from wow_django.bus import ConsumerWorker, consumer, get_bus
+from wow_django.bus import ConsumerWorker, RelayReport, consumer, get_bus
 from wow_django.bus import service as bus_service
 from wow_django.bus.envelope import utcnow
 from wow_django.exceptions import RecoverableStoreError
@@ -391,6 +391,44 @@ def test_the_resweep_repairs_what_a_lost_pending_set_left_behind(coalescing, mon
     report = tasks.resweep_statuses.run(older_than_s=0.5)
     assert report["changed"] == expected
     assert {i: status(i) for i in ids} == expected
+
+
+def test_events_stranded_by_a_process_killed_before_it_queued_the_drain_are_drained_by_the_relay(
+        coalescing, monkeypatch, caplog):
+    """The feedback's process set the marker and added its events, then died before it queued the drain: the
+    marker expires, no later feedback comes, and the periodic relay queues the drain."""
+    env = coalescing
+    ids = send_events(env.bus, 3, "k")
+    monkeypatch.setattr(tasks.rollup_pending, "apply_async", lambda *args, **kwargs: None)  # as if killed
+    expected = {event_id: give_feedback(env.bus, event_id, n) for n, event_id in enumerate(ids)}
+    monkeypatch.setattr(tasks.rollup_pending, "apply_async",
+                        lambda args, **options: env.queued.append((args, options)))
+    assert env.pending.has_any() and cache.get(env.pending.marker) == 1
+    assert env.queued == [] and {status(i) for i in ids} == {"SENT"}
+    monkeypatch.setattr(env.bus, "relay_pending", lambda limit: RelayReport((), ()))
+    # While the marker lives, a drain may still come: the relay queues none.
+    assert tasks.relay_pending.run() == {"published": [], "failed": []}
+    assert env.queued == []
+    cache.delete(env.pending.marker)  # its life ran out
+    with caplog.at_level("WARNING", "wow_django.tasks"):
+        assert tasks.relay_pending.run() == {"published": [], "failed": []}
+    assert env.queued == [((env.queue,), {"queue": env.queue})]
+    assert "no drain queued" in caplog.text
+    assert tasks.relay_pending.run() == {"published": [], "failed": []}  # that drain's marker is set now
+    assert len(env.queued) == 1
+    assert run_queued(env) == 1
+    assert {i: status(i) for i in ids} == expected
+    assert tasks.queue_stranded_rollups() is False  # nothing pending any more
+    assert env.queued == []
+
+
+def test_a_relay_whose_pending_set_check_fails_still_reports_its_relay(coalescing, monkeypatch, caplog):
+    env = coalescing
+    monkeypatch.setattr(env.bus, "relay_pending", lambda limit: RelayReport(("evt-1",), ()))
+    monkeypatch.setattr(tasks.PendingRollups, "has_any", lambda self: (_ for _ in ()).throw(redis.ConnectionError("down")))
+    with caplog.at_level("WARNING", "wow_django.tasks"):
+        assert tasks.relay_pending.run() == {"published": ["evt-1"], "failed": []}
+    assert "stranded" in caplog.text and env.queued == []
 
 
 def test_a_failed_drain_releases_the_marker_and_keeps_its_events(coalescing, monkeypatch):

@@ -329,8 +329,36 @@ def rollup_pending(queue: str) -> int:
 
 @shared_task(name="wow_django.bus.relay_pending", ignore_result=True, **RETRY)
 def relay_pending(limit: int = 500) -> dict:
-    """``{"published": [...], "failed": [...]}`` event ids."""
-    return get_runtime().bus.relay_pending(limit=limit).to_json()
+    """``{"published": [...], "failed": [...]}`` event ids. Also queues a rollup drain for events stranded on
+    the pending set (:func:`queue_stranded_rollups`)."""
+    relayed = get_runtime().bus.relay_pending(limit=limit).to_json()
+    try:
+        queue_stranded_rollups()
+    except Exception:  # the relay's own work is done; the next run (or the resweep) tries again
+        logger.warning("bus rollup: could not check the pending set for stranded events", exc_info=True)
+    return relayed
+
+
+def queue_stranded_rollups() -> bool:
+    """Queue a rollup drain when events wait on the pending set and no drain is queued; whether it did.
+
+    A feedback adds its event and sets the queued marker in one round trip, then queues the drain: a process
+    killed in between (SIGKILL, the OOM killer, a deploy) leaves the marker set with no task behind it. Later
+    feedback sees the marker and queues nothing; once the marker expires (``ROLLUP_QUEUED_TTL_S``) only the
+    next feedback of the queue, or the resweep, would roll those events up. ``relay_pending``, which beat runs
+    every ``relay_every_s``, calls this, so such events wait at most the marker's life and one relay period.
+    """
+    if rollup_event.app.conf.task_always_eager or not coalesced_rollups():
+        return False
+    queue = wow_settings.BUS_ROLLUP_QUEUE
+    pending = PendingRollups(queue)
+    if not pending.has_any():
+        return False
+    queued = queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: rollup_pending.apply_async((queue,), queue=queue))
+    if queued:
+        logger.warning("bus rollup: events were pending on %r with no drain queued (a process died between "
+                       "recording feedback and queueing the drain); queued one", queue)
+    return queued
 
 
 @shared_task(name="wow_django.bus.resweep", ignore_result=True, **RETRY)
