@@ -770,17 +770,22 @@ class DjangoBackendBehaviour:
         self.assertEqual(reads["load"](), [1, 2, 3])
         self.assertIsNotNone(connection.connection)
 
+    def one_stream_stored(self):
+        """A store, an aggregate with one stream, and this thread's open connection."""
+        store = self.store()
+        a = agg()
+        store.append(make_stream(a, 1))
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        return store, a, connection
+
     @staticmethod
     def straight(connection):
         """Fails a statement that goes through Django's cursor (``create_cursor``: not a hook anyone checks)."""
         return mock.patch.object(connection, "create_cursor", side_effect=AssertionError("went through Django's cursor"))
 
     def test_hot_reads_go_through_djangos_cursor_whenever_something_hooks_it(self):
-        store = self.store()
-        a = agg()
-        store.append(make_stream(a, 1))
-        connection = connections[self.alias]
-        connection.ensure_connection()
+        store, a, connection = self.one_stream_stored()
         seen: list[str] = []
 
         def counted(original):
@@ -827,11 +832,7 @@ class DjangoBackendBehaviour:
             self.assertEqual([s.version for s in store.load(a)], [1])
 
     def test_a_straight_read_on_a_closed_or_another_threads_connection_fails_as_djangos_would(self):
-        store = self.store()
-        a = agg()
-        store.append(make_stream(a, 1))
-        connection = connections[self.alias]
-        connection.ensure_connection()
+        store, a, connection = self.one_stream_stored()
         # Another thread's connection: Django's thread-sharing check refuses it.
         errors: list[BaseException] = []
 
