@@ -211,7 +211,7 @@ class CeleryTaskQueue(TaskQueue):
             return []
         if coalesced_rollups():
             pending = PendingRollups(queue)
-            queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: rollup_pending.apply_async((queue,), queue=queue),
+            queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: _queue_drain(queue),
                        claim=lambda: pending.add(event_ids, marker_ttl_s=ROLLUP_QUEUED_TTL_S))
             return []
         for event_id in event_ids:
@@ -288,6 +288,11 @@ def rollup_event(event_id: str) -> str | None:
     return get_runtime().bus.rollup(event_id)
 
 
+def _queue_drain(queue: str) -> None:
+    """Queue a drain of ``queue``'s pending set (:func:`rollup_pending`), on that queue."""
+    rollup_pending.apply_async((queue,), queue=queue)
+
+
 @shared_task(name="wow_django.bus.rollup_pending", acks_late=True, reject_on_worker_lost=True, ignore_result=True,
              **RETRY)
 def rollup_pending(queue: str) -> int:
@@ -312,7 +317,7 @@ def rollup_pending(queue: str) -> int:
             done += pending.drain(rollup_many, deadline=deadline)
             if time.monotonic() >= deadline and pending.has_any():
                 cache.set(pending.marker, 1, ROLLUP_QUEUED_TTL_S)
-                rollup_pending.apply_async((queue,), queue=queue)
+                _queue_drain(queue)
                 return done
             if ROLLUP_LINGER_S and time.monotonic() < deadline and pending.wait_for_more(ROLLUP_LINGER_S):
                 continue  # still holding the marker: more feedback came in
@@ -354,7 +359,7 @@ def queue_stranded_rollups() -> bool:
     pending = PendingRollups(queue)
     if not pending.has_any():
         return False
-    queued = queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: rollup_pending.apply_async((queue,), queue=queue))
+    queued = queue_once(pending.marker, ROLLUP_QUEUED_TTL_S, lambda: _queue_drain(queue))
     if queued:
         logger.warning("bus rollup: events were pending on %r with no drain queued (a process died between "
                        "recording feedback and queueing the drain); queued one", queue)
